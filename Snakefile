@@ -1,0 +1,38 @@
+# ANDREA: grow small GPT language models from open chat data, with a learned data curriculum.
+#
+#   snakemake --cores 1                 the pipeline as far as it exists (data stages today)
+#   snakemake --cores 1 filter_shape    one stage and whatever it needs
+#   snakemake --cores 1 --forcerun prep_megachat filter_shape
+#
+# Each stage writes into a directory named by a hash of its parameters and of the versions
+# upstream of it (andrea/versions.py): a changed parameter re-runs exactly that stage and the
+# stages after it, and earlier versions stay on disk.
+import sys
+from pathlib import Path
+
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+# The workflow imports the package from this checkout, installed or not; so do the jobs
+# (workflow/scripts/_checkout.py), also inside --use-conda environments.
+sys.path.insert(0, str(Path(workflow.basedir).resolve()))
+
+from andrea.config import SCHEMA_PATH, validate_config
+
+
+configfile: "config/config.yaml"
+
+
+validate(config, str(SCHEMA_PATH))
+config.update(validate_config(config, source="config/config.yaml"))
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        rules.filter_shape.output,

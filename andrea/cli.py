@@ -1,0 +1,187 @@
+"""The `andrea` command: every pipeline stage, callable outside Snakemake too.
+
+    andrea config validate            check config/config.yaml against the schema
+    andrea versions                   the version (output directory) of each stage
+    andrea pull-hermes3               stage 1: Hermes-3 → three Parquet sources
+    andrea prep-megachat              stage 2: every source → one megachat Parquet
+    andrea filter-shape               stage 3: drop system-prompt-shaped records
+    andrea data                       stages 1–3 in order
+    andrea shape score TEXT | -       system-prompt-shape score of a text, with its features
+    andrea shape eval                 precision and recall on the labelled set
+    andrea render PARQUET             print documents as training text
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from andrea import __version__
+
+log = logging.getLogger("andrea")
+DEFAULT_CONFIG = Path("config/config.yaml")
+
+
+def _config(args):
+    from andrea.config import load_config
+
+    return load_config(args.config)
+
+
+def cmd_config_validate(args) -> int:
+    cfg = _config(args)
+    print(f"{args.config}: valid ({len(cfg['sources'])} sources, {len(cfg['models'])} models)")
+    return 0
+
+
+def cmd_versions(args) -> int:
+    from andrea.versions import STAGES, stage_dir
+
+    cfg = _config(args)
+    print(json.dumps({s: str(stage_dir(cfg, s)) for s in STAGES}, indent=2))
+    return 0
+
+
+def cmd_pull(args) -> int:
+    from andrea.hermes3 import pull_hermes3
+    from andrea.versions import stage_dir, stage_versions
+
+    cfg = _config(args)
+    out = Path(args.out) if args.out else stage_dir(cfg, "pull_hermes3")
+    pull_hermes3(cfg["hermes3"], out, stage_versions(cfg)["pull_hermes3"], strict=cfg["strict"])
+    print(out)
+    return 0
+
+
+def cmd_prep(args) -> int:
+    from andrea.megachat import prep_megachat
+    from andrea.versions import stage_dir, stage_versions
+
+    cfg = _config(args)
+    out = Path(args.out) if args.out else stage_dir(cfg, "prep_megachat")
+    pull = Path(args.pull_dir) if args.pull_dir else stage_dir(cfg, "pull_hermes3")
+    prep_megachat(cfg, out, stage_versions(cfg)["prep_megachat"], pull_dir=pull)
+    print(out)
+    return 0
+
+
+def cmd_filter(args) -> int:
+    from andrea.filter import filter_shape
+    from andrea.versions import stage_dir, stage_versions
+
+    cfg = _config(args)
+    out = Path(args.out) if args.out else stage_dir(cfg, "filter_shape")
+    src = Path(args.input) if args.input else stage_dir(cfg, "prep_megachat") / "megachat.parquet"
+    filter_shape(src, out, cfg["filter_shape"], stage_versions(cfg)["filter_shape"])
+    print(out)
+    return 0
+
+
+def cmd_data(args) -> int:
+    for fn in (cmd_pull, cmd_prep, cmd_filter):
+        args.out = None
+        args.pull_dir = None
+        args.input = None
+        fn(args)
+    return 0
+
+
+def cmd_shape_score(args) -> int:
+    from andrea.shape import shape_score
+
+    text = sys.stdin.read() if args.text == "-" else args.text
+    s = shape_score(text)
+    print(json.dumps({"score": s.score, "system_prompt_shape": s.is_system_prompt, "points": s.points, "features": s.features}, indent=2))
+    return 0
+
+
+def cmd_shape_eval(args) -> int:
+    from andrea.shape import evaluate
+
+    r = evaluate(args.threshold)
+    print(json.dumps(r, indent=2, ensure_ascii=False))
+    return 0
+
+
+def cmd_render(args) -> int:
+    from andrea.megachat import iter_megachat, render_document
+
+    shown = 0
+    for row in iter_megachat(args.parquet):
+        if args.source and row["source"] != args.source:
+            continue
+        print(f"=== {row['source']} / {row['doc_id']}")
+        print(render_document(row["turns"], row["text"]))
+        print()
+        shown += 1
+        if shown >= args.n:
+            break
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="andrea", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"andrea {__version__}")
+    p.add_argument("--log", help="also write the log to this file")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def with_config(sp):
+        sp.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="config file (default: %(default)s)")
+        return sp
+
+    c = sub.add_parser("config", help="check the configuration")
+    csub = c.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    with_config(csub.add_parser("validate", help="validate the config against its schema")).set_defaults(fn=cmd_config_validate)
+    with_config(sub.add_parser("versions", help="print each stage's versioned output directory")).set_defaults(fn=cmd_versions)
+
+    sp = with_config(sub.add_parser("pull-hermes3", help="stage pull_hermes3: Hermes-3 → three Parquet sources"))
+    sp.add_argument("--out", help="output directory (default: the versioned stage directory)")
+    sp.set_defaults(fn=cmd_pull)
+    sp = with_config(sub.add_parser("prep-megachat", help="stage prep_megachat: every source → one megachat Parquet"))
+    sp.add_argument("--pull-dir", help="pull_hermes3 output directory (default: its versioned directory)")
+    sp.add_argument("--out", help="output directory (default: the versioned stage directory)")
+    sp.set_defaults(fn=cmd_prep)
+    sp = with_config(sub.add_parser("filter-shape", help="stage filter_shape: drop system-prompt-shaped records"))
+    sp.add_argument("--input", help="megachat.parquet to filter (default: prep_megachat's output)")
+    sp.add_argument("--out", help="output directory (default: the versioned stage directory)")
+    sp.set_defaults(fn=cmd_filter)
+    with_config(sub.add_parser("data", help="run pull-hermes3, prep-megachat and filter-shape in order")).set_defaults(fn=cmd_data)
+
+    sh = sub.add_parser("shape", help="the system-prompt-shape scorer")
+    shsub = sh.add_subparsers(dest="shape_command", required=True, metavar="ACTION")
+    sp = shsub.add_parser("score", help="score one text ('-' reads standard input)")
+    sp.add_argument("text")
+    sp.set_defaults(fn=cmd_shape_score)
+    sp = shsub.add_parser("eval", help="precision and recall on the labelled set")
+    sp.add_argument("--threshold", type=float, default=0.5)
+    sp.set_defaults(fn=cmd_shape_eval)
+
+    sp = sub.add_parser("render", help="print megachat documents as training text")
+    sp.add_argument("parquet", type=Path)
+    sp.add_argument("-n", type=int, default=5, help="how many documents (default: %(default)s)")
+    sp.add_argument("--source", help="only this source")
+    sp.set_defaults(fn=cmd_render)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from andrea.config import ConfigError
+    from andrea.io import setup_logging
+
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log)
+    try:
+        return args.fn(args)
+    except ConfigError as e:
+        print(f"andrea: configuration error: {e}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        print(f"andrea: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

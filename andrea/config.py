@@ -1,0 +1,122 @@
+"""Pipeline configuration: load YAML, validate against the JSON schema, fill defaults.
+
+The same schema serves Snakemake (`snakemake.utils.validate` in the Snakefile) and the `andrea`
+commands, so a bad config fails the same way everywhere, naming the key.
+"""
+
+from __future__ import annotations
+
+import copy
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+SCHEMA_PATH = Path(str(resources.files("andrea") / "schemas" / "config.schema.yaml"))
+HERMES3_PARTS = ("hermes3-general", "hermes3-creative", "hermes3-roleplay")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the key."""
+
+
+def load_schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text(encoding="utf-8"))
+
+
+def _key_path(path) -> str:
+    return ".".join(str(p) for p in path) or "(top level)"
+
+
+def apply_defaults(config: dict, schema: dict | None = None) -> dict:
+    """Return a copy of `config` with every schema default filled in, including inside
+    map-valued sections (each source, each model)."""
+    schema = load_schema() if schema is None else schema
+    out = copy.deepcopy(config)
+
+    def fill(node: Any, sch: dict) -> Any:
+        if not isinstance(node, dict) or sch.get("type") not in (None, "object"):
+            return node
+        for key, sub in sch.get("properties", {}).items():
+            if key not in node and "default" in sub:
+                node[key] = copy.deepcopy(sub["default"])
+            if key in node:
+                node[key] = fill(node[key], sub)
+        extra = sch.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key in node:
+                if key not in sch.get("properties", {}):
+                    node[key] = fill(node[key], extra)
+        return node
+
+    return fill(out, schema)
+
+
+def validate_config(config: dict, source: str = "config") -> dict:
+    """Validate against the schema plus the checks a schema cannot express; return the config
+    with defaults filled. Raises ConfigError naming the offending key."""
+    schema = load_schema()
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = []
+        for e in errors[:10]:
+            where = _key_path(e.absolute_path)
+            if e.validator == "additionalProperties":
+                lines.append(f"  {where}: {e.message} (unknown key)")
+            else:
+                lines.append(f"  {where}: {e.message}")
+        raise ConfigError(f"{source} is invalid:\n" + "\n".join(lines))
+    config = apply_defaults(config, schema)
+
+    for name, m in config["models"].items():
+        if m["d_model"] % m["n_head"]:
+            raise ConfigError(
+                f"{source} is invalid:\n  models.{name}.d_model: {m['d_model']} is not divisible "
+                f"by n_head={m['n_head']}"
+            )
+    for name, s in config["sources"].items():
+        if s["adapter"] == "hermes3" and name not in HERMES3_PARTS:
+            raise ConfigError(
+                f"{source} is invalid:\n  sources.{name}.adapter: the hermes3 adapter serves only "
+                f"{', '.join(HERMES3_PARTS)}"
+            )
+        if s["adapter"] == "hermes3" and s["location"] != "pull":
+            raise ConfigError(
+                f"{source} is invalid:\n  sources.{name}.location: hermes3 parts come from the "
+                f"pull_hermes3 stage; set location: pull (point hermes3.location at your data)"
+            )
+    return config
+
+
+def load_config(path: str | Path, overrides: dict | None = None) -> dict:
+    """Read, merge overrides (deep), validate, fill defaults."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    if overrides:
+        raw = deep_merge(raw, overrides)
+    return validate_config(raw, source=str(path))
+
+
+def deep_merge(base: dict, extra: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def vocab_size(model: dict) -> int:
+    """256 byte tokens + N Harris segments + 1 BOS (SPEC §2)."""
+    return 256 + model["n_segments"] + 1

@@ -1,0 +1,106 @@
+"""filter_shape: drop system-prompt-shaped records and strip system turns (SPEC §7).
+
+- System turns are removed from every conversation (they are never rendered into training text).
+- A conversation any of whose user or assistant turns has system-prompt shape is dropped.
+- Plain-text documents are kept as they are, unless `apply_to_text_documents` asks to score them
+  paragraph by paragraph too.
+The stage reports counts per source and keeps examples of what it removed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from pathlib import Path
+
+from andrea.io import AtomicParquetWriter, Manifest, progress, write_json_atomic, write_jsonl_atomic
+from andrea.megachat import MEGACHAT_SCHEMA, iter_megachat
+from andrea.shape import evaluate, shape_score
+
+log = logging.getLogger("andrea.filter")
+
+
+def _flagged_turn(turns: list[dict], threshold: float):
+    for i, t in enumerate(turns):
+        if t["role"] in ("user", "assistant"):
+            s = shape_score(t["text"])
+            if s.score >= threshold:
+                return i, t, s
+    return None
+
+
+def _flagged_paragraph(text: str, threshold: float):
+    for i, para in enumerate(p for p in text.split("\n\n") if p.strip()):
+        s = shape_score(para)
+        if s.score >= threshold:
+            return i, para, s
+    return None
+
+
+def filter_shape(megachat_path: str | Path, out_dir: str | Path, fcfg: dict, version: str) -> dict:
+    """Run the stage: <out_dir>/megachat.parquet (kept records), report.json,
+    removed_examples.jsonl, manifest.json. Returns the report."""
+    out_dir = Path(out_dir)
+    threshold = fcfg["threshold"]
+    manifest = Manifest("filter_shape", version, {"filter_shape": fcfg})
+    manifest.add_input(megachat_path)
+    per_source: dict[str, dict] = defaultdict(
+        lambda: {"read": 0, "kept": 0, "dropped_shape": 0, "dropped_empty": 0, "system_turns_removed": 0}
+    )
+    examples: dict[str, list] = defaultdict(list)
+
+    with AtomicParquetWriter(out_dir / "megachat.parquet", MEGACHAT_SCHEMA) as writer:
+        for row in progress(iter_megachat(megachat_path), desc="filter_shape", unit=" docs"):
+            c = per_source[row["source"]]
+            c["read"] += 1
+            hit = None
+            if row["turns"] is not None:
+                turns = [t for t in row["turns"] if t["role"] != "system"]
+                c["system_turns_removed"] += len(row["turns"]) - len(turns)
+                if not any(t["role"] == "user" for t in turns) or not any(t["role"] == "assistant" for t in turns):
+                    c["dropped_empty"] += 1
+                    continue
+                found = _flagged_turn(turns, threshold)
+                if found:
+                    i, turn, s = found
+                    hit = {"turn": i, "role": turn["role"], "text": turn["text"][:600]}
+                row = {**row, "turns": turns}
+            elif fcfg["apply_to_text_documents"]:
+                found = _flagged_paragraph(row["text"], threshold)
+                if found:
+                    i, para, s = found
+                    hit = {"paragraph": i, "text": para[:600]}
+            if hit is not None:
+                c["dropped_shape"] += 1
+                if len(examples[row["source"]]) < fcfg["examples_per_source"]:
+                    examples[row["source"]].append(
+                        {"source": row["source"], "doc_id": row["doc_id"], "score": s.score, "features": s.features, **hit}
+                    )
+                continue
+            writer.write(row)
+            c["kept"] += 1
+            if sum(v["read"] for v in per_source.values()) % 100_000 == 0:
+                log.info("filter_shape: %d documents read", sum(v["read"] for v in per_source.values()))
+
+    quality = evaluate(threshold)
+    report = {
+        "threshold": threshold,
+        "totals": {k: sum(v[k] for v in per_source.values()) for k in ("read", "kept", "dropped_shape", "dropped_empty", "system_turns_removed")},
+        "per_source": dict(per_source),
+        "labelled_set": {k: v for k, v in quality.items() if k != "misclassified"},
+    }
+    write_json_atomic(out_dir / "report.json", report)
+    write_jsonl_atomic(out_dir / "removed_examples.jsonl", [e for ex in examples.values() for e in ex])
+    manifest.add_output(out_dir / "megachat.parquet", rows=report["totals"]["kept"])
+    manifest.data["counts"] = report["totals"] | {"per_source": dict(per_source)}
+    manifest.write(out_dir / "manifest.json")
+    for src, v in per_source.items():
+        log.info(
+            "filter_shape: %-18s read %7d kept %7d dropped(shape) %6d dropped(empty) %5d system turns removed %6d",
+            src, v["read"], v["kept"], v["dropped_shape"], v["dropped_empty"], v["system_turns_removed"],
+        )
+    log.info(
+        "filter_shape: labelled set precision %.3f recall %.3f at threshold %.2f",
+        quality["precision"], quality["recall"], threshold,
+    )
+    return report

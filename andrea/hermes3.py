@@ -1,0 +1,204 @@
+"""pull_hermes3: load NousResearch/Hermes-3-Dataset (hub, local files or the embedded corpus),
+validate its ShareGPT layout, split it by category into three sources, write versioned Parquet.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from importlib import resources
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+
+from andrea.config import HERMES3_PARTS
+from andrea.io import AtomicParquetWriter, Manifest, progress
+from andrea.records import RawRow, Tally, iter_rows
+
+log = logging.getLogger("andrea.hermes3")
+
+SHAREGPT_ROLES = ("system", "human", "gpt")
+
+PULL_SCHEMA = pa.schema(
+    [
+        ("doc_id", pa.string()),
+        ("category", pa.string()),
+        (
+            "conversations",
+            pa.list_(pa.struct([("from", pa.string()), ("value", pa.string())])),
+        ),
+    ]
+)
+
+
+class HubUnreachable(RuntimeError):
+    """The Hugging Face hub could not be reached (or would not answer) in time."""
+
+
+def embedded_path(name: str) -> Path:
+    return Path(str(resources.files("andrea") / "corpus" / name))
+
+
+def validate_sharegpt(row) -> tuple[list[dict] | None, str | None, str]:
+    """Check one ShareGPT row. Returns (conversations, None, "") when usable, else
+    (None, reason, detail). Turns keep only `from` and `value` (e.g. Hermes' `weight` is dropped)."""
+    if not isinstance(row, dict):
+        return None, "not_an_object", type(row).__name__
+    if "conversations" not in row or row["conversations"] is None:
+        return None, "missing_conversations", ""
+    conv = row["conversations"]
+    if not isinstance(conv, list):
+        return None, "conversations_not_a_list", type(conv).__name__
+    if not conv:
+        return None, "empty_conversations", ""
+    out = []
+    for i, turn in enumerate(conv):
+        if not isinstance(turn, dict):
+            return None, "turn_not_an_object", f"turn {i}"
+        if "from" not in turn or turn["from"] is None:
+            return None, "missing_from", f"turn {i}"
+        if "value" not in turn or turn["value"] is None:
+            return None, "missing_value", f"turn {i}"
+        if turn["from"] not in SHAREGPT_ROLES:
+            return None, "unknown_role", f"turn {i}: {str(turn['from'])[:40]!r}"
+        if not isinstance(turn["value"], str):
+            return None, "non_string_value", f"turn {i}: {type(turn['value']).__name__}"
+        if not turn["value"].strip():
+            return None, "empty_value", f"turn {i}"
+        out.append({"from": turn["from"], "value": turn["value"]})
+    if not any(t["from"] == "human" for t in out) or not any(t["from"] == "gpt" for t in out):
+        return None, "no_dialogue", "needs at least one human and one gpt turn"
+    return out, None, ""
+
+
+def part_of(category: str, categories: dict[str, list[str]]) -> str:
+    """Which hermes3 part a category belongs to: the first part whose substrings match."""
+    c = category.lower()
+    for part, needles in categories.items():
+        if any(n.lower() in c for n in needles):
+            return part
+    return "hermes3-general"
+
+
+def _probe_hub(hub_id: str, revision: str | None, timeout: float) -> None:
+    """Ask the hub for the dataset's metadata with a hard deadline, so a dead network fails
+    fast with advice instead of hanging inside a download."""
+    result: dict = {}
+
+    def probe() -> None:
+        try:
+            from huggingface_hub import HfApi
+
+            HfApi().dataset_info(hub_id, revision=revision, timeout=timeout)
+            result["ok"] = True
+        except Exception as e:  # noqa: BLE001 - reported below with its type
+            result["error"] = e
+
+    t = threading.Thread(target=probe, daemon=True, name="hub-probe")
+    t.start()
+    t.join(timeout + 1.0)
+    advice = (
+        "To run without the hub, set hermes3.location in config/config.yaml to a local "
+        "Parquet/JSON/JSONL file or directory (a copy of the dataset fetched on a machine that "
+        "has network, e.g. with `huggingface-cli download --repo-type dataset "
+        f"{hub_id} --local-dir DIR`), or to `embedded` for the built-in demo corpus."
+    )
+    if t.is_alive():
+        raise HubUnreachable(f"the Hugging Face hub did not answer for {hub_id} within {timeout:g} s. {advice}")
+    err = result.get("error")
+    if err is not None:
+        name = type(err).__name__
+        if "RepositoryNotFound" in name or "NotFound" in name:
+            raise HubUnreachable(f"the hub has no dataset {hub_id!r} ({name}). {advice}")
+        raise HubUnreachable(f"could not reach the Hugging Face hub for {hub_id} ({name}: {err}). {advice}")
+
+
+def iter_hub_rows(hub_id: str, split: str, revision: str | None, timeout: float) -> Iterator[RawRow]:
+    os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", str(int(timeout)))
+    os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", str(int(timeout)))
+    _probe_hub(hub_id, revision, timeout)
+    import datasets
+
+    ds = datasets.load_dataset(hub_id, split=split, revision=revision, streaming=True)
+    for i, row in enumerate(ds):
+        yield RawRow(where=f"hub:{hub_id}[{split}] row {i}", key=f"{i}", value=row)
+
+
+def source_rows(hcfg: dict) -> tuple[Iterator[RawRow], Path | None]:
+    """The raw rows for the configured location, and the local path read (None for the hub)."""
+    loc = hcfg["location"]
+    if loc == "hub":
+        return iter_hub_rows(hcfg["hub_id"], hcfg["hub_split"], hcfg["hub_revision"], hcfg["hub_timeout_s"]), None
+    path = embedded_path("hermes3.jsonl") if loc == "embedded" else Path(loc)
+    return iter_rows(path), path
+
+
+def pull_hermes3(hcfg: dict, out_dir: str | Path, version: str, strict: bool = False) -> dict:
+    """Run the stage: write <out_dir>/<part>.parquet for the three parts and manifest.json.
+    Returns the manifest's counts."""
+    out_dir = Path(out_dir)
+    rows, local = source_rows(hcfg)
+    manifest = Manifest("pull_hermes3", version, {"hermes3": hcfg, "strict": strict})
+    if local is not None:
+        manifest.add_input(local)
+    else:
+        manifest.data["inputs"].append({"hub": hcfg["hub_id"], "split": hcfg["hub_split"], "revision": hcfg["hub_revision"]})
+
+    tally = Tally()
+    per_part = {p: 0 for p in HERMES3_PARTS}
+    per_category: dict[str, int] = {}
+    system_turns = 0
+    field = hcfg["category_field"]
+    writers = {p: AtomicParquetWriter(out_dir / f"{p}.parquet", PULL_SCHEMA) for p in HERMES3_PARTS}
+    try:
+        for raw in progress(rows, desc="pull_hermes3", unit=" rows"):
+            tally.read += 1
+            if raw.broken:
+                tally.skip(raw.broken.split(" ")[0], raw.where, strict, raw.broken)
+                continue
+            conv, reason, detail = validate_sharegpt(raw.value)
+            if conv is None:
+                tally.skip(reason, raw.where, strict, detail)
+                continue
+            category = raw.value.get(field)
+            category = str(category) if category is not None else ""
+            part = part_of(category, hcfg["categories"])
+            doc_id = raw.value.get("id")
+            doc_id = str(doc_id) if doc_id not in (None, "") else raw.key
+            writers[part].write({"doc_id": doc_id, "category": category, "conversations": conv})
+            per_part[part] += 1
+            per_category[category or "(none)"] = per_category.get(category or "(none)", 0) + 1
+            system_turns += sum(t["from"] == "system" for t in conv)
+            tally.kept += 1
+            if tally.read % 100_000 == 0:
+                log.info("pull_hermes3: %d rows read, %d kept", tally.read, tally.kept)
+            if hcfg["max_docs"] and tally.kept >= hcfg["max_docs"]:
+                log.info("pull_hermes3: reached max_docs=%d", hcfg["max_docs"])
+                break
+    except BaseException as e:
+        for w in writers.values():
+            w.abort(e)
+        raise
+    for w in writers.values():
+        w.close()
+        manifest.add_output(w.path, rows=w.rows)
+
+    counts = {
+        **tally.as_dict(),
+        "per_part": per_part,
+        "per_category": dict(sorted(per_category.items(), key=lambda kv: -kv[1])[:50]),
+        "system_turns": system_turns,
+    }
+    manifest.data["counts"] = counts
+    manifest.write(out_dir / "manifest.json")
+    log.info(
+        "pull_hermes3: read %d rows, kept %d (%s), skipped %d %s",
+        tally.read,
+        tally.kept,
+        ", ".join(f"{k} {v}" for k, v in per_part.items()),
+        counts["skipped_total"],
+        counts["skipped"] or "",
+    )
+    return counts

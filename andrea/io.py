@@ -1,0 +1,201 @@
+"""File helpers every stage shares: atomic writes, content hashes, manifests, stage logging.
+
+Every artifact is written under a temporary name in the same directory and renamed into place,
+so a crash never leaves a half-written file under a real name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from andrea import __version__
+
+log = logging.getLogger("andrea")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; rename it over `path` only if the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=False) + "\n")
+
+
+def write_jsonl_atomic(path: str | os.PathLike, rows: list[dict]) -> None:
+    write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+class AtomicParquetWriter:
+    """Stream record batches into a Parquet file that appears under its real name only when closed
+    without error. Memory stays bounded by one batch."""
+
+    def __init__(self, path: str | os.PathLike, schema: pa.Schema, batch_rows: int = 10_000):
+        self.path = Path(path)
+        self.schema = schema
+        self.batch_rows = batch_rows
+        self.rows = 0
+        self._pending: list[dict] = []
+        self._ctx = atomic_path(self.path)
+        self._tmp = self._ctx.__enter__()
+        self._writer = pq.ParquetWriter(self._tmp, schema, compression="zstd")
+
+    def write(self, row: dict) -> None:
+        self._pending.append(row)
+        if len(self._pending) >= self.batch_rows:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            table = pa.Table.from_pylist(self._pending, schema=self.schema)
+            self._writer.write_table(table)
+            self.rows += len(self._pending)
+            self._pending = []
+
+    def close(self) -> None:
+        self._flush()
+        self._writer.close()
+        self._ctx.__exit__(None, None, None)
+
+    def abort(self, exc: BaseException) -> None:
+        with contextlib.suppress(Exception):
+            self._writer.close()
+        self._ctx.__exit__(type(exc), exc, exc.__traceback__)
+
+    def __enter__(self) -> "AtomicParquetWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is None:
+            self.close()
+        else:
+            self.abort(exc)
+        return False
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def describe_input(path: str | os.PathLike) -> dict:
+    """Path, size and content hash of a file, or a tree hash of a directory's files."""
+    p = Path(path)
+    if p.is_file():
+        return {"path": str(p), "bytes": p.stat().st_size, "sha256": sha256_file(p)}
+    if p.is_dir():
+        h = hashlib.sha256()
+        total = 0
+        n = 0
+        for f in sorted(q for q in p.rglob("*") if q.is_file()):
+            rel = f.relative_to(p).as_posix()
+            h.update(rel.encode() + b"\0" + sha256_file(f).encode() + b"\n")
+            total += f.stat().st_size
+            n += 1
+        return {"path": str(p), "files": n, "bytes": total, "sha256": h.hexdigest()}
+    return {"path": str(p), "missing": True}
+
+
+def code_version() -> str:
+    """Package version plus the git commit of the checkout, when there is one."""
+    here = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return f"{__version__}+g{commit}" if commit else __version__
+
+
+class Manifest:
+    """What a stage read, how it was configured, what it wrote and how long it took."""
+
+    def __init__(self, stage: str, version: str, params: dict):
+        self.data: dict[str, Any] = {
+            "stage": stage,
+            "version": version,
+            "code_version": code_version(),
+            "python": platform.python_version(),
+            "params": params,
+            "inputs": [],
+            "outputs": [],
+            "counts": {},
+        }
+        self._t0 = time.time()
+
+    def add_input(self, path: str | os.PathLike, **extra: Any) -> None:
+        self.data["inputs"].append({**describe_input(path), **extra})
+
+    def add_output(self, path: str | os.PathLike, **extra: Any) -> None:
+        self.data["outputs"].append({**describe_input(path), **extra})
+
+    def write(self, path: str | os.PathLike) -> None:
+        t1 = time.time()
+        self.data["timings"] = {
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._t0)),
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t1)),
+            "seconds": round(t1 - self._t0, 3),
+        }
+        write_json_atomic(path, self.data)
+
+
+def setup_logging(log_file: str | os.PathLike | None = None, level: int = logging.INFO) -> None:
+    """Log to stderr and, when given, to a stage log file (Snakemake's `log:`)."""
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_file:
+        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(log_file, mode="w", encoding="utf-8"))
+    logging.basicConfig(
+        level=level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=handlers,
+        force=True,
+    )
+
+
+def progress(iterable=None, **kwargs):
+    """A tqdm progress bar that stays quiet when stderr is not a terminal (logs stay readable)."""
+    from tqdm.auto import tqdm
+
+    kwargs.setdefault("disable", None)  # None: disable on non-TTY
+    kwargs.setdefault("mininterval", 1.0)
+    return tqdm(iterable, **kwargs)

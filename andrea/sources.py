@@ -1,0 +1,414 @@
+"""Source adapters: each turns one kind of local input into megachat documents.
+
+An adapter is a generator `adapter(name, cfg, ctx)` yielding `Doc` for usable documents and
+`Skip` for records it could not use (with a reason, counted by the stage). Documents are either
+a conversation (`turns`: role/text pairs, roles system|user|assistant) or plain `text`.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import re
+import subprocess
+import sysconfig
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pyarrow.parquet as pq
+
+from andrea.hermes3 import validate_sharegpt
+from andrea.records import iter_rows
+
+log = logging.getLogger("andrea.sources")
+
+SHAREGPT_TO_ROLE = {"system": "system", "human": "user", "gpt": "assistant"}
+
+
+@dataclass
+class Doc:
+    doc_id: str
+    turns: list[dict] | None = None
+    text: str | None = None
+
+
+@dataclass
+class Skip:
+    reason: str
+    where: str
+    detail: str = ""
+
+
+@dataclass
+class Context:
+    """What adapters may need besides their own config."""
+
+    pull_dir: Path | None = None  # pull_hermes3 output, for the hermes3 parts
+
+
+Adapter = Callable[[str, dict, Context], Iterator["Doc | Skip"]]
+ADAPTERS: dict[str, Adapter] = {}
+
+
+def adapter(name: str):
+    def register(fn: Adapter) -> Adapter:
+        ADAPTERS[name] = fn
+        return fn
+
+    return register
+
+
+def embedded_location(source: str) -> Path:
+    """The embedded corpus entry for a source: `corpus/<source>` as a directory or a file."""
+    root = Path(str(resources.files("andrea") / "corpus"))
+    if (root / source).is_dir():
+        return root / source
+    for p in sorted(root.glob(f"{source}.*")):
+        return p
+    raise FileNotFoundError(f"the embedded corpus has no entry for source {source!r} (looked in {root})")
+
+
+def resolve_location(source: str, cfg: dict) -> Path | None:
+    """The local path an adapter reads, or None when the location is not a path (pull)."""
+    loc = cfg["location"]
+    if loc == "pull":
+        return None
+    if loc == "embedded":
+        return embedded_location(source)
+    if loc == "stdlib":
+        return Path(sysconfig.get_paths()["stdlib"])
+    return Path(loc)
+
+
+def _files(location: Path, suffixes: tuple[str, ...]) -> list[Path]:
+    if location.is_file():
+        return [location]
+    if location.is_dir():
+        return sorted(p for p in location.rglob("*") if p.is_file() and p.suffix.lower() in suffixes)
+    raise FileNotFoundError(f"{location} does not exist")
+
+
+# ---------------------------------------------------------------- conversations
+
+
+@adapter("hermes3")
+def hermes3_parts(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
+    """A part written by pull_hermes3 (already validated there)."""
+    path = ctx.pull_dir / f"{name}.parquet"
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
+        for row in batch.to_pylist():
+            turns = [{"role": SHAREGPT_TO_ROLE[t["from"]], "text": t["value"]} for t in row["conversations"]]
+            yield Doc(doc_id=row["doc_id"], turns=turns)
+
+
+@adapter("sharegpt")
+def sharegpt(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
+    """`conversations`: list of {from: system|human|gpt, value} (chat, synthetic-chat, ...)."""
+    for raw in iter_rows(resolve_location(name, cfg)):
+        if raw.broken:
+            yield Skip("broken_json", raw.where, raw.broken)
+            continue
+        conv, reason, detail = validate_sharegpt(raw.value)
+        if conv is None:
+            yield Skip(reason, raw.where, detail)
+            continue
+        doc_id = raw.value.get("id")
+        turns = [{"role": SHAREGPT_TO_ROLE[t["from"]], "text": t["value"]} for t in conv]
+        yield Doc(doc_id=str(doc_id) if doc_id not in (None, "") else raw.key, turns=turns)
+
+
+MESSAGE_ROLES = {"system": "system", "user": "user", "assistant": "assistant"}
+
+
+@adapter("messages")
+def messages(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
+    """`messages`: list of {role: system|user|assistant, content} (smoltalk and the OpenAI layout)."""
+    for raw in iter_rows(resolve_location(name, cfg)):
+        if raw.broken:
+            yield Skip("broken_json", raw.where, raw.broken)
+            continue
+        row = raw.value
+        msgs = row.get("messages") if isinstance(row, dict) else None
+        if not isinstance(msgs, list) or not msgs:
+            yield Skip("missing_messages", raw.where)
+            continue
+        turns, bad = [], None
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict) or m.get("role") not in MESSAGE_ROLES:
+                bad = ("unknown_role", f"message {i}")
+                break
+            if not isinstance(m.get("content"), str) or not m["content"].strip():
+                bad = ("empty_value", f"message {i}")
+                break
+            turns.append({"role": MESSAGE_ROLES[m["role"]], "text": m["content"]})
+        if bad:
+            yield Skip(bad[0], raw.where, bad[1])
+            continue
+        if not any(t["role"] == "user" for t in turns) or not any(t["role"] == "assistant" for t in turns):
+            yield Skip("no_dialogue", raw.where)
+            continue
+        yield Doc(doc_id=str(row.get("id") or raw.key), turns=turns)
+
+
+OASST_ROLE = {"prompter": "user", "assistant": "assistant"}
+
+
+def _oasst_threads(node: dict, mode: str) -> list[list[dict]]:
+    """Root-to-leaf threads of an OASST message tree: the best-ranked reply at each level
+    (`rank` 0 is best; unranked replies after ranked ones), or every leaf."""
+    here = [{"role": OASST_ROLE.get(node.get("role"), "?"), "text": node.get("text") or ""}]
+    replies = [r for r in node.get("replies") or [] if isinstance(r, dict) and not r.get("deleted")]
+    if not replies:
+        return [here]
+    replies.sort(key=lambda r: (r.get("rank") is None, r.get("rank") or 0))
+    chosen = replies[:1] if mode == "best" else replies
+    return [here + tail for r in chosen for tail in _oasst_threads(r, mode)]
+
+
+def _oasst_tree_from_flat(messages: list[dict]) -> list[dict]:
+    by_id = {m["message_id"]: {**m, "replies": []} for m in messages}
+    roots = []
+    for m in by_id.values():
+        parent = by_id.get(m.get("parent_id"))
+        (parent["replies"] if parent else roots).append(m)
+    return roots
+
+
+@adapter("oasst")
+def oasst(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
+    """OpenAssistant: message trees (`prompt` with nested `replies`, as in *.trees.jsonl) or flat
+    messages (`message_id`, `parent_id`, `role`, `text`), turned into threads."""
+    flat: list[dict] = []
+    for raw in iter_rows(resolve_location(name, cfg)):
+        if raw.broken:
+            yield Skip("broken_json", raw.where, raw.broken)
+            continue
+        row = raw.value
+        if not isinstance(row, dict):
+            yield Skip("not_an_object", raw.where)
+            continue
+        if isinstance(row.get("prompt"), dict):
+            tree_id = str(row.get("message_tree_id") or raw.key)
+            yield from _oasst_docs(tree_id, row["prompt"], cfg, raw.where)
+        elif "message_id" in row and "text" in row:
+            flat.append(row)
+        else:
+            yield Skip("not_an_oasst_record", raw.where)
+    for root in _oasst_tree_from_flat(flat):
+        yield from _oasst_docs(str(root.get("message_tree_id") or root["message_id"]), root, cfg, "flat messages")
+
+
+def _oasst_docs(tree_id: str, root: dict, cfg: dict, where: str) -> Iterator[Doc | Skip]:
+    for k, thread in enumerate(_oasst_threads(root, cfg["oasst_threads"])):
+        if any(t["role"] == "?" or not t["text"].strip() for t in thread):
+            yield Skip("bad_message", where, f"tree {tree_id}")
+        elif len(thread) < 2:
+            yield Skip("no_dialogue", where, f"tree {tree_id}")
+        else:
+            yield Doc(doc_id=f"{tree_id}#{k}", turns=thread)
+
+
+@adapter("dictionary")
+def dictionary(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
+    """Word definitions as `> define X` / `< X is ...` exchanges. Input: records with `word` and
+    `definition`, or `.tsv`/`.txt` lines `word<TAB>definition`."""
+    loc = resolve_location(name, cfg)
+    files = _files(loc, (".tsv", ".txt", ".jsonl", ".json", ".parquet"))
+    for path in files:
+        if path.suffix.lower() in (".tsv", ".txt"):
+            with open(path, encoding="utf-8") as fh:
+                for lineno, line in enumerate(fh, 1):
+                    if not line.strip() or line.startswith("#"):
+                        continue
+                    word, sep, definition = line.rstrip("\n").partition("\t")
+                    yield _definition(word, definition if sep else "", f"{path}:line {lineno}", f"{path.name}:{lineno}")
+        else:
+            for raw in iter_rows(path):
+                if raw.broken:
+                    yield Skip("broken_json", raw.where, raw.broken)
+                elif not isinstance(raw.value, dict):
+                    yield Skip("not_an_object", raw.where)
+                else:
+                    yield _definition(raw.value.get("word"), raw.value.get("definition"), raw.where, raw.key)
+
+
+def _definition(word, definition, where: str, key: str) -> Doc | Skip:
+    if not isinstance(word, str) or not word.strip():
+        return Skip("missing_word", where)
+    if not isinstance(definition, str) or not definition.strip():
+        return Skip("missing_definition", where)
+    word, definition = word.strip(), definition.strip()
+    answer = definition if definition.lower().startswith(word.lower()) else f"{word} is {definition}"
+    return Doc(doc_id=f"{word}@{key}", turns=[{"role": "user", "text": f"define {word}"}, {"role": "assistant", "text": answer}])
+
+
+# ---------------------------------------------------------------- plain text
+
+GUTENBERG_START = re.compile(r"^\*\*\*\s*START OF (THE|THIS) PROJECT GUTENBERG.*$", re.M | re.I)
+GUTENBERG_END = re.compile(r"^\*\*\*\s*END OF (THE|THIS) PROJECT GUTENBERG.*$", re.M | re.I)
+
+
+def strip_gutenberg(text: str) -> str:
+    """Drop the Project Gutenberg licence header and footer when present."""
+    m = GUTENBERG_START.search(text)
+    if m:
+        text = text[m.end() :]
+    m = GUTENBERG_END.search(text)
+    if m:
+        text = text[: m.start()]
+    return text.strip()
+
+
+def chunk_paragraphs(text: str, limit: int) -> list[str]:
+    """Cut text into chunks of at most ~`limit` characters at blank-line paragraph boundaries
+    (a single paragraph longer than the limit becomes its own chunk)."""
+    paras = [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+    chunks, cur, size = [], [], 0
+    for p in paras:
+        if cur and size + len(p) + 2 > limit:
+            chunks.append("\n\n".join(cur))
+            cur, size = [], 0
+        cur.append(p)
+        size += len(p) + 2
+    if cur:
+        chunks.append("\n\n".join(cur))
+    return chunks
+
+
+def _text_chunks(name: str, cfg: dict, suffixes: tuple[str, ...], clean) -> Iterator[Doc | Skip]:
+    loc = resolve_location(name, cfg)
+    for path in _files(loc, suffixes):
+        rel = path.name if loc.is_file() else path.relative_to(loc).as_posix()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            yield Skip("not_utf8", str(path))
+            continue
+        for k, chunk in enumerate(chunk_paragraphs(clean(text), cfg["chunk_chars"])):
+            if len(chunk) < cfg["min_chars"]:
+                yield Skip("too_short", f"{path} chunk {k}")
+            else:
+                yield Doc(doc_id=f"{rel}#{k}", text=chunk)
+
+
+@adapter("plaintext")
+def plaintext(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
+    """Books and other prose: `.txt` files, Gutenberg boilerplate removed, cut into chunks."""
+    yield from _text_chunks(name, cfg, (".txt",), strip_gutenberg)
+
+
+@adapter("markdown")
+def markdown(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
+    """Repository documentation: Markdown / reStructuredText files of a directory, in chunks."""
+    yield from _text_chunks(name, cfg, (".md", ".markdown", ".rst"), lambda t: t.strip())
+
+
+IRC_MESSAGE = re.compile(r"^\[?(?:\d{4}-\d\d-\d\d[ T])?\d{1,2}:\d{2}(?::\d{2})?\]?\s+<[@+%~&]?([^>\s]+)>\s?(.*)$")
+IRC_ACTION = re.compile(r"^\[?(?:\d{4}-\d\d-\d\d[ T])?\d{1,2}:\d{2}(?::\d{2})?\]?\s+\*\s+(\S+)\s+(.*)$")
+IRC_EVENT = re.compile(r"^\[?(?:\d{4}-\d\d-\d\d[ T])?\d{1,2}:\d{2}(?::\d{2})?\]?\s+(?:-!-|\*\*\*|--[>< ]|<--|-->)")
+
+
+@adapter("irc")
+def irc(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
+    """IRC logs (irssi/weechat-like `[HH:MM] <nick> text` lines). Joins, parts and mode changes are
+    dropped; consecutive messages are grouped into documents of about `chunk_chars`."""
+    loc = resolve_location(name, cfg)
+    for path in _files(loc, (".log", ".txt")):
+        rel = path.name if loc.is_file() else path.relative_to(loc).as_posix()
+        lines: list[str] = []
+        k = 0
+        size = 0
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for lineno, line in enumerate(fh, 1):
+                line = line.rstrip("\n")
+                if not line.strip() or IRC_EVENT.match(line):
+                    continue
+                m = IRC_MESSAGE.match(line)
+                if m:
+                    msg = f"<{m.group(1)}> {m.group(2)}".rstrip()
+                elif (m := IRC_ACTION.match(line)) is not None:
+                    msg = f"* {m.group(1)} {m.group(2)}".rstrip()
+                else:
+                    yield Skip("unparsed_line", f"{path}:line {lineno}", line[:60])
+                    continue
+                lines.append(msg)
+                size += len(msg) + 1
+                if size >= cfg["chunk_chars"]:
+                    yield Doc(doc_id=f"{rel}#{k}", text="\n".join(lines))
+                    lines, size, k = [], 0, k + 1
+        if lines:
+            text = "\n".join(lines)
+            if len(text) >= cfg["min_chars"]:
+                yield Doc(doc_id=f"{rel}#{k}", text=text)
+            else:
+                yield Skip("too_short", f"{path} chunk {k}")
+
+
+# ---------------------------------------------------------------- code repositories
+
+SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test", "lib2to3"}
+
+
+@adapter("docstrings")
+def docstrings(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
+    """Python docstrings (modules, classes, functions) extracted with `ast` from a source tree;
+    by default the running Python's standard library, which is real text available offline."""
+    loc = resolve_location(name, cfg)
+    files = [loc] if loc.is_file() else sorted(
+        p for p in loc.rglob("*.py") if not (set(p.relative_to(loc).parts[:-1]) & SKIP_DIRS)
+    )
+    for path in files:
+        rel = path.name if loc.is_file() else path.relative_to(loc).as_posix()
+        try:
+            tree = ast.parse(path.read_bytes(), filename=str(path))
+        except (SyntaxError, ValueError, UnicodeDecodeError) as e:
+            yield Skip("unparsable_python", str(path), type(e).__name__)
+            continue
+        module = rel[:-3].replace("/", ".")
+        for qualname, node in _docstring_nodes(tree, module):
+            doc = ast.get_docstring(node, clean=True)
+            if not doc:
+                continue
+            if len(doc) < cfg["min_chars"]:
+                yield Skip("too_short", f"{path}:{qualname}")
+                continue
+            yield Doc(doc_id=f"{rel}:{qualname}", text=f"{qualname}\n\n{doc}")
+
+
+def _docstring_nodes(tree: ast.Module, module: str):
+    yield module, tree
+    stack = [(module, n) for n in reversed(tree.body)]
+    while stack:
+        prefix, node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            q = f"{prefix}.{node.name}"
+            yield q, node
+            if isinstance(node, ast.ClassDef):
+                stack.extend((q, n) for n in reversed(node.body))
+
+
+@adapter("git_log")
+def git_log(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
+    """Commit messages of a git repository (merges excluded), newest first."""
+    loc = resolve_location(name, cfg)
+    if not loc.exists():
+        raise FileNotFoundError(f"{loc} does not exist")
+    proc = subprocess.run(
+        ["git", "-C", str(loc), "log", "--no-merges", "--format=%H%x00%B%x1e"],
+        capture_output=True,
+        timeout=300,
+    )
+    if proc.returncode != 0:
+        raise FileNotFoundError(f"{loc} is not a readable git repository: {proc.stderr.decode(errors='replace').strip()}")
+    for entry in proc.stdout.decode("utf-8", errors="replace").split("\x1e"):
+        entry = entry.strip("\n")
+        if not entry:
+            continue
+        sha, _, message = entry.partition("\x00")
+        message = message.strip()
+        if len(message) < cfg["min_chars"]:
+            yield Skip("too_short", f"commit {sha[:12]}")
+        else:
+            yield Doc(doc_id=sha, text=message)

@@ -1,0 +1,45 @@
+"""Versioned artifacts: each stage's output directory is named by a hash of its own parameters
+and of the versions upstream of it.
+
+Changing a parameter of one stage therefore changes that stage's version and every version
+downstream of it, so Snakemake re-runs exactly those stages and nothing upstream; artifacts of
+earlier versions stay where they were, readable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+STAGES = ("pull_hermes3", "prep_megachat", "filter_shape")
+
+
+def _digest(obj) -> str:
+    blob = json.dumps(obj, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def stage_params(config: dict, stage: str) -> dict:
+    """The configuration a stage's output depends on (defaults already filled)."""
+    if stage == "pull_hermes3":
+        return {"hermes3": config["hermes3"], "strict": config["strict"]}
+    if stage == "prep_megachat":
+        enabled = {k: v for k, v in config["sources"].items() if v["enabled"]}
+        return {"sources": enabled, "megachat": config["megachat"], "strict": config["strict"]}
+    if stage == "filter_shape":
+        return {"filter_shape": config["filter_shape"]}
+    raise KeyError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
+
+
+def stage_versions(config: dict) -> dict[str, str]:
+    versions: dict[str, str] = {}
+    upstream = None
+    for stage in STAGES:
+        versions[stage] = _digest({"stage": stage, "params": stage_params(config, stage), "up": upstream})
+        upstream = versions[stage]
+    return versions
+
+
+def stage_dir(config: dict, stage: str) -> Path:
+    return Path(config["results_dir"]) / "data" / stage / stage_versions(config)[stage]

@@ -1,0 +1,16 @@
+"""Snakemake job for rule prep_megachat: a thin call into andrea.megachat."""
+
+from pathlib import Path
+
+import _checkout  # noqa: F401  (puts this checkout's andrea package on sys.path)
+
+from andrea.io import setup_logging
+from andrea.megachat import prep_megachat
+
+setup_logging(snakemake.log[0])
+prep_megachat(
+    snakemake.config,
+    Path(snakemake.output.manifest).parent,
+    snakemake.params.version,
+    pull_dir=Path(snakemake.input.parts[0]).parent,
+)
