@@ -102,7 +102,7 @@ def _probe_hub(hub_id: str, revision: str | None, timeout: float) -> None:
     advice = (
         "To run without the hub, set hermes3.location in config/config.yaml to a local "
         "Parquet/JSON/JSONL file or directory (a copy of the dataset fetched on a machine that "
-        "has network, e.g. with `huggingface-cli download --repo-type dataset "
+        "has network, e.g. with `hf download --repo-type dataset "
         f"{hub_id} --local-dir DIR`), or to `embedded` for the built-in demo corpus."
     )
     if t.is_alive():

@@ -191,6 +191,13 @@ def setup_logging(log_file: str | os.PathLike | None = None, level: int = loggin
         force=True,
     )
 
+    def log_uncaught(exc_type, exc, tb):
+        # A stage that dies says why in its own log file, not only on the terminal.
+        logging.getLogger("andrea").critical("stage failed: %s: %s", exc_type.__name__, exc, exc_info=(exc_type, exc, tb))
+
+    if log_file:
+        sys.excepthook = log_uncaught
+
 
 def progress(iterable=None, **kwargs):
     """A tqdm progress bar that stays quiet when stderr is not a terminal (logs stay readable)."""

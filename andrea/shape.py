@@ -52,7 +52,7 @@ IDENTITY = re.compile(
     r"|you(?:'re| are) (?:now )?(?:\w+ )?(?:named|called) (?-i:[A-Z])"
     r"|you(?:'re| are) (?:(?-i:[A-Z])[\w.-]*\s?){1,3}(?:,|\.\s|\s(?:an?|the)\b)"
     r"|ur an? "
-    r"|(?:please )?(?:act|behave|respond|serve|function|speak|answer|write|reply|talk)(?: only)? (?:as|like) (?:a|an|the|if|my|though|\w+ would)\b"
+    r"|(?:please )?(?:act|behave|respond|serve|function|speak|answer|write|reply|talk)(?: only)? (?:as|like) (?:a|an|the|if|my|though|\w+ would|(?-i:[A-Z]))\b"
     r"|i want you to (?:act|be|play|pretend|respond|behave|take|serve|roleplay)"
     r"|pretend (?:to be|you are|you're|that you are)"
     r"|imagine (?:you are|you're|that you are) (?:a|an|the)?\s*(?:[\w'-]+ ){0,4}?(?:" + _ROLE_NOUNS + r")s?\b"
@@ -90,7 +90,7 @@ ROLE_ASSIGNMENT = re.compile(
 CONVERSE_IMPERATIVE = re.compile(
     _START + r"(?:please |only |always )?(?:answer|respond|reply|speak|talk|greet|introduce yourself|"
     r"be (?:concise|brief|polite|friendly|helpful|honest|warm|fun|a supportive)|ask (?:the user|me|them|one|clarifying)|"
-    r"help the user|cite|explain your|use (?:markdown|simple words|short sentences)|keep (?:your|each|it short))\b",
+    r"help the user|cite|explain your|use (?:markdown|simple words|short sentences)|keep (?:your|each|every|it short))\b",
     _F,
 )
 
@@ -116,7 +116,7 @@ AGENT_META = re.compile(
 FORMAT_RULE = re.compile(
     r"\b(?:"
     r"(?:respond|reply|answer|write)(?: only)? (?:in|with|using) (?:valid )?(?:json|markdown|spanish|french|german|english|lowercase|the same language|one|a single|bullet|numbered|emojis|three|two|plain)"
-    r"|(?:keep|limit) (?:your |each |all )?(?:responses?|answers?|replies|reply|messages?|it)(?: short| brief| concise| under| to| below| friendly)"
+    r"|(?:keep|limit) (?:your |each |every |all )?(?:responses?|answers?|replies|reply|messages?|it)(?: short| brief| concise| under| to| below| friendly)"
     r"|(?:responses?|answers?|replies) (?:should|must) (?:be|only|not|read)"
     r"|(?:only|just) (?:reply|respond|answer) (?:with|in)"
     r"|never (?:reveal|mention|admit|break|disclose|say that you|pretend)"

@@ -1,0 +1,47 @@
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from andrea.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def config(tmp_path):
+    """The shipped config with results under tmp_path and the git source pointed at nothing."""
+    cfg = load_config(REPO / "config" / "config.yaml", overrides={"results_dir": str(tmp_path / "results")})
+    return cfg
+
+
+def write_jsonl(path: Path, rows) -> Path:
+    """Rows may be dicts (serialised) or raw strings (written as-is, for broken lines)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        for r in rows:
+            fh.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
+    return path
+
+
+def sharegpt(*turns, **extra):
+    return {"conversations": [{"from": f, "value": v} for f, v in turns], **extra}
+
+
+@pytest.fixture
+def workflow_dir(tmp_path):
+    """A working directory with the shipped config, for running the Snakefile of this checkout."""
+    (tmp_path / "config").mkdir()
+    shutil.copy(REPO / "config" / "config.yaml", tmp_path / "config" / "config.yaml")
+    return tmp_path
+
+
+def snakemake(workdir: Path, *args, check=True, timeout=300):
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir), "--cores", "1", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc

@@ -1,0 +1,171 @@
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from andrea.hermes3 import pull_hermes3
+from andrea.records import MalformedRecord
+from conftest import REPO, sharegpt, write_jsonl
+
+GOOD = sharegpt(("human", "What is a cell?"), ("gpt", "The smallest unit of life."), category="general")
+
+
+def hcfg(config, location, **extra):
+    return {**config["hermes3"], "location": str(location), **extra}
+
+
+def read_parts(out: Path) -> dict:
+    return {p: pq.read_table(out / f"{p}.parquet").to_pylist() for p in ("hermes3-general", "hermes3-creative", "hermes3-roleplay")}
+
+
+def test_malformed_rows_are_skipped_and_counted_per_reason(config, tmp_path):
+    rows = [
+        GOOD,
+        '{"conversations": [{"from": "human", "value": "broken',  # broken JSON line
+        {"id": 7},  # missing conversations
+        {"conversations": "hello"},  # not a list
+        {"conversations": []},
+        {"conversations": ["just a string"]},
+        {"conversations": [{"value": "no role"}, {"from": "gpt", "value": "x"}]},
+        {"conversations": [{"from": "human"}, {"from": "gpt", "value": "x"}]},
+        {"conversations": [{"from": "narrator", "value": "hi"}, {"from": "gpt", "value": "x"}]},
+        {"conversations": [{"from": "human", "value": 42}, {"from": "gpt", "value": "x"}]},
+        {"conversations": [{"from": "human", "value": "   "}, {"from": "gpt", "value": "x"}]},
+        {"conversations": [{"from": "system", "value": "only a system turn"}]},
+        [1, 2, 3],
+        sharegpt(("system", "You are helpful."), ("human", "Write a poem"), ("gpt", "Roses..."), category="creative_writing"),
+    ]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out"
+    counts = pull_hermes3(hcfg(config, src), out, "v1")
+    assert counts["read"] == 14
+    assert counts["kept"] == 2
+    assert counts["skipped"] == {
+        "broken_json": 1,
+        "missing_conversations": 1,
+        "conversations_not_a_list": 1,
+        "empty_conversations": 1,
+        "turn_not_an_object": 1,
+        "missing_from": 1,
+        "missing_value": 1,
+        "unknown_role": 1,
+        "non_string_value": 1,
+        "empty_value": 1,
+        "no_dialogue": 1,
+        "not_an_object": 1,
+    }
+    # the first example of each reason names the file and line
+    assert counts["first_skipped_example"]["broken_json"].startswith(f"{src}:line 2")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["counts"]["skipped_total"] == 12
+    assert manifest["inputs"][0]["sha256"]
+    assert {o["path"].split("/")[-1]: o["rows"] for o in manifest["outputs"]} == {
+        "hermes3-general.parquet": 1,
+        "hermes3-creative.parquet": 1,
+        "hermes3-roleplay.parquet": 0,
+    }
+    parts = read_parts(out)
+    assert parts["hermes3-creative"][0]["conversations"][0] == {"from": "system", "value": "You are helpful."}
+    assert parts["hermes3-general"][0]["doc_id"] == "in.jsonl:1"
+
+
+def test_strict_mode_fails_naming_file_and_line_and_leaves_no_artifact(config, tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [GOOD, {"conversations": [{"from": "bot", "value": "x"}]}])
+    out = tmp_path / "out"
+    with pytest.raises(MalformedRecord, match=r"in\.jsonl:line 2: unknown_role"):
+        pull_hermes3(hcfg(config, src), out, "v1", strict=True)
+    assert not any(p.suffix in (".parquet", ".json") for p in out.glob("*")), list(out.glob("*"))
+    assert not list(out.glob(".*.tmp"))
+
+
+def test_category_split_parquet_json_and_directory_inputs(config, tmp_path):
+    rows = [
+        sharegpt(("human", "a"), ("gpt", "b"), category="Roleplay", id="r1"),
+        sharegpt(("human", "c"), ("gpt", "d"), category="creative"),
+        sharegpt(("human", "e"), ("gpt", "f"), category="coding"),
+        sharegpt(("human", "g"), ("gpt", "h")),  # no category at all → general
+    ]
+    d = tmp_path / "data"
+    d.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows[:2]), d / "a.parquet")
+    (d / "b.json").write_text(json.dumps(rows[2:]))
+    out = tmp_path / "out"
+    counts = pull_hermes3(hcfg(config, d), out, "v1")
+    assert counts["per_part"] == {"hermes3-general": 2, "hermes3-creative": 1, "hermes3-roleplay": 1}
+    parts = read_parts(out)
+    assert parts["hermes3-roleplay"][0]["doc_id"] == "r1"
+    assert parts["hermes3-general"][0]["doc_id"] == "b.json:0"
+
+
+def test_max_docs_limits_kept_rows(config, tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [GOOD] * 10)
+    counts = pull_hermes3(hcfg(config, src, max_docs=3), tmp_path / "out", "v1")
+    assert counts["kept"] == 3
+
+
+def test_embedded_corpus_has_all_three_parts(config, tmp_path):
+    counts = pull_hermes3(config["hermes3"], tmp_path / "out", "v1")
+    assert counts["skipped_total"] == 0
+    assert all(n > 0 for n in counts["per_part"].values())
+
+
+def test_missing_local_path_is_a_clear_error(config, tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        pull_hermes3(hcfg(config, tmp_path / "nowhere.jsonl"), tmp_path / "out", "v1")
+
+
+HUB_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from andrea.hermes3 import HubUnreachable, pull_hermes3
+    cfg = {"location": "hub", "hub_id": "NousResearch/Hermes-3-Dataset", "hub_split": "train",
+           "hub_revision": None, "hub_timeout_s": float(sys.argv[2]), "max_docs": None,
+           "category_field": "category", "categories": {}}
+    try:
+        pull_hermes3(cfg, sys.argv[1], "v1")
+    except HubUnreachable as e:
+        print("UNREACHABLE:", e)
+        sys.exit(3)
+    """
+)
+
+
+def run_hub(tmp_path, endpoint, timeout_s):
+    env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+    env.pop("HF_HUB_OFFLINE", None)
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", HUB_SCRIPT, str(tmp_path / "out"), str(timeout_s)],
+        capture_output=True, text=True, env=env, timeout=60, cwd=REPO,
+    )
+    return proc, time.monotonic() - t0
+
+
+def test_unreachable_hub_fails_fast_with_advice(tmp_path):
+    with socket.socket() as s:  # a port nobody listens on: connection refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc, took = run_hub(tmp_path, f"http://127.0.0.1:{port}", 5)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "hermes3.location" in proc.stdout and "embedded" in proc.stdout
+    assert took < 30
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_silent_hub_times_out_instead_of_hanging(tmp_path):
+    with socket.socket() as server:  # accepts connections, never answers
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        port = server.getsockname()[1]
+        proc, took = run_hub(tmp_path, f"http://127.0.0.1:{port}", 2)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "did not answer" in proc.stdout or "Timeout" in proc.stdout or "timed out" in proc.stdout.lower()
+    assert took < 30

@@ -1,0 +1,63 @@
+import json
+
+import pyarrow as pa
+import pytest
+
+from andrea.io import AtomicParquetWriter, Manifest, atomic_path, write_json_atomic
+
+
+def test_atomic_path_leaves_nothing_when_the_block_fails(tmp_path):
+    target = tmp_path / "a.txt"
+    with pytest.raises(RuntimeError):
+        with atomic_path(target) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("crash")
+    assert not target.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_path_replaces_only_on_success(tmp_path):
+    target = tmp_path / "a.json"
+    write_json_atomic(target, {"v": 1})
+    with pytest.raises(ValueError):
+        with atomic_path(target) as tmp:
+            tmp.write_text("{broken")
+            raise ValueError
+    assert json.loads(target.read_text()) == {"v": 1}
+
+
+def test_parquet_writer_abort_keeps_previous_file(tmp_path):
+    schema = pa.schema([("x", pa.int64())])
+    target = tmp_path / "t.parquet"
+    with AtomicParquetWriter(target, schema, batch_rows=2) as w:
+        for i in range(5):
+            w.write({"x": i})
+    assert w.rows == 5
+    before = target.read_bytes()
+    with pytest.raises(KeyError):
+        with AtomicParquetWriter(target, schema, batch_rows=2) as w:
+            for i in range(3):
+                w.write({"x": i})
+            raise KeyError("crash mid-stream")
+    assert target.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["t.parquet"]
+
+
+def test_manifest_records_inputs_outputs_and_timing(tmp_path):
+    f = tmp_path / "in.txt"
+    f.write_text("abc")
+    d = tmp_path / "dir"
+    d.mkdir()
+    (d / "x").write_text("1")
+    m = Manifest("stage", "v9", {"p": 1})
+    m.add_input(f)
+    m.add_input(d)
+    m.add_output(f, rows=3)
+    m.data["counts"] = {"n": 1}
+    m.write(tmp_path / "manifest.json")
+    data = json.loads((tmp_path / "manifest.json").read_text())
+    assert data["stage"] == "stage" and data["version"] == "v9" and data["params"] == {"p": 1}
+    assert data["inputs"][0]["sha256"] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert data["inputs"][1]["files"] == 1
+    assert data["outputs"][0]["rows"] == 3
+    assert data["timings"]["seconds"] >= 0 and data["code_version"]

@@ -1,0 +1,183 @@
+import json
+import subprocess
+
+import pyarrow.parquet as pq
+import pytest
+
+from andrea.hermes3 import pull_hermes3
+from andrea.megachat import content_hash, prep_megachat, render_document
+from andrea.records import MalformedRecord
+from conftest import sharegpt, write_jsonl
+
+
+def only(config, sources: dict, **top) -> dict:
+    """The config with only the given sources (defaults filled)."""
+    from andrea.config import validate_config
+
+    raw = {k: v for k, v in config.items() if k != "sources"}
+    raw["sources"] = sources
+    raw.update(top)
+    return validate_config(raw)
+
+
+def run(cfg, tmp_path, pull_dir=None):
+    out = tmp_path / "prep"
+    counts = prep_megachat(cfg, out, "v1", pull_dir=pull_dir)
+    rows = pq.read_table(out / "megachat.parquet").to_pylist()
+    return counts, rows
+
+
+def test_exact_duplicates_are_removed_across_sources_and_near_duplicates_kept(config, tmp_path):
+    a = write_jsonl(tmp_path / "a.jsonl", [
+        sharegpt(("human", "hi"), ("gpt", "hello")),
+        sharegpt(("human", "hi"), ("gpt", "hello")),  # exact duplicate within the source
+        sharegpt(("human", "hi"), ("gpt", "hello!")),  # near duplicate: kept
+    ])
+    b = write_jsonl(tmp_path / "b.jsonl", [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}])
+    cfg = only(config, {"chat": {"adapter": "sharegpt", "location": str(a)}, "smoltalk": {"adapter": "messages", "location": str(b)}})
+    counts, rows = run(cfg, tmp_path)
+    assert counts["documents"] == 2
+    assert counts["per_source"]["chat"]["duplicates"] == 1
+    assert counts["per_source"]["smoltalk"]["duplicates"] == 1  # same content as chat's first row
+    assert [r["source"] for r in rows] == ["chat", "chat"]
+    assert len({r["content_hash"] for r in rows}) == 2
+
+
+def test_content_hash_depends_on_content_only():
+    t = [{"role": "user", "text": "x"}, {"role": "assistant", "text": "y"}]
+    assert content_hash(t, None) == content_hash([dict(d) for d in t], None)
+    assert content_hash(t, None) != content_hash(list(reversed(t)), None)
+    assert content_hash(None, "x") != content_hash([{"role": "user", "text": "x"}], None)
+
+
+def test_render_uses_turn_prefixes_and_never_renders_system_turns():
+    turns = [
+        {"role": "system", "text": "You are a helpful assistant."},
+        {"role": "user", "text": "define cat"},
+        {"role": "assistant", "text": "cat is a small furry animal"},
+    ]
+    assert render_document(turns, None) == "> define cat\n\n< cat is a small furry animal"
+    assert render_document(None, "plain text") == "plain text"
+    assert render_document(turns, None, {"user_prefix": "U: ", "assistant_prefix": "A: "}).startswith("U: define")
+
+
+def test_every_adapter_on_local_files(config, tmp_path):
+    src = tmp_path / "src"
+    oasst = write_jsonl(src / "oasst.jsonl", [
+        {"message_tree_id": "t1", "prompt": {"message_id": "p", "role": "prompter", "text": "Why is the sea salty?", "replies": [
+            {"message_id": "a2", "role": "assistant", "text": "Second best.", "rank": 1, "replies": []},
+            {"message_id": "a1", "role": "assistant", "text": "Rivers carry dissolved minerals.", "rank": 0, "replies": [
+                {"message_id": "p2", "role": "prompter", "text": "Which minerals?", "replies": [
+                    {"message_id": "a3", "role": "assistant", "text": "Mostly sodium and chloride.", "replies": []}]}]}]}},
+        # the same kind of thread given as flat messages
+        {"message_id": "f1", "parent_id": None, "role": "prompter", "text": "Name a prime.", "message_tree_id": "t2"},
+        {"message_id": "f2", "parent_id": "f1", "role": "assistant", "text": "Seven.", "message_tree_id": "t2"},
+        {"something": "else"},
+    ])
+    (src / "dict.tsv").write_text("# comment\ncat\ta small domesticated carnivore\nbroken line without tab\ndog\tdog is a loyal animal\n")
+    books = src / "books"
+    books.mkdir()
+    (books / "b.txt").write_text(
+        "Header junk\n*** START OF THE PROJECT GUTENBERG EBOOK X ***\n\n" + "\n\n".join(f"Paragraph {i} " + "word " * 40 for i in range(6))
+        + "\n\n*** END OF THE PROJECT GUTENBERG EBOOK X ***\nLicence text\n"
+    )
+    docs = src / "docs"
+    docs.mkdir()
+    (docs / "guide.md").write_text("# Guide\n\nThis guide explains how the pipeline works in detail.\n")
+    (src / "chan.log").write_text(
+        "[10:00] -!- bob has joined #c\n[10:01] <alice> hello there everyone\n[10:02] <@bob> hi alice, how are you today?\n"
+        "[10:03] * alice waves\nthis line is not irc\n"
+    )
+    pkg = src / "pkg"
+    pkg.mkdir()
+    (pkg / "mod.py").write_text('"""Module docstring that is long enough to keep."""\n\nclass K:\n    """A class that does a thing, documented."""\n\n    def m(self):\n        """Method docstring, also long enough."""\n\ndef short():\n    """Tiny."""\n')
+    (pkg / "broken.py").write_text("def (:\n")
+    repo = src / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "f").write_text("1")
+    subprocess.run(git + ["add", "f"], check=True)
+    subprocess.run(git + ["commit", "-qm", "Add the first file so the history is not empty"], check=True)
+
+    cfg = only(config, {
+        "oasst": {"adapter": "oasst", "location": str(oasst)},
+        "dictionary": {"adapter": "dictionary", "location": str(src / "dict.tsv")},
+        "gutenberg": {"adapter": "plaintext", "location": str(books), "chunk_chars": 600},
+        "repo-docs": {"adapter": "markdown", "location": str(docs)},
+        "irc": {"adapter": "irc", "location": str(src / "chan.log"), "min_chars": 10},
+        "repo-docstrings": {"adapter": "docstrings", "location": str(pkg), "min_chars": 10},
+        "repo-commits": {"adapter": "git_log", "location": str(repo)},
+    })
+    counts, rows = run(cfg, tmp_path)
+    by = {}
+    for r in rows:
+        by.setdefault(r["source"], []).append(r)
+    # oasst: best-ranked thread followed to the leaf, flat messages rebuilt into a tree
+    assert [t["text"] for t in by["oasst"][0]["turns"]] == [
+        "Why is the sea salty?", "Rivers carry dissolved minerals.", "Which minerals?", "Mostly sodium and chloride."]
+    assert [t["role"] for t in by["oasst"][1]["turns"]] == ["user", "assistant"]
+    assert counts["per_source"]["oasst"]["skipped"] == {"not_an_oasst_record": 1}
+    # dictionary: > define X / < X is ...
+    assert by["dictionary"][0]["turns"] == [
+        {"role": "user", "text": "define cat"}, {"role": "assistant", "text": "cat is a small domesticated carnivore"}]
+    assert by["dictionary"][1]["turns"][1]["text"] == "dog is a loyal animal"
+    assert counts["per_source"]["dictionary"]["skipped"] == {"missing_definition": 1}
+    # gutenberg: boilerplate gone, chunked at paragraphs
+    assert len(by["gutenberg"]) > 1
+    joined = "\n\n".join(r["text"] for r in by["gutenberg"])
+    assert "Header junk" not in joined and "Licence" not in joined and joined.startswith("Paragraph 0")
+    assert all(len(r["text"]) <= 600 for r in by["gutenberg"])
+    assert by["repo-docs"][0]["text"].startswith("# Guide")
+    # irc: joins dropped, nick modes stripped, actions kept, junk counted
+    assert by["irc"][0]["text"] == "<alice> hello there everyone\n<bob> hi alice, how are you today?\n* alice waves"
+    assert counts["per_source"]["irc"]["skipped"] == {"unparsed_line": 1}
+    # docstrings: module, class and method; broken file and short docstring counted
+    assert [r["doc_id"] for r in by["repo-docstrings"]] == ["mod.py:mod", "mod.py:mod.K", "mod.py:mod.K.m"]
+    assert counts["per_source"]["repo-docstrings"]["skipped"] == {"too_short": 1, "unparsable_python": 1}
+    assert by["repo-commits"][0]["text"] == "Add the first file so the history is not empty"
+
+
+def test_oasst_all_leaves(config, tmp_path):
+    tree = {"message_tree_id": "t", "prompt": {"message_id": "p", "role": "prompter", "text": "Q?", "replies": [
+        {"message_id": "a", "role": "assistant", "text": "A1", "rank": 0},
+        {"message_id": "b", "role": "assistant", "text": "A2", "rank": 1}]}}
+    f = write_jsonl(tmp_path / "o.jsonl", [tree])
+    _, rows = run(only(config, {"oasst": {"adapter": "oasst", "location": str(f), "oasst_threads": "all_leaves"}}), tmp_path)
+    assert [r["turns"][1]["text"] for r in rows] == ["A1", "A2"]
+
+
+def test_missing_source_fails_naming_the_key_unless_optional(config, tmp_path):
+    cfg = only(config, {"chat": {"adapter": "sharegpt", "location": str(tmp_path / "nope.jsonl")}})
+    with pytest.raises(FileNotFoundError, match=r"sources\.chat\.location"):
+        run(cfg, tmp_path)
+    cfg = only(config, {
+        "chat": {"adapter": "sharegpt", "location": str(tmp_path / "nope.jsonl"), "optional": True},
+        "synthetic-chat": {"adapter": "sharegpt", "location": "embedded"},
+        "repo-commits": {"adapter": "git_log", "location": str(tmp_path), "optional": True},  # not a repository
+    })
+    counts, rows = run(cfg, tmp_path)
+    assert "skipped_source" in counts["per_source"]["chat"]
+    assert "skipped_source" in counts["per_source"]["repo-commits"]
+    assert rows and {r["source"] for r in rows} == {"synthetic-chat"}
+
+
+def test_strict_mode_stops_on_a_malformed_record(config, tmp_path):
+    f = write_jsonl(tmp_path / "c.jsonl", [sharegpt(("human", "a"), ("gpt", "b")), "{not json"])
+    cfg = only(config, {"chat": {"adapter": "sharegpt", "location": str(f)}}, strict=True)
+    with pytest.raises(MalformedRecord, match=r"source chat: .*c\.jsonl:line 2"):
+        run(cfg, tmp_path)
+    assert not (tmp_path / "prep" / "megachat.parquet").exists()
+
+
+def test_embedded_pipeline_reads_every_source(config, tmp_path):
+    pull = tmp_path / "pull"
+    pull_hermes3(config["hermes3"], pull, "v1")
+    config["sources"]["repo-docstrings"]["max_docs"] = 50
+    counts, rows = run(config, tmp_path, pull_dir=pull)
+    produced = {r["source"] for r in rows}
+    expected = {k for k in config["sources"] if k != "repo-commits"}  # the tmp checkout may lack git history
+    assert expected <= produced
+    manifest = json.loads((tmp_path / "prep" / "manifest.json").read_text())
+    assert manifest["counts"]["documents"] == len(rows)
+    assert (tmp_path / "prep" / "preview.txt").read_text().count("=== ") >= len(expected)

@@ -1,0 +1,97 @@
+"""The Snakemake workflow end to end on the embedded corpus (slow: a few seconds per run)."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO, snakemake
+
+pytestmark = pytest.mark.slow
+
+
+def set_config(workdir, changes: dict):
+    """Edit the workflow's config file: keys are dotted paths like 'filter_shape.threshold'."""
+    path = workdir / "config" / "config.yaml"
+    cfg = yaml.safe_load(path.read_text())
+    for dotted, value in changes.items():
+        node = cfg
+        *parents, last = dotted.split(".")
+        for p in parents:
+            node = node[p]
+        node[last] = value
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+
+def stage_dirs(workdir, stage):
+    return sorted(p.name for p in (workdir / "results" / "data" / stage).iterdir())
+
+
+def test_data_stages_run_and_rerun_only_what_changed(workflow_dir):
+    set_config(workflow_dir, {"sources.repo-docstrings.max_docs": 200})
+
+    snakemake(workflow_dir)
+    res = workflow_dir / "results"
+    for stage, files in {
+        "pull_hermes3": ["hermes3-general.parquet", "hermes3-creative.parquet", "hermes3-roleplay.parquet", "manifest.json"],
+        "prep_megachat": ["megachat.parquet", "preview.txt", "manifest.json"],
+        "filter_shape": ["megachat.parquet", "report.json", "removed_examples.jsonl", "manifest.json"],
+    }.items():
+        (version,) = stage_dirs(workflow_dir, stage)
+        for f in files:
+            assert (res / "data" / stage / version / f).exists(), (stage, f)
+        assert (res / "logs" / stage / f"{version}.log").stat().st_size > 0
+        assert (res / "benchmarks" / stage / f"{version}.tsv").exists()
+    report = json.loads(next((res / "data" / "filter_shape").glob("*/report.json")).read_text())
+    assert report["totals"]["dropped_shape"] >= 1 and report["totals"]["kept"] > 100
+
+    # nothing changed: nothing runs
+    again = snakemake(workflow_dir)
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+    # one filter parameter changed: filter_shape alone re-runs, into a new version
+    pull_before = stage_dirs(workflow_dir, "pull_hermes3")
+    prep_manifest = next((res / "data" / "prep_megachat").glob("*/manifest.json"))
+    mtime = prep_manifest.stat().st_mtime_ns
+    set_config(workflow_dir, {"filter_shape.threshold": 0.7})
+    plan = snakemake(workflow_dir, "--dry-run")
+    text = plan.stdout + plan.stderr
+    assert "rule filter_shape" in text and "rule prep_megachat" not in text and "rule pull_hermes3" not in text
+    snakemake(workflow_dir)
+    assert len(stage_dirs(workflow_dir, "filter_shape")) == 2  # the old version stays readable
+    assert stage_dirs(workflow_dir, "pull_hermes3") == pull_before
+    assert prep_manifest.stat().st_mtime_ns == mtime
+
+    # a source parameter changed: prep and filter re-run, pull does not
+    set_config(workflow_dir, {"sources.dictionary.max_docs": 10})
+    plan = snakemake(workflow_dir, "--dry-run")
+    text = plan.stdout + plan.stderr
+    assert "rule prep_megachat" in text and "rule filter_shape" in text and "rule pull_hermes3" not in text
+
+    # --forcerun re-runs a stage whose inputs have not changed
+    plan = snakemake(workflow_dir, "--dry-run", "--forcerun", "pull_hermes3")
+    assert "rule pull_hermes3" in plan.stdout + plan.stderr
+
+
+def test_a_failed_job_leaves_no_artifact(workflow_dir, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}\n{broken\n')
+    set_config(workflow_dir, {"strict": True, "sources.chat.location": str(bad)})
+    proc = snakemake(workflow_dir, check=False)
+    assert proc.returncode != 0
+    prep = workflow_dir / "results" / "data" / "prep_megachat"
+    assert not list(prep.glob("*/megachat.parquet")) and not list(prep.glob("*/manifest.json"))
+    log = next((workflow_dir / "results" / "logs" / "prep_megachat").glob("*.log")).read_text()
+    assert "bad.jsonl:line 2" in log
+
+
+def test_lint_and_format_are_clean():
+    lint = subprocess.run([sys.executable, "-m", "snakemake", "--lint", "-s", str(REPO / "Snakefile"), "--directory", str(REPO)],
+                          capture_output=True, text=True, timeout=120)
+    assert lint.returncode == 0 and "Lints for" not in lint.stdout + lint.stderr, lint.stdout + lint.stderr
+    snakefmt = shutil.which("snakefmt") or str(REPO / ".venv" / "bin" / "snakefmt")
+    fmt = subprocess.run([snakefmt, "--check", str(REPO / "Snakefile"), str(REPO / "workflow")], capture_output=True, text=True, timeout=120)
+    assert fmt.returncode == 0, fmt.stdout + fmt.stderr
