@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -75,7 +76,7 @@ def cmd_filter(args) -> int:
     cfg = _config(args)
     out = Path(args.out) if args.out else stage_dir(cfg, "filter_shape")
     src = Path(args.input) if args.input else stage_dir(cfg, "prep_megachat") / "megachat.parquet"
-    filter_shape(src, out, cfg["filter_shape"], stage_versions(cfg)["filter_shape"])
+    filter_shape(src, out, cfg["filter_shape"], stage_versions(cfg)["filter_shape"], workers=args.workers)
     print(out)
     return 0
 
@@ -85,6 +86,7 @@ def cmd_data(args) -> int:
         args.out = None
         args.pull_dir = None
         args.input = None
+        args.workers = os.cpu_count() or 1
         fn(args)
     return 0
 
@@ -146,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_prep)
     sp = with_config(sub.add_parser("filter-shape", help="stage filter_shape: drop system-prompt-shaped records"))
     sp.add_argument("--input", help="megachat.parquet to filter (default: prep_megachat's output)")
+    sp.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="scoring processes (default: all cores, %(default)s)")
     sp.add_argument("--out", help="output directory (default: the versioned stage directory)")
     sp.set_defaults(fn=cmd_filter)
     with_config(sub.add_parser("data", help="run pull-hermes3, prep-megachat and filter-shape in order")).set_defaults(fn=cmd_data)

@@ -10,6 +10,7 @@ The stage reports counts per source and keeps examples of what it removed.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 from collections import defaultdict
 from pathlib import Path
 
@@ -25,7 +26,7 @@ def _flagged_turn(turns: list[dict], threshold: float):
         if t["role"] in ("user", "assistant"):
             s = shape_score(t["text"])
             if s.score >= threshold:
-                return i, t, s
+                return {"turn": i, "role": t["role"], "text": t["text"][:600], "score": s.score, "features": s.features}
     return None
 
 
@@ -33,13 +34,47 @@ def _flagged_paragraph(text: str, threshold: float):
     for i, para in enumerate(p for p in text.split("\n\n") if p.strip()):
         s = shape_score(para)
         if s.score >= threshold:
-            return i, para, s
+            return {"paragraph": i, "text": para[:600], "score": s.score, "features": s.features}
     return None
 
 
-def filter_shape(megachat_path: str | Path, out_dir: str | Path, fcfg: dict, version: str) -> dict:
+def judge(row: dict, fcfg: dict) -> tuple[str, dict, dict | None]:
+    """Decide one megachat row: ("keep", row without system turns, None), ("empty", row, None)
+    or ("shape", row, what was flagged)."""
+    if row["turns"] is not None:
+        turns = [t for t in row["turns"] if t["role"] != "system"]
+        row = {**row, "turns": turns, "_system_removed": len(row["turns"]) - len(turns)}
+        if not any(t["role"] == "user" for t in turns) or not any(t["role"] == "assistant" for t in turns):
+            return "empty", row, None
+        hit = _flagged_turn(turns, fcfg["threshold"])
+    else:
+        row = {**row, "_system_removed": 0}
+        hit = _flagged_paragraph(row["text"], fcfg["threshold"]) if fcfg["apply_to_text_documents"] else None
+    return ("shape", row, hit) if hit else ("keep", row, None)
+
+
+def _judge_batch(args):
+    rows, fcfg = args
+    return [judge(r, fcfg) for r in rows]
+
+
+def _batches(rows, size):
+    batch = []
+    for r in rows:
+        batch.append(r)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def filter_shape(
+    megachat_path: str | Path, out_dir: str | Path, fcfg: dict, version: str, workers: int = 1
+) -> dict:
     """Run the stage: <out_dir>/megachat.parquet (kept records), report.json,
-    removed_examples.jsonl, manifest.json. Returns the report."""
+    removed_examples.jsonl, manifest.json. Returns the report. Scoring runs in `workers`
+    processes; the output is identical whatever their number."""
     out_dir = Path(out_dir)
     threshold = fcfg["threshold"]
     manifest = Manifest("filter_shape", version, {"filter_shape": fcfg})
@@ -48,39 +83,32 @@ def filter_shape(megachat_path: str | Path, out_dir: str | Path, fcfg: dict, ver
         lambda: {"read": 0, "kept": 0, "dropped_shape": 0, "dropped_empty": 0, "system_turns_removed": 0}
     )
     examples: dict[str, list] = defaultdict(list)
-
-    with AtomicParquetWriter(out_dir / "megachat.parquet", MEGACHAT_SCHEMA) as writer:
-        for row in progress(iter_megachat(megachat_path), desc="filter_shape", unit=" docs"):
-            c = per_source[row["source"]]
-            c["read"] += 1
-            hit = None
-            if row["turns"] is not None:
-                turns = [t for t in row["turns"] if t["role"] != "system"]
-                c["system_turns_removed"] += len(row["turns"]) - len(turns)
-                if not any(t["role"] == "user" for t in turns) or not any(t["role"] == "assistant" for t in turns):
-                    c["dropped_empty"] += 1
-                    continue
-                found = _flagged_turn(turns, threshold)
-                if found:
-                    i, turn, s = found
-                    hit = {"turn": i, "role": turn["role"], "text": turn["text"][:600]}
-                row = {**row, "turns": turns}
-            elif fcfg["apply_to_text_documents"]:
-                found = _flagged_paragraph(row["text"], threshold)
-                if found:
-                    i, para, s = found
-                    hit = {"paragraph": i, "text": para[:600]}
-            if hit is not None:
-                c["dropped_shape"] += 1
-                if len(examples[row["source"]]) < fcfg["examples_per_source"]:
-                    examples[row["source"]].append(
-                        {"source": row["source"], "doc_id": row["doc_id"], "score": s.score, "features": s.features, **hit}
-                    )
-                continue
-            writer.write(row)
-            c["kept"] += 1
-            if sum(v["read"] for v in per_source.values()) % 100_000 == 0:
-                log.info("filter_shape: %d documents read", sum(v["read"] for v in per_source.values()))
+    jobs = ((batch, fcfg) for batch in _batches(iter_megachat(megachat_path), 2048))
+    pool = multiprocessing.get_context("spawn").Pool(workers) if workers > 1 else None
+    decisions = pool.imap(_judge_batch, jobs) if pool else map(_judge_batch, jobs)
+    n = 0
+    try:
+        with AtomicParquetWriter(out_dir / "megachat.parquet", MEGACHAT_SCHEMA) as writer:
+            for batch in progress(decisions, desc="filter_shape", unit=" batches"):
+                for verdict, row, hit in batch:
+                    c = per_source[row["source"]]
+                    c["read"] += 1
+                    c["system_turns_removed"] += row.pop("_system_removed")
+                    if verdict == "empty":
+                        c["dropped_empty"] += 1
+                    elif verdict == "shape":
+                        c["dropped_shape"] += 1
+                        if len(examples[row["source"]]) < fcfg["examples_per_source"]:
+                            examples[row["source"]].append({"source": row["source"], "doc_id": row["doc_id"], **hit})
+                    else:
+                        writer.write(row)
+                        c["kept"] += 1
+                n += len(batch)
+                if n % 102_400 < len(batch):
+                    log.info("filter_shape: %d documents judged", n)
+    finally:
+        if pool:
+            pool.terminate()
 
     quality = evaluate(threshold)
     report = {

@@ -31,7 +31,8 @@ from pathlib import Path
 
 HALF_POINTS = 3.0  # points at which the score is 0.5
 
-_F = re.IGNORECASE | re.MULTILINE
+_F = re.IGNORECASE | re.MULTILINE  # patterns that need the original case (names)
+_L = re.MULTILINE  # patterns matched against the lowercased text: much faster than IGNORECASE
 
 # Roles an agent is given: conversation, service and expertise roles.
 _ROLE_NOUNS = (
@@ -42,7 +43,10 @@ _ROLE_NOUNS = (
     r"interpreter|terminal|calculator|engine|classifier|concierge|receptionist|detective|"
     r"mathematician|accountant|lawyer|nutritionist|dermatologist|moderator|mediator"
 )
-_START = r"(?:^|(?<=[.!?:>\]\n])\s*|^\W*)"
+# IDENTITY and CONVERSE_IMPERATIVE are matched only where a sentence (or a line, or a "Label:")
+# starts: see sentence_starts().
+_START = r"\W*"
+BOUNDARY = re.compile(r"[.!?:>\]\n]\s*")
 
 # Strong identity / role declarations addressed to the reader.
 IDENTITY = re.compile(
@@ -83,7 +87,7 @@ ROLE_ASSIGNMENT = re.compile(
     r"|the (?:assistant|ai|model|bot) (?:is|should|must|will|always|never)\b"
     r"|you have access to (?:the following )?tools"
     r")",
-    _F,
+    _L,
 )
 
 # Sentences that open by telling an agent how to converse.
@@ -91,7 +95,7 @@ CONVERSE_IMPERATIVE = re.compile(
     _START + r"(?:please |only |always )?(?:answer|respond|reply|speak|talk|greet|introduce yourself|"
     r"be (?:concise|brief|polite|friendly|helpful|honest|warm|fun|a supportive)|ask (?:the user|me|them|one|clarifying)|"
     r"help the user|cite|explain your|use (?:markdown|simple words|short sentences)|keep (?:your|each|every|it short))\b",
-    _F,
+    _L,
 )
 
 # References to the machinery of a conversation with an agent.
@@ -109,7 +113,7 @@ AGENT_META = re.compile(
     r"|\{\{user\}\}|\{\{char\}\}|the (?:player|person you're talking|person you are talking)"
     r"|this (?:chat|conversation)|the conversation|in every conversation|throughout the conversation"
     r")",
-    _F,
+    _L,
 )
 
 # Rules about how to respond (format, language, length, scope, secrecy).
@@ -130,35 +134,42 @@ FORMAT_RULE = re.compile(
     r"|out of scope|preferred response|output format|input:|output:"
     r"|(?:return|output|format|give) (?:\w+ ){0,3}as (?:an? )?(?:json|markdown|yaml|csv|table|numbered list|bulleted list)"
     r")",
-    _F,
+    _L,
 )
 
 # Conditional rules triggered by what the other party says.
 CONDITIONAL = re.compile(
     r"\b(?:if|when|whenever)\s+(?:the\s+)?(?:users?|someone|a user|they|the customer|the player|the person|the student|asked|the question|a question|i ask|the context)\b"
     r"(?:\W+\w+){0,3}?\W+(?:asks?|says?|requests?|wants?|writes?|types?|insists?|greets?|mentions?|claims?|shares?|seems?|is unclear|does not contain|about)\b",
-    _F,
+    _L,
 )
 
 TEMPLATE = re.compile(
-    r"<\|im_start\|>\s*system|<<\s*SYS\s*>>|\[INST\]|^###\s*(?:instruction|system|response)\b|"
+    r"<\|im_start\|>\s*system|<<\s*sys\s*>>|\[inst\]|^###\s*(?:instruction|system|response)\b|"
     r"^\s*system\s*:|^\s*<system>|^\s*##\s*(?:role|instructions|persona|output format)\b|"
     r"\bsystem prompt\s*:|\bnote to the ai\b|\binstructions for the (?:model|ai|assistant)\b|"
     r"\b(?:behaviou?r|identity|scope|persona)\s*:",
-    _F,
+    _L,
 )
 
 DIRECTIVE = re.compile(
     r"\b(?:must(?: not)?|never|always|should(?: not)?|do not|don't|avoid|make sure|ensure|refrain|"
     r"only|at all times|strictly|are not allowed|may not|cannot|can't|refuse|decline|remember)\b",
-    _F,
+    _L,
 )
-YOU_DIRECTIVE = re.compile(r"\byou(?:'ll)? (?:must|should|will|never|always|may not|cannot|can't|are not allowed|shall)\b", _F)
-SECOND_PERSON = re.compile(r"\b(?:you|your|yours|yourself|you're|you'll|ur)\b", _F)
-FIRST_PERSON = re.compile(r"\b(?:i|me|my|mine|i'm|i've|we|our)\b", _F)
+YOU_DIRECTIVE = re.compile(r"\byou(?:'ll)? (?:must|should|will|never|always|may not|cannot|can't|are not allowed|shall)\b", _L)
+SECOND_PERSON = re.compile(r"\b(?:you|your|yours|yourself|you're|you'll|ur)\b", _L)
+FIRST_PERSON = re.compile(r"\b(?:i|me|my|mine|i'm|i've|we|our)\b", _L)
 WORD = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)?", re.UNICODE)
 LIST_LINE = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s+(.*)$", re.M)
 QUOTED_SPAN = re.compile(r"\"[^\"\n]*\"?|“[^”]*”?|«[^»]*»?|^\s*[—–]\s.*$", re.M)
+# A pattern can only match when one of these substrings is present; checking them first (C-speed
+# `in`) skips most ordinary text. Keep them in step with the patterns above.
+TEMPLATE_KEYS = ("<|im_start|>", "<<", "[inst]", "##", "system", "note to the ai", "instructions for the", "behavio", "identity", "scope", "persona", "<system>")
+AGENT_META_KEYS = (
+    "user", " ai", "ai ", "language model", "chatbot", "virtual", "your ", "respond", "reply", "answer", "character",
+    "persona", "role", "prompt", "instructions", "{{", "player", "person you", "chat", "conversation",
+)
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
@@ -173,16 +184,22 @@ class ShapeScore:
         return self.score >= 0.5
 
 
+def _at_starts(pattern: re.Pattern, text: str) -> list[re.Match]:
+    """Matches of `pattern` anchored at the text's start and after each sentence boundary."""
+    out = []
+    for p in (0, *(m.end() for m in BOUNDARY.finditer(text))):
+        m = pattern.match(text, p)
+        if m:
+            out.append(m)
+    return out
+
+
 def shape_score(text: str) -> ShapeScore:
     """Score how much `text` has the shape of a system prompt, with the features that counted."""
     if not text or not text.strip():
         return ShapeScore(0.0, 0.0, {})
     t = text.strip()
-    words = WORD.findall(t)
-    n_words = max(1, len(words))
-    sentences = [s for s in SENTENCE_END.split(t) if s.strip()]
-    n_sent = max(1, len(sentences))
-    questions = sum(s.rstrip().endswith("?") for s in sentences)
+    low = t.lower()
     spans = [m.span() for m in QUOTED_SPAN.finditer(t)]
     quoted = bool(spans)
 
@@ -190,14 +207,14 @@ def shape_score(text: str) -> ShapeScore:
         # Lines inside quotation marks belong to characters in a story, not to the text's reader.
         return [m for m in matches if not any(a <= m.start() < b for a, b in spans)]
 
-    ident = unquoted(IDENTITY.finditer(t))
-    roles = unquoted(ROLE_ASSIGNMENT.finditer(t))
-    converse = unquoted(CONVERSE_IMPERATIVE.finditer(t))
+    ident = unquoted(_at_starts(IDENTITY, t))
+    roles = unquoted(ROLE_ASSIGNMENT.finditer(low))
+    converse = unquoted(_at_starts(CONVERSE_IMPERATIVE, low))
     ident_at_start = any(m.start() <= 20 for m in ident)
-    meta = len(AGENT_META.findall(t))
-    fmt = len(FORMAT_RULE.findall(t))
-    cond = len(CONDITIONAL.findall(t))
-    template = bool(TEMPLATE.search(t))
+    meta = len(AGENT_META.findall(low)) if any(k in low for k in AGENT_META_KEYS) else 0
+    fmt = len(FORMAT_RULE.findall(low))
+    cond = len(CONDITIONAL.findall(low))
+    template = bool(TEMPLATE.search(low)) if any(k in low for k in TEMPLATE_KEYS) else False
 
     agent = 0.0
     agent += 3.0 if ident_at_start else 0.0
@@ -208,11 +225,32 @@ def shape_score(text: str) -> ShapeScore:
     agent += min(2.0, 1.0 * fmt)
     agent += min(2.0, 1.0 * cond)
     agent += 3.0 if template else 0.0
+    feats = {
+        "identity": len(ident),
+        "identity_at_start": ident_at_start,
+        "role_assignments": len(roles),
+        "converse_imperatives": len(converse),
+        "agent_meta": meta,
+        "format_rules": fmt,
+        "conditional_rules": cond,
+        "template": template,
+        "quoted": quoted,
+        "agent_points": round(agent, 2),
+    }
+    if agent == 0.0:
+        # No sign of an agent being addressed: directive evidence cannot count (see above).
+        return ShapeScore(0.0, 0.0, feats)
 
-    directives = len(DIRECTIVE.findall(t))
-    you_dir = len(YOU_DIRECTIVE.findall(t))
-    second = len(SECOND_PERSON.findall(t)) / n_words
-    first = len(FIRST_PERSON.findall(t)) / n_words
+    words = WORD.findall(t)
+    n_words = max(1, len(words))
+    sentences = [s for s in SENTENCE_END.split(t) if s.strip()]
+    n_sent = max(1, len(sentences))
+    questions = sum(s.rstrip().endswith("?") for s in sentences)
+
+    directives = len(DIRECTIVE.findall(low))
+    you_dir = len(YOU_DIRECTIVE.findall(low))
+    second = len(SECOND_PERSON.findall(low)) / n_words
+    first = len(FIRST_PERSON.findall(low)) / n_words
     list_rules = sum(bool(DIRECTIVE.search(m.group(1))) for m in LIST_LINE.finditer(t))
 
     support = 0.0
@@ -227,24 +265,16 @@ def shape_score(text: str) -> ShapeScore:
     points = agent + support * min(1.0, agent / 2.0) - penalty
     points = max(0.0, points)
     score = points / (points + HALF_POINTS)
-    feats = {
-        "identity": len(ident),
-        "identity_at_start": ident_at_start,
-        "role_assignments": len(roles),
-        "converse_imperatives": len(converse),
-        "agent_meta": meta,
-        "format_rules": fmt,
-        "conditional_rules": cond,
-        "template": template,
-        "quoted": quoted,
-        "directives": directives,
-        "you_directives": you_dir,
-        "rule_list_lines": list_rules,
-        "second_person_rate": round(second, 3),
-        "questions": questions,
-        "agent_points": round(agent, 2),
-        "support_points": round(support, 2),
-    }
+    feats.update(
+        {
+            "directives": directives,
+            "you_directives": you_dir,
+            "rule_list_lines": list_rules,
+            "second_person_rate": round(second, 3),
+            "questions": questions,
+            "support_points": round(support, 2),
+        }
+    )
     return ShapeScore(round(score, 4), round(points, 3), feats)
 
 

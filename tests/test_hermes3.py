@@ -169,3 +169,19 @@ def test_silent_hub_times_out_instead_of_hanging(tmp_path):
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "did not answer" in proc.stdout or "Timeout" in proc.stdout or "timed out" in proc.stdout.lower()
     assert took < 30
+
+
+def test_hub_code_path_streams_through_datasets(config, tmp_path, monkeypatch):
+    """The hub path is `datasets.load_dataset(..., streaming=True)`; a local dataset directory
+    takes the same code path without any network (only the reachability probe is bypassed)."""
+    import andrea.hermes3 as h
+
+    repo = tmp_path / "Hermes-3-Dataset"
+    write_jsonl(repo / "data" / "train.jsonl", [GOOD, sharegpt(("human", "hi"), ("gpt", "yo"), category="roleplay")])
+    probed = []
+    monkeypatch.setattr(h, "_probe_hub", lambda *a: probed.append(a))
+    counts = pull_hermes3(hcfg(config, "hub", hub_id=str(repo)), tmp_path / "out", "v1")
+    assert probed and counts["kept"] == 2
+    assert counts["per_part"]["hermes3-roleplay"] == 1
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["inputs"] == [{"hub": str(repo), "split": "train", "revision": None}]

@@ -4,6 +4,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -92,6 +93,6 @@ def test_lint_and_format_are_clean():
     lint = subprocess.run([sys.executable, "-m", "snakemake", "--lint", "-s", str(REPO / "Snakefile"), "--directory", str(REPO)],
                           capture_output=True, text=True, timeout=120)
     assert lint.returncode == 0 and "Lints for" not in lint.stdout + lint.stderr, lint.stdout + lint.stderr
-    snakefmt = shutil.which("snakefmt") or str(REPO / ".venv" / "bin" / "snakefmt")
+    snakefmt = shutil.which("snakefmt", path=str(Path(sys.executable).parent)) or shutil.which("snakefmt")
     fmt = subprocess.run([snakefmt, "--check", str(REPO / "Snakefile"), str(REPO / "workflow")], capture_output=True, text=True, timeout=120)
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr

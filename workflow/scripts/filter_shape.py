@@ -13,4 +13,5 @@ filter_shape(
     Path(snakemake.output.manifest).parent,
     snakemake.params.filter_shape,
     snakemake.params.version,
+    workers=snakemake.threads,
 )
