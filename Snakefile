@@ -1,6 +1,7 @@
 # ANDREA: grow small GPT language models from open chat data, with a learned data curriculum.
 #
-#   snakemake --cores 1                 the pipeline as far as it exists (data stages today)
+#   snakemake --cores 1                 the pipeline as far as it exists (up to ANDREA-tiny's shards)
+#   snakemake --cores 2 results/ANDREA-12M/shards.json   tokenizer and shards for one model
 #   snakemake --cores 1 filter_shape    one stage and whatever it needs
 #   snakemake --cores 1 --forcerun prep_megachat filter_shape
 #
@@ -30,9 +31,10 @@ config.update(validate_config(config, source="config/config.yaml"))
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/tokens.smk"
 
 
 rule all:
     default_target: True
     input:
-        rules.filter_shape.output,
+        f"{RESULTS}/ANDREA-tiny/shards.json",

@@ -6,6 +6,9 @@
     andrea prep-megachat              stage 2: every source → one megachat Parquet
     andrea filter-shape               stage 3: drop system-prompt-shaped records
     andrea data                       stages 1–3 in order
+    andrea tokenizer train --model M  stage 4: learn the Harris segments for a model's N
+    andrea tokenizer encode|decode    text → token IDs → text with a segments file
+    andrea encode --model M           stage 5: token shards of every source
     andrea shape score TEXT | -       system-prompt-shape score of a text, with its features
     andrea shape eval                 precision and recall on the labelled set
     andrea render PARQUET             print documents as training text
@@ -42,7 +45,10 @@ def cmd_versions(args) -> int:
     from andrea.versions import STAGES, stage_dir
 
     cfg = _config(args)
-    print(json.dumps({s: str(stage_dir(cfg, s)) for s in STAGES}, indent=2))
+    dirs = {s: str(stage_dir(cfg, s)) for s in STAGES if s not in ("train_tokenizer", "encode")}
+    for name, m in cfg["models"].items():
+        dirs[name] = {s: str(stage_dir(cfg, s, m["n_segments"])) for s in ("train_tokenizer", "encode")}
+    print(json.dumps(dirs, indent=2))
     return 0
 
 
@@ -88,6 +94,65 @@ def cmd_data(args) -> int:
         args.input = None
         args.workers = os.cpu_count() or 1
         fn(args)
+    return 0
+
+
+def _model_n(cfg, model: str) -> int:
+    from andrea.config import ConfigError
+
+    if model not in cfg["models"]:
+        raise ConfigError(f"unknown model {model!r}; models in the config: {', '.join(cfg['models'])}")
+    return cfg["models"][model]["n_segments"]
+
+
+def cmd_tokenizer_train(args) -> int:
+    from andrea.tokenizer import train_tokenizer
+    from andrea.versions import stage_dir, stage_versions
+
+    cfg = _config(args)
+    n = _model_n(cfg, args.model)
+    out = Path(args.out) if args.out else stage_dir(cfg, "train_tokenizer", n)
+    src = Path(args.input) if args.input else stage_dir(cfg, "filter_shape") / "megachat.parquet"
+    train_tokenizer(src, out, n, cfg, stage_versions(cfg)["train_tokenizer"])
+    print(out)
+    return 0
+
+
+def _read_arg_or_stdin(value: str) -> str:
+    return sys.stdin.read() if value == "-" else value
+
+
+def cmd_tokenizer_encode(args) -> int:
+    from andrea.tokenizer import HarrisTokenizer
+
+    tok = HarrisTokenizer.load(args.segments)
+    print(" ".join(map(str, tok.encode(_read_arg_or_stdin(args.text)).tolist())))
+    return 0
+
+
+def cmd_tokenizer_decode(args) -> int:
+    from andrea.tokenizer import HarrisTokenizer
+
+    tok = HarrisTokenizer.load(args.segments)
+    ids = [int(x) for x in _read_arg_or_stdin(" ".join(args.ids)).split()]
+    bad = [i for i in ids if not 0 <= i < tok.vocab_size]
+    if bad:
+        raise ValueError(f"token IDs out of range 0..{tok.vocab_size - 1}: {bad[:10]}")
+    sys.stdout.write(tok.decode(ids, errors="replace"))
+    return 0
+
+
+def cmd_encode(args) -> int:
+    from andrea.shards import encode_shards
+    from andrea.versions import enabled_sources, stage_dir, stage_versions
+
+    cfg = _config(args)
+    n = _model_n(cfg, args.model)
+    out = Path(args.out) if args.out else stage_dir(cfg, "encode", n)
+    segments = stage_dir(cfg, "train_tokenizer", n) / "harris_segments.json"
+    src = stage_dir(cfg, "filter_shape") / "megachat.parquet"
+    encode_shards(src, segments, out, enabled_sources(cfg), cfg["megachat"], stage_versions(cfg)["encode"], workers=args.workers)
+    print(out)
     return 0
 
 
@@ -153,6 +218,27 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_filter)
     with_config(sub.add_parser("data", help="run pull-hermes3, prep-megachat and filter-shape in order")).set_defaults(fn=cmd_data)
 
+    tk = sub.add_parser("tokenizer", help="the Harris tokenizer")
+    tksub = tk.add_subparsers(dest="tokenizer_command", required=True, metavar="ACTION")
+    sp = with_config(tksub.add_parser("train", help="stage train_tokenizer: learn segments for a model's vocabulary"))
+    sp.add_argument("--model", required=True, help="model whose n_segments to learn (e.g. ANDREA-tiny)")
+    sp.add_argument("--input", help="filtered megachat.parquet (default: filter_shape's output)")
+    sp.add_argument("--out", help="output directory (default: the versioned stage directory)")
+    sp.set_defaults(fn=cmd_tokenizer_train)
+    sp = tksub.add_parser("encode", help="print the token IDs of a text ('-' reads standard input)")
+    sp.add_argument("--segments", required=True, help="harris_segments.json")
+    sp.add_argument("text")
+    sp.set_defaults(fn=cmd_tokenizer_encode)
+    sp = tksub.add_parser("decode", help="print the text of token IDs ('-' reads them from standard input)")
+    sp.add_argument("--segments", required=True, help="harris_segments.json")
+    sp.add_argument("ids", nargs="+")
+    sp.set_defaults(fn=cmd_tokenizer_decode)
+    sp = with_config(sub.add_parser("encode", help="stage encode: token shards of every source for a model"))
+    sp.add_argument("--model", required=True)
+    sp.add_argument("--out", help="output directory (default: the versioned stage directory)")
+    sp.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="encoding processes (default: all cores, %(default)s)")
+    sp.set_defaults(fn=cmd_encode)
+
     sh = sub.add_parser("shape", help="the system-prompt-shape scorer")
     shsub = sh.add_subparsers(dest="shape_command", required=True, metavar="ACTION")
     sp = shsub.add_parser("score", help="score one text ('-' reads standard input)")
@@ -181,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"andrea: configuration error: {e}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, ValueError, RuntimeError) as e:
+    except (FileNotFoundError, ValueError, RuntimeError, KeyError) as e:
         print(f"andrea: error: {e}", file=sys.stderr)
         return 1
 

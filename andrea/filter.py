@@ -10,12 +10,12 @@ The stage reports counts per source and keeps examples of what it removed.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 from collections import defaultdict
 from pathlib import Path
 
 from andrea.io import AtomicParquetWriter, Manifest, progress, write_json_atomic, write_jsonl_atomic
 from andrea.megachat import MEGACHAT_SCHEMA, iter_megachat
+from andrea.parallel import ordered_map
 from andrea.shape import evaluate, shape_score
 
 log = logging.getLogger("andrea.filter")
@@ -84,31 +84,26 @@ def filter_shape(
     )
     examples: dict[str, list] = defaultdict(list)
     jobs = ((batch, fcfg) for batch in _batches(iter_megachat(megachat_path), 2048))
-    pool = multiprocessing.get_context("spawn").Pool(workers) if workers > 1 else None
-    decisions = pool.imap(_judge_batch, jobs) if pool else map(_judge_batch, jobs)
+    decisions = ordered_map(_judge_batch, jobs, workers)
     n = 0
-    try:
-        with AtomicParquetWriter(out_dir / "megachat.parquet", MEGACHAT_SCHEMA) as writer:
-            for batch in progress(decisions, desc="filter_shape", unit=" batches"):
-                for verdict, row, hit in batch:
-                    c = per_source[row["source"]]
-                    c["read"] += 1
-                    c["system_turns_removed"] += row.pop("_system_removed")
-                    if verdict == "empty":
-                        c["dropped_empty"] += 1
-                    elif verdict == "shape":
-                        c["dropped_shape"] += 1
-                        if len(examples[row["source"]]) < fcfg["examples_per_source"]:
-                            examples[row["source"]].append({"source": row["source"], "doc_id": row["doc_id"], **hit})
-                    else:
-                        writer.write(row)
-                        c["kept"] += 1
-                n += len(batch)
-                if n % 102_400 < len(batch):
-                    log.info("filter_shape: %d documents judged", n)
-    finally:
-        if pool:
-            pool.terminate()
+    with AtomicParquetWriter(out_dir / "megachat.parquet", MEGACHAT_SCHEMA) as writer:
+        for batch in progress(decisions, desc="filter_shape", unit=" batches"):
+            for verdict, row, hit in batch:
+                c = per_source[row["source"]]
+                c["read"] += 1
+                c["system_turns_removed"] += row.pop("_system_removed")
+                if verdict == "empty":
+                    c["dropped_empty"] += 1
+                elif verdict == "shape":
+                    c["dropped_shape"] += 1
+                    if len(examples[row["source"]]) < fcfg["examples_per_source"]:
+                        examples[row["source"]].append({"source": row["source"], "doc_id": row["doc_id"], **hit})
+                else:
+                    writer.write(row)
+                    c["kept"] += 1
+            n += len(batch)
+            if n % 102_400 < len(batch):
+                log.info("filter_shape: %d documents judged", n)
 
     quality = evaluate(threshold)
     report = {

@@ -59,9 +59,15 @@ def render_document(turns: list[dict] | None, text: str | None, mcfg: dict | Non
     return sep.join(prefix[t["role"]] + t["text"].strip() for t in turns if t["role"] in prefix)
 
 
-def iter_megachat(path: str | Path, batch_rows: int = 4096) -> Iterable[dict]:
-    """Rows of a megachat Parquet file, streamed."""
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows):
+def iter_megachat(path: str | Path, batch_rows: int = 4096, source: str | None = None) -> Iterable[dict]:
+    """Rows of a megachat Parquet file (optionally of one source only), streamed."""
+    if source is None:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows):
+            yield from batch.to_pylist()
+        return
+    import pyarrow.dataset as ds
+
+    for batch in ds.dataset(path, format="parquet").to_batches(filter=ds.field("source") == source, batch_size=batch_rows):
         yield from batch.to_pylist()
 
 

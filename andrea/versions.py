@@ -12,7 +12,7 @@ import hashlib
 import json
 from pathlib import Path
 
-STAGES = ("pull_hermes3", "prep_megachat", "filter_shape")
+STAGES = ("pull_hermes3", "prep_megachat", "filter_shape", "train_tokenizer", "encode")
 
 
 def _digest(obj) -> str:
@@ -29,6 +29,11 @@ def stage_params(config: dict, stage: str) -> dict:
         return {"sources": enabled, "megachat": config["megachat"], "strict": config["strict"]}
     if stage == "filter_shape":
         return {"filter_shape": config["filter_shape"]}
+    if stage == "train_tokenizer":  # N is not here: it names the directory (N<n>-<version>)
+        weights = {k: v["weight"] for k, v in config["sources"].items() if v["enabled"]}
+        return {"tokenizer": config["tokenizer"], "weights": weights}
+    if stage == "encode":
+        return {"sources": enabled_sources(config)}
     raise KeyError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
 
 
@@ -41,5 +46,15 @@ def stage_versions(config: dict) -> dict[str, str]:
     return versions
 
 
-def stage_dir(config: dict, stage: str) -> Path:
-    return Path(config["results_dir"]) / "data" / stage / stage_versions(config)[stage]
+def enabled_sources(config: dict) -> list[str]:
+    return [k for k, v in config["sources"].items() if v["enabled"]]
+
+
+def stage_dir(config: dict, stage: str, n_segments: int | None = None) -> Path:
+    """Where a stage writes. The tokenizer and encode stages exist once per vocabulary size N."""
+    version = stage_versions(config)[stage]
+    if stage in ("train_tokenizer", "encode"):
+        if n_segments is None:
+            raise ValueError(f"stage {stage} needs n_segments (its directory is N<n>-<version>)")
+        version = f"N{n_segments}-{version}"
+    return Path(config["results_dir"]) / "data" / stage / version

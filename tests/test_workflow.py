@@ -27,6 +27,13 @@ def set_config(workdir, changes: dict):
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
 
 
+def cfg_value(workdir, dotted):
+    node = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
+    for p in dotted.split("."):
+        node = node[p]
+    return node
+
+
 def stage_dirs(workdir, stage):
     return sorted(p.name for p in (workdir / "results" / "data" / stage).iterdir())
 
@@ -49,9 +56,24 @@ def test_data_stages_run_and_rerun_only_what_changed(workflow_dir):
     report = json.loads(next((res / "data" / "filter_shape").glob("*/report.json")).read_text())
     assert report["totals"]["dropped_shape"] >= 1 and report["totals"]["kept"] > 100
 
+    shards = json.loads((res / "ANDREA-tiny" / "shards.json").read_text())
+    assert shards["sources"]["dictionary"]["n_docs"] > 50
+    (tok_version,) = stage_dirs(workflow_dir, "train_tokenizer")
+    assert tok_version.startswith(f"N{cfg_value(workflow_dir, 'models.ANDREA-tiny.n_segments')}-")
+    assert (res / "data" / "train_tokenizer" / tok_version / "saturation.json").exists()
+
     # nothing changed: nothing runs
     again = snakemake(workflow_dir)
     assert "Nothing to be done" in again.stdout + again.stderr
+
+    # the vocabulary size changed: tokenizer and encode (and the model's shard list) re-run only
+    set_config(workflow_dir, {"models.ANDREA-tiny.n_segments": 300})
+    plan = snakemake(workflow_dir, "--dry-run")
+    text = plan.stdout + plan.stderr
+    assert "rule train_tokenizer" in text and "rule encode" in text and "rule shards" in text
+    assert "rule filter_shape" not in text and "rule prep_megachat" not in text and "rule pull_hermes3" not in text
+    snakemake(workflow_dir)
+    assert len(stage_dirs(workflow_dir, "train_tokenizer")) == 2
 
     # one filter parameter changed: filter_shape alone re-runs, into a new version
     pull_before = stage_dirs(workflow_dir, "pull_hermes3")

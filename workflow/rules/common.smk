@@ -23,3 +23,23 @@ def hermes3_input(wildcards):
     if loc == "hub":
         return []
     return [str(embedded_path("hermes3.jsonl"))] if loc == "embedded" else [loc]
+
+
+from andrea.versions import enabled_sources
+
+SOURCES = enabled_sources(config)
+TOKENIZER_DIR = f"{RESULTS}/data/train_tokenizer/N{{n}}-{VERSIONS['train_tokenizer']}"
+ENCODE_DIR = f"{RESULTS}/data/encode/N{{n}}-{VERSIONS['encode']}"
+
+
+def model_n_segments(model):
+    try:
+        return config["models"][model]["n_segments"]
+    except KeyError:
+        raise ValueError(
+            f"unknown model {model!r}; models in config/config.yaml: {', '.join(config['models'])}"
+        ) from None
+
+
+def model_encode_manifest(wildcards):
+    return rules.encode.output.manifest.format(n=model_n_segments(wildcards.model))

@@ -7,11 +7,13 @@ import _checkout  # noqa: F401  (puts this checkout's andrea package on sys.path
 from andrea.filter import filter_shape
 from andrea.io import setup_logging
 
-setup_logging(snakemake.log[0])
-filter_shape(
-    snakemake.input.megachat,
-    Path(snakemake.output.manifest).parent,
-    snakemake.params.filter_shape,
-    snakemake.params.version,
-    workers=snakemake.threads,
-)
+# Worker processes (spawned) import this file again; only the main process runs the stage.
+if __name__ == "__main__":
+    setup_logging(snakemake.log[0])
+    filter_shape(
+        snakemake.input.megachat,
+        Path(snakemake.output.manifest).parent,
+        snakemake.params.filter_shape,
+        snakemake.params.version,
+        workers=snakemake.threads,
+    )

@@ -7,10 +7,12 @@ import _checkout  # noqa: F401  (puts this checkout's andrea package on sys.path
 from andrea.io import setup_logging
 from andrea.megachat import prep_megachat
 
-setup_logging(snakemake.log[0])
-prep_megachat(
-    snakemake.config,
-    Path(snakemake.output.manifest).parent,
-    snakemake.params.version,
-    pull_dir=Path(snakemake.input.parts[0]).parent,
-)
+# Worker processes (spawned) import this file again; only the main process runs the stage.
+if __name__ == "__main__":
+    setup_logging(snakemake.log[0])
+    prep_megachat(
+        snakemake.config,
+        Path(snakemake.output.manifest).parent,
+        snakemake.params.version,
+        pull_dir=Path(snakemake.input.parts[0]).parent,
+    )

@@ -7,10 +7,12 @@ import _checkout  # noqa: F401  (puts this checkout's andrea package on sys.path
 from andrea.hermes3 import pull_hermes3
 from andrea.io import setup_logging
 
-setup_logging(snakemake.log[0])
-pull_hermes3(
-    snakemake.params.hermes3,
-    Path(snakemake.output.manifest).parent,
-    snakemake.params.version,
-    strict=snakemake.params.strict,
-)
+# Worker processes (spawned) import this file again; only the main process runs the stage.
+if __name__ == "__main__":
+    setup_logging(snakemake.log[0])
+    pull_hermes3(
+        snakemake.params.hermes3,
+        Path(snakemake.output.manifest).parent,
+        snakemake.params.version,
+        strict=snakemake.params.strict,
+    )
