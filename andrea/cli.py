@@ -12,6 +12,7 @@
     andrea shape score TEXT | -       system-prompt-shape score of a text, with its features
     andrea shape eval                 precision and recall on the labelled set
     andrea render PARQUET             print documents as training text
+    andrea ckpt info PATH             a checkpoint's step and parameter count, as JSON
 """
 
 from __future__ import annotations
@@ -189,6 +190,13 @@ def cmd_render(args) -> int:
     return 0
 
 
+def cmd_ckpt_info(args) -> int:
+    from andrea.checkpoint import checkpoint_info
+
+    print(json.dumps(checkpoint_info(args.path)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="andrea", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"andrea {__version__}")
@@ -247,6 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp = shsub.add_parser("eval", help="precision and recall on the labelled set")
     sp.add_argument("--threshold", type=float, default=0.5)
     sp.set_defaults(fn=cmd_shape_eval)
+
+    ck = sub.add_parser("ckpt", help="checkpoints")
+    cksub = ck.add_subparsers(dest="ckpt_command", required=True, metavar="ACTION")
+    sp = cksub.add_parser("info", help="print step and n_params of a checkpoint as JSON")
+    sp.add_argument("path", type=Path)
+    sp.set_defaults(fn=cmd_ckpt_info)
 
     sp = sub.add_parser("render", help="print megachat documents as training text")
     sp.add_argument("parquet", type=Path)

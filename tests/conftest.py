@@ -45,3 +45,19 @@ def snakemake(workdir: Path, *args, check=True, timeout=300):
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
+
+
+@pytest.fixture(scope="session")
+def embedded_megachat(tmp_path_factory):
+    from andrea.config import load_config
+    from andrea.filter import filter_shape
+    from andrea.hermes3 import pull_hermes3
+    from andrea.megachat import prep_megachat
+
+    tmp = tmp_path_factory.mktemp("embedded")
+    cfg = load_config(REPO / "config" / "config.yaml", overrides={"results_dir": str(tmp)})
+    cfg["sources"]["repo-docstrings"]["max_docs"] = 400
+    pull_hermes3(cfg["hermes3"], tmp / "pull", "v")
+    prep_megachat(cfg, tmp / "prep", "v", pull_dir=tmp / "pull")
+    filter_shape(tmp / "prep" / "megachat.parquet", tmp / "filter", cfg["filter_shape"], "v")
+    return cfg, tmp / "filter" / "megachat.parquet"

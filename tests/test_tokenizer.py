@@ -113,23 +113,6 @@ def test_sample_follows_curriculum_weights(config, tmp_path):
     assert again.sha256 == s.sha256  # deterministic
 
 
-@pytest.fixture(scope="module")
-def embedded_megachat(tmp_path_factory):
-    from andrea.config import load_config
-    from andrea.filter import filter_shape
-    from andrea.hermes3 import pull_hermes3
-    from andrea.megachat import prep_megachat
-    from conftest import REPO
-
-    tmp = tmp_path_factory.mktemp("embedded")
-    cfg = load_config(REPO / "config" / "config.yaml", overrides={"results_dir": str(tmp)})
-    cfg["sources"]["repo-docstrings"]["max_docs"] = 400
-    pull_hermes3(cfg["hermes3"], tmp / "pull", "v")
-    prep_megachat(cfg, tmp / "prep", "v", pull_dir=tmp / "pull")
-    filter_shape(tmp / "prep" / "megachat.parquet", tmp / "filter", cfg["filter_shape"], "v")
-    return cfg, tmp / "filter" / "megachat.parquet"
-
-
 def test_train_tokenizer_outputs_and_saturation(embedded_megachat, tmp_path):
     cfg, megachat = embedded_megachat
     sat = train_tokenizer(megachat, tmp_path / "t", 256, cfg, "v")

@@ -1,0 +1,186 @@
+"""The training engine: the model's forward and backward passes as a sequence of kernel pairs
+(SPEC §3.1) over buffers planned and allocated once (SPEC §3.2).
+
+Weights, gradients and Adam's m and v are one flat buffer each, in the parameter order of
+andrea/model.py (so a checkpoint is three contiguous copies). Activations saved for the backward
+pass and the scratch it needs are allocated here, from the config, before step 1; the engine
+reports this plan. A backend supplies the kernels (andrea/engine/numpy_backend.py today).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from andrea.model import LN_EPS, ModelConfig, decay_mask, init_weights, n_params, param_layout, views
+
+BACKENDS = {"numpy": "andrea.engine.numpy_backend"}
+
+
+def load_backend(name: str):
+    try:
+        return importlib.import_module(BACKENDS[name])
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}") from None
+
+
+@dataclass
+class MemoryPlan:
+    parameters: int  # bytes: weights, grads, m, v
+    activations: int  # saved for the backward pass
+    scratch: int
+    n_params: int
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.activations + self.scratch
+
+    def describe(self) -> str:
+        mib = 1 / (1 << 20)
+        return (
+            f"memory plan: {self.n_params:,} parameters; weights+grads+m+v {self.parameters * mib:,.1f} MiB, "
+            f"saved activations {self.activations * mib:,.1f} MiB, scratch {self.scratch * mib:,.1f} MiB, "
+            f"total {self.total * mib:,.1f} MiB"
+        )
+
+
+class Engine:
+    """One model's buffers and its forward/backward/optimizer steps on one backend."""
+
+    def __init__(self, cfg: ModelConfig, batch_size: int, seq_len: int | None = None, backend: str = "numpy",
+                 dtype: str = "float32", seed: int = 0):
+        self.cfg = cfg
+        self.B = batch_size
+        self.T = seq_len or cfg.context
+        if self.T > cfg.context:
+            raise ValueError(f"sequence length {self.T} exceeds the model's context {cfg.context}")
+        self.be = load_backend(backend)
+        self.backend = backend
+        self.dtype = np.dtype(dtype)
+        self.layout = param_layout(cfg)
+        self.n_params = n_params(cfg)
+        # one flat buffer each for weights, gradients, Adam m and v
+        self.w = init_weights(cfg, seed, self.dtype)
+        self.g = np.zeros_like(self.w)
+        self.m = np.zeros_like(self.w)
+        self.v = np.zeros_like(self.w)
+        self.decay = decay_mask(self.layout, self.dtype)
+        self.P = views(self.w, self.layout)
+        self.G = views(self.g, self.layout)
+        self.adam_t = 0  # updates applied so far (bias correction)
+        self._allocate()
+
+    # -------------------------------------------------------------- buffers
+    def _allocate(self) -> None:
+        c, B, T, dt = self.cfg, self.B, self.T, self.dtype
+        L, d, H, D, M, V = c.n_layer, c.d_model, c.n_head, c.head_dim, c.d_mlp, c.vocab_size
+        z = lambda *shape: np.zeros(shape, dtype=dt)  # noqa: E731
+        self.acts = {
+            "res": z(2 * L + 1, B, T, d),  # residual stream: layer input, after attention, …, final
+            "ln1": z(L, B, T, d), "ln1_mean": z(L, B, T), "ln1_rstd": z(L, B, T),
+            "qkv": z(L, 3, B, H, T, D), "att_y": z(L, B, T, d), "att_lse": z(L, B, H, T),
+            "ln2": z(L, B, T, d), "ln2_mean": z(L, B, T), "ln2_rstd": z(L, B, T),
+            "mlp_h": z(L, B, T, M), "mlp_a": z(L, B, T, M),
+            "lnf": z(B, T, d), "lnf_mean": z(B, T), "lnf_rstd": z(B, T),
+            "probs": z(B, T, V), "losses": z(B, T),
+        }
+        self.scratch = {
+            "branch": z(B, T, d), "d_res": z(B, T, d), "d_branch": z(B, T, d), "d_ln": z(B, T, d),
+            "d_y": z(B, T, d), "d_qkv": z(3, B, H, T, D),
+            "norm_partial": np.zeros(max(1, -(-self.n_params // (1 << 16))), dtype=np.float64),
+        }
+        self.tokens = np.zeros((B, T), dtype=np.int64)
+        self.targets = np.zeros((B, T), dtype=np.int64)
+
+    def memory_plan(self) -> MemoryPlan:
+        return MemoryPlan(
+            parameters=sum(a.nbytes for a in (self.w, self.g, self.m, self.v, self.decay)),
+            activations=sum(a.nbytes for a in self.acts.values()) + self.tokens.nbytes + self.targets.nbytes,
+            scratch=sum(a.nbytes for a in self.scratch.values()),
+            n_params=self.n_params,
+        )
+
+    @property
+    def head(self):
+        return ("wte" if self.cfg.tied_head else "head")
+
+    # -------------------------------------------------------------- forward / backward
+    def forward(self, tokens, targets) -> float:
+        """Mean cross-entropy over B×T; per-position losses stay in acts['losses']."""
+        be, P, A, S = self.be, self.P, self.acts, self.scratch
+        tokens = np.asarray(tokens)
+        targets = np.asarray(targets)
+        if tokens.shape != (self.B, self.T) or targets.shape != (self.B, self.T):
+            raise ValueError(f"batch must be {(self.B, self.T)}, got {tokens.shape} and {targets.shape}")
+        if tokens.max(initial=0) >= self.cfg.vocab_size or targets.max(initial=0) >= self.cfg.vocab_size or tokens.min(initial=0) < 0:
+            raise ValueError(f"token IDs must lie in 0..{self.cfg.vocab_size - 1}")
+        self.tokens[:] = tokens
+        self.targets[:] = targets
+        H = self.cfg.n_head
+        res = A["res"]
+        be.embed_fwd(self.tokens, P["wte"], P["wpe"], res[0])
+        for l in range(self.cfg.n_layer):
+            p = lambda n: P[f"h{l}.{n}"]  # noqa: E731
+            be.layernorm_fwd(res[2 * l], p("ln1.g"), p("ln1.b"), A["ln1"][l], A["ln1_mean"][l], A["ln1_rstd"][l], LN_EPS)
+            be.attn_qkv_fwd(A["ln1"][l], p("wq"), p("wk"), p("wv"), A["qkv"][l], H)
+            be.attn_fwd(A["qkv"][l], A["att_y"][l], A["att_lse"][l])
+            be.attn_out_fwd(A["att_y"][l], p("wo"), S["branch"])
+            be.residual_add(res[2 * l], S["branch"], res[2 * l + 1])
+            be.layernorm_fwd(res[2 * l + 1], p("ln2.g"), p("ln2.b"), A["ln2"][l], A["ln2_mean"][l], A["ln2_rstd"][l], LN_EPS)
+            be.mlp_fwd(A["ln2"][l], p("w1"), p("w2"), A["mlp_h"][l], A["mlp_a"][l], S["branch"])
+            be.residual_add(res[2 * l + 1], S["branch"], res[2 * l + 2])
+        be.layernorm_fwd(res[-1], P["lnf.g"], P["lnf.b"], A["lnf"], A["lnf_mean"], A["lnf_rstd"], LN_EPS)
+        return be.loss_fwd(A["lnf"], P[self.head], self.targets, A["probs"], A["losses"])
+
+    def backward(self, dloss: float = 1.0) -> None:
+        """Gradients of the last forward's mean loss (times dloss), added into self.g."""
+        be, P, G, A, S = self.be, self.P, self.G, self.acts, self.scratch
+        res = A["res"]
+        d_res, d_branch, d_ln = S["d_res"], S["d_branch"], S["d_ln"]
+        be.loss_bwd(A["lnf"], P[self.head], self.targets, A["probs"], d_ln, G[self.head], dloss)
+        d_res[:] = 0
+        be.layernorm_bwd(d_ln, res[-1], A["lnf_mean"], A["lnf_rstd"], P["lnf.g"], d_res, G["lnf.g"], G["lnf.b"])
+        for l in reversed(range(self.cfg.n_layer)):
+            p = lambda n: P[f"h{l}.{n}"]  # noqa: E731
+            g = lambda n: G[f"h{l}.{n}"]  # noqa: E731
+            be.residual_add_bwd(d_res, d_branch)  # MLP branch
+            be.mlp_bwd(d_branch, A["ln2"][l], A["mlp_h"][l], A["mlp_a"][l], p("w1"), p("w2"), d_ln, g("w1"), g("w2"))
+            be.layernorm_bwd(d_ln, res[2 * l + 1], A["ln2_mean"][l], A["ln2_rstd"][l], p("ln2.g"), d_res, g("ln2.g"), g("ln2.b"))
+            be.residual_add_bwd(d_res, d_branch)  # attention branch
+            be.attn_out_bwd(d_branch, A["att_y"][l], p("wo"), S["d_y"], g("wo"))
+            be.attn_bwd(S["d_y"], A["qkv"][l], A["att_y"][l], A["att_lse"][l], S["d_qkv"])
+            be.attn_qkv_bwd(S["d_qkv"], A["ln1"][l], p("wq"), p("wk"), p("wv"), d_ln, g("wq"), g("wk"), g("wv"))
+            be.layernorm_bwd(d_ln, res[2 * l], A["ln1_mean"][l], A["ln1_rstd"][l], p("ln1.g"), d_res, g("ln1.g"), g("ln1.b"))
+        be.embed_bwd(d_res, self.tokens, G["wte"], G["wpe"])
+
+    def row_losses(self) -> np.ndarray:
+        """Mean loss of each batch row (what the curriculum attributes to a row's source)."""
+        return self.acts["losses"].mean(axis=1)
+
+    # -------------------------------------------------------------- optimizer
+    def zero_grads(self) -> None:
+        self.g[:] = 0
+
+    def grad_norm(self) -> float:
+        """Global L2 norm of all gradients: per-block partial sums, then one final reduction."""
+        self.be.grad_norm_partial(self.g, self.scratch["norm_partial"])
+        return self.be.grad_norm_final(self.scratch["norm_partial"])
+
+    def scale_grads(self, scale: float) -> None:
+        self.be.grad_scale(self.g, scale)
+
+    def adamw(self, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float) -> None:
+        self.adam_t += 1
+        self.be.adamw(self.w, self.g, self.m, self.v, self.decay, lr, beta1, beta2, eps, weight_decay, self.adam_t)
+
+    # -------------------------------------------------------------- state
+    def load_state(self, weights, m=None, v=None, adam_t: int = 0) -> None:
+        """Copy weights (and optimizer state) in, e.g. from a checkpoint."""
+        for dst, src in ((self.w, weights), (self.m, m), (self.v, v)):
+            if src is not None:
+                if src.shape != dst.shape:
+                    raise ValueError(f"state has {src.shape[0]} parameters, this model {dst.shape[0]}")
+                dst[:] = src
+        self.adam_t = adam_t

@@ -1,0 +1,288 @@
+"""NumPy backend: every forward/backward pair of SPEC §3.1 on the CPU.
+
+This is the readable reference and the oracle the CUDA kernels are tested against. Each function
+writes into buffers it is given (planned and allocated once by the engine); backward functions
+accumulate weight gradients with `+=`, so micro-batches add into one gradient buffer. Shapes:
+B batch, T time, d model width, H heads, D head width, N = B·T rows, V vocabulary, M MLP width.
+Works in float32 (training) and float64 (gradient checks): the dtype is the buffers'.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+GELU_C = math.sqrt(2.0 / math.pi)
+
+
+# ----------------------------------------------------------------------------- embedding
+
+
+def embed_fwd(tokens, wte, wpe, out):
+    """out[b, t] = wte[tokens[b, t]] + wpe[t]."""
+    T = tokens.shape[1]
+    np.take(wte, tokens, axis=0, out=out)
+    out += wpe[:T]
+
+
+def embed_bwd(dout, tokens, dwte, dwpe):
+    """Scatter-add into the embedding gradients. Rows are summed in a fixed order (sorted by
+    token, stable), so the result is deterministic."""
+    B, T, d = dout.shape
+    dwpe[:T] += dout.sum(axis=0)
+    flat_tok = tokens.reshape(-1)
+    order = np.argsort(flat_tok, kind="stable")
+    sorted_tok = flat_tok[order]
+    uniq, starts = np.unique(sorted_tok, return_index=True)
+    dwte[uniq] += np.add.reduceat(dout.reshape(-1, d)[order], starts, axis=0)
+
+
+# ----------------------------------------------------------------------------- layernorm
+
+
+def layernorm_fwd(x, g, b, out, mean, rstd, eps=1e-5):
+    """out = (x − mean) · rstd · γ + β over the last axis; saves mean and rstd."""
+    np.mean(x, axis=-1, out=mean)
+    xc = x - mean[..., None]
+    var = np.mean(xc * xc, axis=-1)
+    np.divide(1.0, np.sqrt(var + eps), out=rstd)
+    np.multiply(xc, rstd[..., None], out=out)
+    out *= g
+    out += b
+
+
+def layernorm_bwd(dout, x, mean, rstd, g, dx, dg, db):
+    """dx += LayerNorm's input gradient (the residual stream sums into it); dγ, dβ += ."""
+    xhat = (x - mean[..., None]) * rstd[..., None]
+    d = dout.shape[-1]
+    dg += (dout * xhat).reshape(-1, d).sum(axis=0)
+    db += dout.reshape(-1, d).sum(axis=0)
+    dxhat = dout * g
+    c1 = dxhat.mean(axis=-1, keepdims=True)
+    c2 = (dxhat * xhat).mean(axis=-1, keepdims=True)
+    dx += (dxhat - c1 - xhat * c2) * rstd[..., None]
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def attn_qkv_fwd(x, wq, wk, wv, qkv, n_head):
+    """q, k, v = x·W_Q, x·W_K, x·W_V, split into heads: qkv[3, B, H, T, D]."""
+    B, T, d = x.shape
+    D = d // n_head
+    x2 = x.reshape(-1, d)
+    for i, w in enumerate((wq, wk, wv)):
+        qkv[i] = (x2 @ w).reshape(B, T, n_head, D).transpose(0, 2, 1, 3)
+
+
+def attn_qkv_bwd(dqkv, x, wq, wk, wv, dx, dwq, dwk, dwv):
+    """dx = Σ dq·W_Qᵀ + …; dW += xᵀ·dq …"""
+    B, T, d = x.shape
+    x2 = x.reshape(-1, d)
+    dx2 = dx.reshape(-1, d)
+    dx2[:] = 0
+    for i, (w, dw) in enumerate(((wq, dwq), (wk, dwk), (wv, dwv))):
+        g = dqkv[i].transpose(0, 2, 1, 3).reshape(-1, d)
+        dx2 += g @ w.T
+        dw += x2.T @ g
+
+
+@functools.lru_cache(maxsize=8)
+def _causal_bias(T: int, dtype) -> np.ndarray:
+    """0 where a query may look (j ≤ i), −inf where it must not (the future)."""
+    return np.triu(np.full((T, T), -np.inf, dtype=dtype), 1)
+
+
+def _causal_scores(q, k, scale):
+    s = q @ k.transpose(0, 1, 3, 2)
+    s *= scale
+    s += _causal_bias(q.shape[2], s.dtype.type)
+    return s
+
+
+def attn_fwd(qkv, y, lse):
+    """Causal softmax(q·kᵀ/√D)·v per head into y[B, T, d]; saves the log-sum-exp of each score
+    row so the backward pass recomputes the probabilities instead of storing T×T of them."""
+    q, k, v = qkv[0], qkv[1], qkv[2]
+    B, H, T, D = q.shape
+    s = _causal_scores(q, k, 1.0 / math.sqrt(D))
+    mx = s.max(axis=-1, keepdims=True)
+    p = np.exp(s - mx)
+    den = p.sum(axis=-1, keepdims=True)
+    lse[:] = (mx + np.log(den))[..., 0]
+    p /= den
+    y[:] = (p @ v).transpose(0, 2, 1, 3).reshape(B, T, H * D)
+
+
+def attn_bwd(dy, qkv, y, lse, dqkv):
+    """Gradients of q, k, v from dy[B, T, d], recomputing P = exp(S − lse)."""
+    q, k, v = qkv[0], qkv[1], qkv[2]
+    B, H, T, D = q.shape
+    scale = 1.0 / math.sqrt(D)
+    p = np.exp(_causal_scores(q, k, scale) - lse[..., None])
+    dyh = dy.reshape(B, T, H, D).transpose(0, 2, 1, 3)
+    yh = y.reshape(B, T, H, D).transpose(0, 2, 1, 3)
+    dqkv[2] = p.transpose(0, 1, 3, 2) @ dyh  # dv = Pᵀ·dy
+    dp = dyh @ v.transpose(0, 1, 3, 2)
+    delta = (dyh * yh).sum(axis=-1, keepdims=True)  # = Σ_j dP_ij P_ij
+    ds = p * (dp - delta)
+    ds *= scale
+    dqkv[0] = ds @ k
+    dqkv[1] = ds.transpose(0, 1, 3, 2) @ q
+
+
+def attn_out_fwd(y, wo, out):
+    out.reshape(-1, out.shape[-1])[:] = y.reshape(-1, y.shape[-1]) @ wo
+
+
+def attn_out_bwd(dout, y, wo, dy, dwo):
+    d = y.shape[-1]
+    g = dout.reshape(-1, dout.shape[-1])
+    dy.reshape(-1, d)[:] = g @ wo.T
+    dwo += y.reshape(-1, d).T @ g
+
+
+# ----------------------------------------------------------------------------- MLP
+
+
+def gelu(h, out):
+    """GELU, tanh approximation."""
+    np.multiply(h, h, out=out)
+    out *= 0.044715 * h
+    out += h
+    out *= GELU_C
+    np.tanh(out, out=out)
+    out += 1.0
+    out *= 0.5 * h
+
+
+def mlp_fwd(x, w1, w2, h, a, out):
+    """h = x·W_1 (saved pre-activation), a = gelu(h) (saved), out = a·W_2."""
+    d = x.shape[-1]
+    h2 = h.reshape(-1, h.shape[-1])
+    np.matmul(x.reshape(-1, d), w1, out=h2)
+    gelu(h, a)
+    out.reshape(-1, d)[:] = a.reshape(-1, a.shape[-1]) @ w2
+
+
+def mlp_bwd(dout, x, h, a, w1, w2, dx, dw1, dw2):
+    d = x.shape[-1]
+    M = h.shape[-1]
+    g = dout.reshape(-1, d)
+    dw2 += a.reshape(-1, M).T @ g
+    da = g @ w2.T
+    # GELU'(h) = ½(1 + t) + ½·h·(1 − t²)·c·(1 + 3·0.044715·h²), t = tanh(c·(h + 0.044715·h³)),
+    # computed in place on two temporaries (this is the backward pass's largest elementwise work)
+    hh = h.reshape(-1, M)
+    u = hh * hh
+    t = u * 0.044715
+    t += 1.0
+    t *= hh
+    t *= GELU_C
+    np.tanh(t, out=t)
+    s = t * t
+    np.subtract(1.0, s, out=s)
+    s *= hh
+    s *= 0.5 * GELU_C
+    u *= 3 * 0.044715
+    u += 1.0
+    s *= u
+    t += 1.0
+    t *= 0.5
+    s += t
+    da *= s  # dh
+    dw1 += x.reshape(-1, d).T @ da
+    dx.reshape(-1, d)[:] = da @ w1.T
+
+
+# ----------------------------------------------------------------------------- residual
+
+
+def residual_add(x, f, out):
+    np.add(x, f, out=out)
+
+
+def residual_add_bwd(dout, df):
+    """out = x + f passes its gradient to both: the stream's gradient stays `dout` (the engine
+    keeps using that buffer for x), and the branch gets df = dout."""
+    df[:] = dout
+
+
+# ----------------------------------------------------------------------------- loss
+
+
+def loss_fwd(x, w, targets, probs, losses):
+    """Fused classifier: logits = x·wᵀ, softmax into `probs`, per-position cross-entropy into
+    `losses[B, T]`. Returns the mean loss."""
+    d = x.shape[-1]
+    logits = probs.reshape(-1, w.shape[0])
+    np.matmul(x.reshape(-1, d), w.T, out=logits)
+    mx = logits.max(axis=-1, keepdims=True)
+    logits -= mx
+    np.exp(logits, out=logits)
+    den = logits.sum(axis=-1, keepdims=True)
+    logits /= den
+    t = targets.reshape(-1)
+    rows = np.arange(t.size)
+    losses.reshape(-1)[:] = -np.log(np.maximum(logits[rows, t], np.finfo(logits.dtype).tiny))
+    return float(losses.mean())
+
+
+def loss_bwd(x, w, targets, probs, dx, dw, dloss=1.0):
+    """Gradient of the mean loss (times dloss): dlogits = (p − onehot)·dloss/N;
+    dx = dlogits·w, dw += dlogitsᵀ·x. Uses `probs` as scratch (it is overwritten)."""
+    d = x.shape[-1]
+    V = w.shape[0]
+    dl = probs.reshape(-1, V)
+    t = targets.reshape(-1)
+    dl[np.arange(t.size), t] -= 1.0
+    dl *= dloss / t.size
+    dx.reshape(-1, d)[:] = dl @ w
+    dw += dl.T @ x.reshape(-1, d)
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+
+def grad_norm_partial(grads, partial, block=1 << 16):
+    """Stage 1 of global clipping: per-block sums of squares into `partial`."""
+    n = grads.size
+    nb = partial.size
+    for i in range(nb):
+        seg = grads[i * block : min(n, (i + 1) * block)]
+        partial[i] = np.dot(seg, seg) if seg.size else 0.0
+
+
+def grad_norm_final(partial) -> float:
+    """Stage 2: reduce the partial sums to one scalar and take the square root."""
+    return float(np.sqrt(partial.sum(dtype=np.float64)))
+
+
+def grad_scale(grads, scale):
+    """Stage 3 (and micro-batch averaging): multiply every gradient by `scale`."""
+    grads *= grads.dtype.type(scale)
+
+
+def adamw(w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step):
+    """One fused AdamW update over the flat buffers (step counts from 1). Decoupled weight decay
+    (w −= lr·wd·w, only where `decay` is 1), then the bias-corrected Adam step."""
+    tmp = g * (1 - beta1)
+    m *= beta1
+    m += tmp
+    np.multiply(g, g, out=tmp)
+    tmp *= 1 - beta2
+    v *= beta2
+    v += tmp
+    np.multiply(decay, w, out=tmp)
+    tmp *= lr * weight_decay
+    w -= tmp
+    bc1 = 1 - beta1**step
+    bc2 = 1 - beta2**step
+    np.divide(v, bc2, out=tmp)
+    np.sqrt(tmp, out=tmp)
+    tmp += eps
+    np.divide(m, tmp, out=tmp)
+    tmp *= lr / bc1
+    w -= tmp

@@ -1,0 +1,95 @@
+"""Optimizer settings, learning-rate schedule and the training step (SPEC §3.3).
+
+One step: n micro-batches (forward + backward, gradients adding up), scale by 1/n, global L2
+clipping at max_norm *before* AdamW touches m, v or the weights, AdamW with decoupled weight decay,
+zero the gradients. A non-finite loss or gradient norm skips the update and is counted; after
+`max_nonfinite` in a row the step raises NonFiniteHalt, and the caller writes a checkpoint and
+stops.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 3e-4  # peak
+    min_lr_ratio: float = 0.1  # cosine ends at min_lr = ratio · peak (decision)
+    warmup_steps: int = 2000
+    max_steps: int = 200_000
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    max_nonfinite: int = 5  # K: consecutive non-finite steps before halting
+
+
+def lr_at(step: int, oc: OptimConfig) -> float:
+    """lr(t) = lr_cos(t) · min(1, (t+1)/warmup), lr_cos falling from the peak at t = 0 to
+    min_lr at t = max_steps along a half cosine, flat after (SPEC §3.3)."""
+    min_lr = oc.lr * oc.min_lr_ratio
+    progress = min(step, oc.max_steps) / max(1, oc.max_steps)
+    lr_cos = min_lr + 0.5 * (oc.lr - min_lr) * (1 + math.cos(math.pi * progress))
+    return lr_cos * min(1.0, (step + 1) / max(1, oc.warmup_steps))
+
+
+class NonFiniteHalt(RuntimeError):
+    """Too many consecutive steps with a non-finite loss or gradient norm."""
+
+
+@dataclass
+class StepResult:
+    step: int
+    loss: float  # mean over the micro-batches
+    row_losses: np.ndarray  # one per batch row, micro-batches concatenated
+    grad_norm: float  # before clipping
+    lr: float
+    clipped: bool
+    skipped: bool
+
+
+@dataclass
+class NonFiniteCounter:
+    consecutive: int = 0
+    total: int = 0
+    steps: list = field(default_factory=list)
+
+
+def train_step(engine, micro_batches, step: int, oc: OptimConfig, nonfinite: NonFiniteCounter | None = None) -> StepResult:
+    """One optimizer step over `micro_batches` (a list of (inputs, targets) arrays [B, T])."""
+    nonfinite = nonfinite if nonfinite is not None else NonFiniteCounter()
+    n = len(micro_batches)
+    engine.zero_grads()
+    losses, rows = [], []
+    for inputs, targets in micro_batches:
+        losses.append(engine.forward(inputs, targets))
+        rows.append(np.asarray(engine.row_losses()).copy())
+        engine.backward()
+    loss = float(np.mean(losses))
+    if n > 1:
+        engine.scale_grads(1.0 / n)
+    norm = engine.grad_norm()
+    lr = lr_at(step, oc)
+    if not (math.isfinite(loss) and math.isfinite(norm)):
+        engine.zero_grads()
+        nonfinite.consecutive += 1
+        nonfinite.total += 1
+        nonfinite.steps.append(step)
+        if nonfinite.consecutive >= oc.max_nonfinite:
+            raise NonFiniteHalt(
+                f"step {step}: {nonfinite.consecutive} consecutive steps with a non-finite loss or gradient "
+                f"norm (loss {loss}, norm {norm}); halting. Lower the learning rate or check the data."
+            )
+        return StepResult(step, loss, np.concatenate(rows), norm, lr, False, True)
+    nonfinite.consecutive = 0
+    clipped = norm > oc.grad_clip
+    if clipped:
+        engine.scale_grads(oc.grad_clip / norm)
+    engine.adamw(lr, oc.beta1, oc.beta2, oc.eps, oc.weight_decay)
+    engine.zero_grads()
+    return StepResult(step, loss, np.concatenate(rows), norm, lr, clipped, False)
