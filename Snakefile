@@ -1,6 +1,7 @@
 # ANDREA: grow small GPT language models from open chat data, with a learned data curriculum.
 #
-#   snakemake --cores 1                 the pipeline as far as it exists (up to ANDREA-tiny's shards)
+#   snakemake --cores 2                 the pipeline as far as it exists: data → ANDREA-tiny's checkpoint
+#   snakemake --cores 1 results/ANDREA-120M/ckpt   train a model
 #   snakemake --cores 2 results/ANDREA-12M/shards.json   tokenizer and shards for one model
 #   snakemake --cores 1 filter_shape    one stage and whatever it needs
 #   snakemake --cores 1 --forcerun prep_megachat filter_shape
@@ -32,9 +33,10 @@ config.update(validate_config(config, source="config/config.yaml"))
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/tokens.smk"
+include: "workflow/rules/train.smk"
 
 
 rule all:
     default_target: True
     input:
-        f"{RESULTS}/ANDREA-tiny/shards.json",
+        f"{RESULTS}/ANDREA-tiny/ckpt",

@@ -9,6 +9,7 @@
     andrea tokenizer train --model M  stage 4: learn the Harris segments for a model's N
     andrea tokenizer encode|decode    text → token IDs → text with a segments file
     andrea encode --model M           stage 5: token shards of every source
+    andrea train --model M            stage 6: train (resumes a stopped run)
     andrea shape score TEXT | -       system-prompt-shape score of a text, with its features
     andrea shape eval                 precision and recall on the labelled set
     andrea render PARQUET             print documents as training text
@@ -157,6 +158,40 @@ def cmd_encode(args) -> int:
     return 0
 
 
+def cmd_train(args) -> int:
+    from andrea.trainer import CoherenceHalt, Trainer, TrainingRefused
+    from andrea.optim import NonFiniteHalt
+
+    cfg = _config(args)
+    _model_n(cfg, args.model)
+    results = Path(cfg["results_dir"])
+    overrides = {}
+    if args.max_steps is not None:
+        overrides["max_steps"] = args.max_steps
+    if overrides:
+        cfg.setdefault("train", {})
+        cfg["train"][args.model] = {**cfg["train"].get(args.model, {}), **overrides}
+    trainer = Trainer(
+        cfg, args.model,
+        args.shards or results / args.model / "shards.json",
+        args.run_dir or results / args.model / "run",
+        force=args.force,
+    )
+    try:
+        result = trainer.run(out_dir=args.out)
+    except TrainingRefused as e:
+        print(f"andrea: refusing to train: {e}", file=sys.stderr)
+        return 2
+    except CoherenceHalt as e:
+        print(f"andrea: halted: {e}", file=sys.stderr)
+        return 3
+    except NonFiniteHalt as e:
+        print(f"andrea: halted: {e}", file=sys.stderr)
+        return 4
+    print(json.dumps(result))
+    return 0
+
+
 def cmd_shape_score(args) -> int:
     from andrea.shape import shape_score
 
@@ -246,6 +281,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", help="output directory (default: the versioned stage directory)")
     sp.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="encoding processes (default: all cores, %(default)s)")
     sp.set_defaults(fn=cmd_encode)
+
+    sp = with_config(sub.add_parser("train", help="stage train: train a model on its shards (resumes a stopped run)"))
+    sp.add_argument("--model", required=True)
+    sp.add_argument("--shards", type=Path, help="shards.json (default: results/<model>/shards.json)")
+    sp.add_argument("--run-dir", type=Path, help="run directory (default: results/<model>/run)")
+    sp.add_argument("--out", type=Path, help="export final/best weights here when the run finishes")
+    sp.add_argument("--max-steps", type=int, help="override train.max_steps")
+    sp.add_argument("--force", action="store_true", help="start even if the CPU estimate exceeds train.max_cpu_hours")
+    sp.set_defaults(fn=cmd_train)
 
     sh = sub.add_parser("shape", help="the system-prompt-shape scorer")
     shsub = sh.add_subparsers(dest="shape_command", required=True, metavar="ACTION")

@@ -12,6 +12,7 @@ import hashlib
 import json
 from pathlib import Path
 
+POLICY_KEYS = ("floor", "cap", "weight")
 STAGES = ("pull_hermes3", "prep_megachat", "filter_shape", "train_tokenizer", "encode")
 
 
@@ -25,7 +26,8 @@ def stage_params(config: dict, stage: str) -> dict:
     if stage == "pull_hermes3":
         return {"hermes3": config["hermes3"], "strict": config["strict"]}
     if stage == "prep_megachat":
-        enabled = {k: v for k, v in config["sources"].items() if v["enabled"]}
+        # the bandit's floors/caps and the diet weight do not change the corpus
+        enabled = {k: {f: x for f, x in v.items() if f not in POLICY_KEYS} for k, v in config["sources"].items() if v["enabled"]}
         return {"sources": enabled, "megachat": config["megachat"], "strict": config["strict"]}
     if stage == "filter_shape":
         return {"filter_shape": config["filter_shape"]}

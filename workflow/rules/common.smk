@@ -43,3 +43,10 @@ def model_n_segments(model):
 
 def model_encode_manifest(wildcards):
     return rules.encode.output.manifest.format(n=model_n_segments(wildcards.model))
+
+
+def train_resources(wildcards):
+    """GPU count for a model's train job: the backend decides (the NumPy backend needs none)."""
+    from andrea.trainer import train_settings
+
+    return 1 if train_settings(config, wildcards.model)["backend"] != "numpy" else 0

@@ -1,0 +1,130 @@
+import json
+import math
+
+import numpy as np
+import pytest
+
+from andrea.config import load_config
+from andrea.curriculum import Bandit, coverage_bonus, epoch_penalty
+from conftest import REPO
+
+CC = load_config(REPO / "config" / "config.yaml")["curriculum"]
+
+
+def arms(**n_docs):
+    return {k.replace("_", "-"): {"n_docs": v} for k, v in n_docs.items()}
+
+
+def test_spec_worked_numbers():
+    assert coverage_bonus(0.0) == pytest.approx(1.3)
+    assert coverage_bonus(0.25) == pytest.approx(1.15)
+    assert coverage_bonus(0.5) == 1.0 and coverage_bonus(0.9) == 1.0
+    assert epoch_penalty(5600, 1400) == pytest.approx(0.2)
+    assert epoch_penalty(1399, 1400) == 1.0
+
+
+def test_reward_ema_and_ucb():
+    b = Bandit(arms(a=10, b=10), {**CC, "warmup_steps": 0})
+    assert b.observe("a", 0, 3.0) == 0.0 and b.arms["a"].ema == 3.0  # first pull initialises
+    assert b.observe("a", 1, 2.5) == pytest.approx(500.0)  # (3.0 − 2.5) × 1000, EMA before update
+    assert b.arms["a"].ema == pytest.approx(0.9 * 3.0 + 0.1 * 2.5)
+    assert b.observe("a", 2, 9.0) == 0.0  # a worse loss gives 0, not a negative reward
+    assert b.arms["a"].mean_reward == pytest.approx(500 / 3)
+    assert b.ucb("b") == math.inf  # never pulled: first
+    want = 500 / 3 + CC["ucb_c"] * math.sqrt(math.log(3) / 3)
+    assert b.ucb("a") == pytest.approx(want)
+
+
+def test_floors_caps_and_normalisation():
+    a = {"x": {"n_docs": 10, "floor": 0.8}, "y": {"n_docs": 10, "cap": 0.05}, "z": {"n_docs": 10}}
+    b = Bandit(a, {**CC, "warmup_steps": 0, "focus_dice": 1})
+    b.replan(0)
+    assert sum(b.weights.values()) == pytest.approx(1.0)
+    raw = {k: min(a[k].get("cap", 1.0), max(a[k].get("floor", 0.0), b.raw[k])) for k in a}
+    assert b.weights == pytest.approx({k: v / sum(raw.values()) for k, v in raw.items()})
+    assert raw["x"] >= 0.8 and raw["y"] <= 0.05
+
+
+def test_warmup_sources_only_until_the_warmup_ends():
+    cc = {**CC, "warmup_steps": 50, "warmup_sources": ["chat", "gutenberg"]}
+    b = Bandit(arms(chat=100, gutenberg=100, dictionary=100, repo_docs=100), cc, seed=3)
+    rng = np.random.default_rng(0)
+    seen_before, seen_after = set(), set()
+    for step in range(120):
+        b.maybe_replan(step)
+        for src, doc in b.draw(8, rng):
+            (seen_before if step < 50 else seen_after).add(src)
+            b.observe(src, doc, 3.0)
+    assert seen_before == {"chat", "gutenberg"}
+    assert {"dictionary", "repo-docs"} & seen_after
+
+
+def test_documents_are_visited_without_repetition_within_an_epoch():
+    b = Bandit(arms(a=37), {**CC, "warmup_steps": 0})
+    b.replan(0)
+    docs = [b._next_doc("a") for _ in range(37)]
+    assert sorted(docs) == list(range(37))
+    nxt = [b._next_doc("a") for _ in range(37)]
+    assert sorted(nxt) == list(range(37)) and nxt != docs and b.arms["a"].epoch == 1
+
+
+def test_state_round_trips_exactly_and_continues_identically():
+    cc = {**CC, "warmup_steps": 5}
+    spec = arms(chat=50, smoltalk=40, gutenberg=30, dictionary=20)
+    b1 = Bandit(spec, cc, seed=11)
+    rng = np.random.default_rng(1)
+    for step in range(30):
+        b1.maybe_replan(step)
+        for src, doc in b1.draw(4, rng):
+            b1.observe(src, doc, 3.0 - 0.01 * step)
+    saved = json.loads(json.dumps(b1.state()))
+    b2 = Bandit(spec, cc, seed=11)
+    b2.load_state(saved)
+    assert json.dumps(b2.state(), sort_keys=True) == json.dumps(b1.state(), sort_keys=True)
+    r1, r2 = np.random.default_rng(2), np.random.default_rng(2)
+    for step in range(30, 80):
+        for b, r in ((b1, r1), (b2, r2)):
+            b.maybe_replan(step)
+            for src, doc in b.draw(4, r):
+                b.observe(src, doc, 2.0)
+    assert json.dumps(b2.state(), sort_keys=True) == json.dumps(b1.state(), sort_keys=True)
+
+
+def test_new_floors_apply_on_resume():
+    spec = arms(chat=50, gutenberg=50)
+    cc = {**CC, "warmup_steps": 0, "focus_dice": 1}
+    b1 = Bandit(spec, cc, seed=1)
+    b1.replan(0)
+    (focus,) = b1.focus
+    other = "gutenberg" if focus == "chat" else "chat"
+    assert b1.weights[other] < 0.2  # a background arm
+    floored = {focus: {"n_docs": 50}, other: {"n_docs": 50, "floor": 0.9}}
+    b2 = Bandit(floored, cc, seed=1)
+    b2.load_state(json.loads(json.dumps(b1.state())))
+    w_focus = min(1.0, b2.raw[focus])
+    w_other = max(0.9, b2.raw[other])
+    assert b2.weights[other] == pytest.approx(w_other / (w_focus + w_other))
+    assert b2.weights[other] > 0.4 and b2.focus == b1.focus and b2.phase_end == b1.phase_end
+
+
+def test_bandit_shifts_weight_to_improving_sources_while_floors_hold():
+    """Synthetic sources: 'fast' keeps improving, 'flat' does not move, 'slow' improves a little;
+    'floored' never improves but has a floor."""
+    spec = {"fast": {"n_docs": 5000}, "flat": {"n_docs": 5000}, "slow": {"n_docs": 5000}, "floored": {"n_docs": 5000, "floor": 0.3}}
+    b = Bandit(spec, {**CC, "warmup_steps": 0, "ucb_c": 2.0}, seed=0)
+    rng = np.random.default_rng(0)
+    level = {"fast": 5.0, "flat": 3.0, "slow": 4.0, "floored": 3.0}
+    rate = {"fast": 0.004, "flat": 0.0, "slow": 0.001, "floored": 0.0}
+    mass = {k: 0.0 for k in spec}
+    for step in range(600):
+        b.maybe_replan(step)
+        for src, doc in b.draw(8, rng):
+            level[src] = max(0.5, level[src] - rate[src])
+            b.observe(src, doc, level[src] + rng.normal(0, 0.002))
+        if step >= 300:
+            for k in spec:
+                mass[k] += b.weights[k]
+    assert mass["fast"] > mass["flat"] and mass["fast"] > mass["slow"]
+    assert min(w for w in [b.weights["floored"]]) > 0
+    raw_floor = 0.3 / (0.3 + 1.0 + 3 * 1.0)  # the least the floor can mean after normalisation
+    assert mass["floored"] / 300 >= raw_floor

@@ -1,0 +1,174 @@
+"""The trainer end to end on the embedded corpus: resume bit for bit after SIGTERM, SIGUSR1,
+policy changes, the coherence gate, the CPU guard."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from andrea.shards import encode_shards, write_model_shards
+from andrea.tokenizer import train_tokenizer
+from andrea.versions import enabled_sources
+from conftest import REPO
+
+MODEL = {"d_model": 32, "n_head": 2, "n_layer": 2, "context": 64, "n_segments": 256}
+TRAIN = {"batch_size": 4, "seq_len": 32, "max_steps": 240, "lr": 3e-3, "warmup_steps": 20, "checkpoint_every": 40,
+         "sample_every": 80, "sample_tokens": 24, "keep_checkpoints": 2, "curriculum": {"warmup_steps": 60}}
+
+
+@pytest.fixture(scope="module")
+def shards(embedded_megachat, tmp_path_factory):
+    cfg, megachat = embedded_megachat
+    tmp = tmp_path_factory.mktemp("shards")
+    train_tokenizer(megachat, tmp / "tok", 256, cfg, "v")
+    encode_shards(megachat, tmp / "tok" / "harris_segments.json", tmp / "enc", enabled_sources(cfg), cfg["megachat"], "v")
+    write_model_shards("micro", tmp / "enc" / "manifest.json", tmp / "shards.json")
+    return tmp / "shards.json"
+
+
+def write_config(path, **train_overrides):
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    cfg["models"]["micro"] = MODEL
+    cfg["train"]["micro"] = {**TRAIN, **train_overrides}
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def train(config, shards, run_dir, *extra, wait=True):
+    cmd = [sys.executable, "-m", "andrea.cli", "train", "--config", str(config), "--model", "micro",
+           "--shards", str(shards), "--run-dir", str(run_dir), *extra]
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    if not wait:
+        return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+
+
+def loss_lines(run_dir):
+    return [json.loads(l) for l in (run_dir / "loss.jsonl").read_text().splitlines()]
+
+
+def without_timing(lines):
+    return [{k: v for k, v in l.items() if k != "tokens_per_s"} for l in lines]
+
+
+def wait_for_lines(run_dir, n, proc, timeout=120):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        p = run_dir / "loss.jsonl"
+        if p.exists() and p.read_text().count("\n") >= n:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"trainer ended early: {proc.stderr.read()[-2000:]}")
+        time.sleep(0.01)
+    raise AssertionError("timed out waiting for training progress")
+
+
+@pytest.fixture(scope="module")
+def straight(shards, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("straight")
+    cfg = write_config(tmp / "config.yaml")
+    p = train(cfg, shards, tmp / "run")
+    assert p.returncode == 0, p.stderr[-3000:]
+    return tmp / "run"
+
+
+def test_straight_run_writes_every_artifact(straight):
+    lines = loss_lines(straight)
+    assert [l["step"] for l in lines] == list(range(240))
+    assert lines[-1]["ema"] < lines[0]["loss"] - 1.0  # it learned
+    assert {"loss", "ema", "smma", "lr", "grad_norm", "tokens_per_s", "mix", "weights"} <= set(lines[0])
+    assert sorted(p.name for p in (straight / "checkpoints").glob("*.bin")) == ["step_000200.bin", "step_000240.bin"]
+    for f in ("final.bin", "best.bin", "state.json", "plan.json", "samples.jsonl"):
+        assert (straight / f).exists(), f
+    samples = [json.loads(l) for l in (straight / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [80, 160, 240] and all(0 <= s["coherence"] <= 100 for s in samples)
+    plan = json.loads((straight / "plan.json").read_text())
+    assert plan["batch"]["tokens_per_step"] == 4 * 32 and plan["memory_plan_bytes"]["total"] > 0
+    # the curriculum warm-up: only warm-up sources before step 60
+    cc = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["curriculum"]
+    for l in lines[:60]:
+        assert set(l["mix"]) <= set(cc["warmup_sources"])
+
+
+def test_sigterm_then_resume_equals_the_straight_run(shards, straight, tmp_path):
+    cfg = write_config(tmp_path / "config.yaml")
+    run = tmp_path / "run"
+    proc = train(cfg, shards, run, wait=False)
+    wait_for_lines(run, 90, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    stopped_at = json.loads((run / "state.json").read_text())["step"]
+    assert 90 <= stopped_at < 240 and "SIGTERM" in err
+    p = train(cfg, shards, run)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"resumed micro at step {stopped_at}" in p.stderr
+    assert (run / "final.bin").read_bytes() == (straight / "final.bin").read_bytes()
+    assert without_timing(loss_lines(run)) == without_timing(loss_lines(straight))
+    assert (run / "samples.jsonl").read_text() == (straight / "samples.jsonl").read_text()
+
+
+def test_sigusr1_checkpoints_and_carries_on(shards, straight, tmp_path):
+    cfg = write_config(tmp_path / "config.yaml", keep_checkpoints=10)
+    run = tmp_path / "run"
+    proc = train(cfg, shards, run, wait=False)
+    wait_for_lines(run, 50, proc)
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "(SIGUSR1)" in err
+    steps = sorted(int(p.stem.split("_")[1]) for p in (run / "checkpoints").glob("step_*.bin"))
+    assert any(s % 40 for s in steps), steps  # one off the periodic grid
+    assert (run / "final.bin").read_bytes() == (straight / "final.bin").read_bytes()
+
+
+def test_policy_change_applies_from_the_resume_step(shards, straight, tmp_path):
+    cfg = write_config(tmp_path / "config.yaml")
+    run = tmp_path / "run"
+    proc = train(cfg, shards, run, wait=False)
+    wait_for_lines(run, 100, proc)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    stopped_at = json.loads((run / "state.json").read_text())["step"]
+    c = yaml.safe_load(cfg.read_text())
+    c["sources"]["dictionary"]["floor"] = 1.0  # the "polish pivot": a new floor
+    c["sources"]["dictionary"]["cap"] = 1.0
+    cfg.write_text(yaml.safe_dump(c, sort_keys=False))
+    assert train(cfg, shards, run).returncode == 0
+    new, old = loss_lines(run), loss_lines(straight)
+    assert without_timing(new[:stopped_at]) == without_timing(old[:stopped_at])
+    after = [l["weights"]["dictionary"] for l in new[stopped_at:]]
+    before = [l["weights"]["dictionary"] for l in old[stopped_at:]]
+    assert after[0] > before[0]  # the same phase, re-weighted under the new floor at once
+    assert all(w >= 0.19 for w in after) and sum(after) > sum(before)
+
+
+def test_coherence_gate_halts_with_a_checkpoint(shards, tmp_path):
+    cfg = write_config(tmp_path / "config.yaml", coherence_halt_below=101, coherence_patience=2, sample_every=10)
+    run = tmp_path / "run"
+    p = train(cfg, shards, run)
+    assert p.returncode == 3
+    assert "coherence gate: 2 consecutive samples scored below 101" in p.stderr
+    assert (run / "checkpoints" / "step_000020.bin").exists()
+    assert len((run / "samples.jsonl").read_text().splitlines()) == 2
+
+
+def test_large_model_on_the_cpu_is_refused_with_advice(embedded_megachat, tmp_path):
+    from andrea.trainer import Trainer, TrainingRefused
+
+    cfg, megachat = embedded_megachat
+    train_tokenizer(megachat, tmp_path / "tok", 8192, cfg, "v")
+    encode_shards(megachat, tmp_path / "tok" / "harris_segments.json", tmp_path / "enc", enabled_sources(cfg), cfg["megachat"], "v")
+    write_model_shards("ANDREA-120M", tmp_path / "enc" / "manifest.json", tmp_path / "shards.json")
+    full = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    from andrea.config import validate_config
+
+    full = validate_config(full)
+    t = Trainer(full, "ANDREA-120M", tmp_path / "shards.json", tmp_path / "run")
+    with pytest.raises(TrainingRefused, match=r"ANDREA-120M .* days .*ANDREA-tiny.*--force"):
+        t.run()
+    assert t.engine is None  # refused before allocating gigabytes

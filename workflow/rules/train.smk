@@ -1,0 +1,21 @@
+rule train:
+    """Train a model. The run directory (checkpoints, state, logs) is not an output, so it
+    survives Snakemake's removal of incomplete outputs and a re-run resumes from it."""
+    input:
+        shards=f"{RESULTS}/{{model}}/shards.json",
+    output:
+        directory(f"{RESULTS}/{{model}}/ckpt"),
+    log:
+        f"{RESULTS}/logs/train/{{model}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/train/{{model}}.tsv"
+    conda:
+        "../envs/andrea.yaml"
+    threads: workflow.cores
+    resources:
+        gpu=train_resources,
+    params:
+        run_dir=lambda wildcards: f"{RESULTS}/{wildcards.model}/run",
+        force=config.get("force_train", False),
+    script:
+        "../scripts/train.py"
