@@ -10,6 +10,7 @@
     andrea tokenizer encode|decode    text → token IDs → text with a segments file
     andrea encode --model M           stage 5: token shards of every source
     andrea train --model M            stage 6: train (resumes a stopped run)
+    andrea dashboard RUN_DIR          live loss dashboard on http://127.0.0.1:8050
     andrea shape score TEXT | -       system-prompt-shape score of a text, with its features
     andrea shape eval                 precision and recall on the labelled set
     andrea render PARQUET             print documents as training text
@@ -159,8 +160,8 @@ def cmd_encode(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from andrea.trainer import CoherenceHalt, Trainer, TrainingRefused
     from andrea.optim import NonFiniteHalt
+    from andrea.trainer import CoherenceHalt, Trainer, TrainingRefused, run_key
 
     cfg = _config(args)
     _model_n(cfg, args.model)
@@ -171,12 +172,9 @@ def cmd_train(args) -> int:
     if overrides:
         cfg.setdefault("train", {})
         cfg["train"][args.model] = {**cfg["train"].get(args.model, {}), **overrides}
-    trainer = Trainer(
-        cfg, args.model,
-        args.shards or results / args.model / "shards.json",
-        args.run_dir or results / args.model / "run",
-        force=args.force,
-    )
+    shards = args.shards or results / args.model / "shards.json"
+    run_dir = args.run_dir or results / args.model / "runs" / run_key(cfg, args.model, shards)
+    trainer = Trainer(cfg, args.model, shards, run_dir, force=args.force)
     try:
         result = trainer.run(out_dir=args.out)
     except TrainingRefused as e:
@@ -189,6 +187,24 @@ def cmd_train(args) -> int:
         print(f"andrea: halted: {e}", file=sys.stderr)
         return 4
     print(json.dumps(result))
+    return 0
+
+
+def cmd_dashboard(args) -> int:
+    from andrea.dashboard import find_run_dir, make_server
+
+    if args.run_dir is None:
+        if not args.model:
+            raise ValueError("give a run directory, or --model to use that model's latest run")
+        run_dir = find_run_dir(_config(args)["results_dir"], args.model)
+    else:
+        run_dir = args.run_dir
+    server = make_server(run_dir, args.host, args.port)
+    print(f"dashboard for {run_dir}: http://{args.host}:{server.server_address[1]}/  (Ctrl-C to stop)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
     return 0
 
 
@@ -285,11 +301,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp = with_config(sub.add_parser("train", help="stage train: train a model on its shards (resumes a stopped run)"))
     sp.add_argument("--model", required=True)
     sp.add_argument("--shards", type=Path, help="shards.json (default: results/<model>/shards.json)")
-    sp.add_argument("--run-dir", type=Path, help="run directory (default: results/<model>/run)")
+    sp.add_argument("--run-dir", type=Path, help="run directory (default: results/<model>/runs/<architecture+tokenizer key>)")
     sp.add_argument("--out", type=Path, help="export final/best weights here when the run finishes")
     sp.add_argument("--max-steps", type=int, help="override train.max_steps")
     sp.add_argument("--force", action="store_true", help="start even if the CPU estimate exceeds train.max_cpu_hours")
     sp.set_defaults(fn=cmd_train)
+
+    sp = with_config(sub.add_parser("dashboard", help="serve the live loss dashboard of a run on localhost"))
+    sp.add_argument("run_dir", nargs="?", type=Path, help="run directory (results/<model>/runs/<key>)")
+    sp.add_argument("--model", help="instead of RUN_DIR: this model's most recent run")
+    sp.add_argument("--host", default="127.0.0.1")
+    sp.add_argument("--port", type=int, default=8050)
+    sp.set_defaults(fn=cmd_dashboard)
 
     sh = sub.add_parser("shape", help="the system-prompt-shape scorer")
     shsub = sh.add_subparsers(dest="shape_command", required=True, metavar="ACTION")

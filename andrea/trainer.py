@@ -1,7 +1,8 @@
 """The trainer ("proxy", SPEC §6): turns the engine into a run a person can start, watch, stop,
 resume and trust.
 
-Run directory (survives Snakemake's removal of incomplete outputs):
+Run directory (results/<model>/runs/<key>/, key = architecture + tokenizer; it survives
+Snakemake's removal of incomplete outputs):
     checkpoints/step_NNNNNN.bin   every `checkpoint_every` steps; the last `keep_checkpoints` kept
     best.bin, final.bin           lowest smoothed loss so far; the end of the run
     state.json                    step, bandit, RNG, data cursors, schedule, smoothing, counters,
@@ -10,14 +11,15 @@ Run directory (survives Snakemake's removal of incomplete outputs):
     samples.jsonl                 every coherence sample with its score
     plan.json                     what the run is: model, memory plan, backend, tokens/step, ETA
 
-Signals: SIGTERM finishes the current step, writes a checkpoint and exits 0; SIGUSR1 writes a
-checkpoint and carries on. A run started again resumes from the newest checkpoint and its state
+Signals: SIGTERM (and SIGINT, Ctrl-C) finishes the current step, writes a checkpoint and exits 0;
+SIGUSR1 writes a checkpoint and carries on. A run started again resumes from the newest checkpoint and its state
 and follows the same trajectory bit for bit (same backend and precision).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import logging
 import math
@@ -98,6 +100,15 @@ def optim_config(s: dict) -> OptimConfig:
         beta1=s["beta1"], beta2=s["beta2"], weight_decay=s["weight_decay"], grad_clip=s["grad_clip"],
         max_nonfinite=s["max_nonfinite"],
     )
+
+
+def run_key(config: dict, model: str, shards_json: str | Path) -> str:
+    """What makes two runs the same run: the architecture and the tokenizer. Training settings,
+    floors and caps may change between a stop and a resume (the polish pivot) without starting
+    over; a new vocabulary or shape starts a new run directory."""
+    meta = json.loads(Path(shards_json).read_text())
+    blob = json.dumps({"model": config["models"][model], "tokenizer": meta["tokenizer_hash"]}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 
 def cpu_flops() -> float:
@@ -236,7 +247,10 @@ class Trainer:
             return False
         st = json.loads(state_path.read_text())
         if st["model"] != self.model_name or st["n_params"] != n_params(self.cfg):
-            raise RuntimeError(f"{state_path}: a run of {st['model']} ({st['n_params']:,} parameters), not {self.model_name}")
+            raise RuntimeError(
+                f"{state_path}: a run of {st['model']} with {st['n_params']:,} parameters, but {self.model_name} "
+                f"now has {n_params(self.cfg):,}; use another run directory to start over"
+            )
         if st["tokenizer_hash"] != self.shards_meta["tokenizer_hash"]:
             raise RuntimeError(f"{state_path}: trained with another tokenizer; start a new run directory")
         ck = read_checkpoint(self.ckpt_dir / st["checkpoint"], expected_n_params=n_params(self.cfg))
@@ -334,13 +348,15 @@ class Trainer:
             self.model_name, f"{plan['n_params']:,}", s["backend"], s["precision"], f"{plan['batch']['tokens_per_step']:,}",
             self.step, s["max_steps"], mem.describe(), step_s, human_duration(plan["estimated_remaining_s"]),
         )
-        old_term = signal.signal(signal.SIGTERM, self._on_term)
-        old_usr1 = signal.signal(signal.SIGUSR1, self._on_usr1)
+        # SIGTERM (a scheduler) and SIGINT (Ctrl-C on the terminal) stop cleanly at the end of
+        # the current step with a checkpoint; SIGUSR1 checkpoints and carries on
+        handlers = {signal.SIGTERM: self._on_term, signal.SIGINT: self._on_term, signal.SIGUSR1: self._on_usr1}
+        previous = {sig: signal.signal(sig, h) for sig, h in handlers.items()}
         try:
             result = self._loop()
         finally:
-            signal.signal(signal.SIGTERM, old_term)
-            signal.signal(signal.SIGUSR1, old_usr1)
+            for sig, h in previous.items():
+                signal.signal(sig, h)
         if result["finished"] and out_dir is not None:
             self._export(Path(out_dir))
         return result
@@ -352,9 +368,9 @@ class Trainer:
         try:
             while self.step < s["max_steps"]:
                 if self._stop:
-                    self.save_checkpoint("SIGTERM")
-                    log.info("stopped by SIGTERM at step %d; run again to resume", self.step)
-                    return {"finished": False, "step": self.step, "reason": "SIGTERM"}
+                    self.save_checkpoint("SIGTERM/SIGINT")
+                    log.info("stopped by a signal at step %d; run again to resume", self.step)
+                    return {"finished": False, "step": self.step, "reason": "signal"}
                 if self._save_now:
                     self._save_now = False
                     self.save_checkpoint("SIGUSR1")

@@ -1,9 +1,12 @@
 """The Snakemake workflow end to end on the embedded corpus (slow: a few seconds per run)."""
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -38,8 +41,16 @@ def stage_dirs(workdir, stage):
     return sorted(p.name for p in (workdir / "results" / "data" / stage).iterdir())
 
 
-def test_data_stages_run_and_rerun_only_what_changed(workflow_dir):
-    set_config(workflow_dir, {"sources.repo-docstrings.max_docs": 200})
+QUICK_TRAIN = {
+    "sources.repo-docstrings.max_docs": 200,
+    "train.ANDREA-tiny.max_steps": 20,
+    "train.ANDREA-tiny.sample_every": 20,
+    "train.ANDREA-tiny.sample_tokens": 20,
+}
+
+
+def test_pipeline_runs_and_reruns_only_what_changed(workflow_dir):
+    set_config(workflow_dir, QUICK_TRAIN)
 
     snakemake(workflow_dir)
     res = workflow_dir / "results"
@@ -56,6 +67,8 @@ def test_data_stages_run_and_rerun_only_what_changed(workflow_dir):
     report = json.loads(next((res / "data" / "filter_shape").glob("*/report.json")).read_text())
     assert report["totals"]["dropped_shape"] >= 1 and report["totals"]["kept"] > 100
 
+    run = json.loads((res / "ANDREA-tiny" / "ckpt" / "run.json").read_text())
+    assert run["step"] == 20 and (res / "ANDREA-tiny" / "ckpt" / "final.bin").stat().st_size > 0
     shards = json.loads((res / "ANDREA-tiny" / "shards.json").read_text())
     assert shards["sources"]["dictionary"]["n_docs"] > 50
     (tok_version,) = stage_dirs(workflow_dir, "train_tokenizer")
@@ -70,7 +83,7 @@ def test_data_stages_run_and_rerun_only_what_changed(workflow_dir):
     set_config(workflow_dir, {"models.ANDREA-tiny.n_segments": 300})
     plan = snakemake(workflow_dir, "--dry-run")
     text = plan.stdout + plan.stderr
-    assert "rule train_tokenizer" in text and "rule encode" in text and "rule shards" in text
+    assert "rule train_tokenizer" in text and "rule encode" in text and "rule shards" in text and "rule train" in text
     assert "rule filter_shape" not in text and "rule prep_megachat" not in text and "rule pull_hermes3" not in text
     snakemake(workflow_dir)
     assert len(stage_dirs(workflow_dir, "train_tokenizer")) == 2
@@ -97,6 +110,47 @@ def test_data_stages_run_and_rerun_only_what_changed(workflow_dir):
     # --forcerun re-runs a stage whose inputs have not changed
     plan = snakemake(workflow_dir, "--dry-run", "--forcerun", "pull_hermes3")
     assert "rule pull_hermes3" in plan.stdout + plan.stderr
+
+
+def test_killed_training_resumes_through_snakemake(workflow_dir):
+    set_config(workflow_dir, {**QUICK_TRAIN, "train.ANDREA-tiny.max_steps": 400, "train.ANDREA-tiny.checkpoint_every": 20,
+                              "train.ANDREA-tiny.sample_every": 1000})
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workflow_dir), "--cores", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    runs = workflow_dir / "results" / "ANDREA-tiny" / "runs"
+    t0 = time.time()
+    while not list(runs.glob("*/checkpoints/step_*.bin")):
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        assert time.time() - t0 < 240, "no checkpoint appeared"
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C on the terminal: Snakemake and its job get SIGINT
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0, out[-2000:]
+    assert not (workflow_dir / "results" / "ANDREA-tiny" / "ckpt").exists()
+    (run_dir,) = runs.iterdir()
+    stopped = json.loads((run_dir / "state.json").read_text())["step"]
+    assert 0 < stopped < 400
+    again = snakemake(workflow_dir)
+    log = (workflow_dir / "results" / "logs" / "train" / "ANDREA-tiny.log").read_text()
+    assert f"resumed ANDREA-tiny at step {stopped}" in log
+    steps = [json.loads(l)["step"] for l in (run_dir / "loss.jsonl").read_text().splitlines()]
+    assert steps == list(range(400))  # continuous: nothing duplicated, nothing missing
+    assert json.loads((workflow_dir / "results" / "ANDREA-tiny" / "ckpt" / "run.json").read_text())["step"] == 400
+
+
+def test_full_size_plan(workflow_dir):
+    """The real ANDREA-120M DAG plans (200K steps, batch 8, context 1024, 20K warm-up)."""
+    plan = snakemake(workflow_dir, "-n", "results/ANDREA-120M/ckpt")
+    text = plan.stdout + plan.stderr
+    for rule in ("pull_hermes3", "prep_megachat", "filter_shape", "train_tokenizer", "encode", "shards", "train"):
+        assert f"rule {rule}" in text, rule
+    from andrea.config import load_config
+    from andrea.trainer import train_settings
+
+    s = train_settings(load_config(workflow_dir / "config" / "config.yaml"), "ANDREA-120M")
+    assert (s["max_steps"], s["batch_size"], s["curriculum"]["warmup_steps"]) == (200_000, 8, 20_000)
+    assert len(s["curriculum"]["warmup_sources"]) == 7
 
 
 def test_a_failed_job_leaves_no_artifact(workflow_dir, tmp_path):

@@ -15,7 +15,7 @@ rule train:
     resources:
         gpu=train_resources,
     params:
-        run_dir=lambda wildcards: f"{RESULTS}/{wildcards.model}/run",
+        runs=lambda wildcards: f"{RESULTS}/{wildcards.model}/runs",
         force=config.get("force_train", False),
     script:
         "../scripts/train.py"

@@ -1,0 +1,70 @@
+"""The live dashboard: its data endpoints, and the page drawing a real run's curves in headless
+Chromium (Debian's `chromium`; skipped, with the reason, when it is not installed)."""
+
+import json
+import re
+import shutil
+import subprocess
+import threading
+import urllib.request
+
+import pytest
+
+from andrea.dashboard import MAX_POINTS, loss_series, make_server
+from test_trainer import shards, straight  # noqa: F401  (fixtures: a real run on the embedded corpus)
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+@pytest.fixture
+def server(straight):  # noqa: F811
+    srv = make_server(straight, port=0)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}", straight
+    srv.shutdown()
+
+
+def get(url):
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.status, r.read()
+
+
+def test_data_endpoints_serve_the_run(server):
+    url, run = server
+    n = len((run / "loss.jsonl").read_text().splitlines())
+    status, body = get(f"{url}/data/loss")
+    d = json.loads(body)
+    assert status == 200 and d["n_steps"] == n == len(d["step"]) and len(d["ema"]) == n
+    assert "chat" in d["weights"] and len(d["weights"]["chat"]) == n
+    assert len(json.loads(get(f"{url}/data/samples")[1])) == 3
+    assert json.loads(get(f"{url}/data/overview")[1])["plan"]["model"] == "micro"
+    assert get(f"{url}/static/chart.umd.min.js")[1].startswith(b"/*!\n * Chart.js")
+    with pytest.raises(urllib.error.HTTPError):
+        get(f"{url}/static/../../config.py")
+
+
+def test_long_runs_are_thinned_for_the_browser(tmp_path):
+    lines = [{"step": i, "loss": 1.0, "ema": 1.0, "smma": 1.0, "lr": 0.1, "grad_norm": 1.0, "weights": {"a": 1.0}} for i in range(5001)]
+    (tmp_path / "loss.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines) + '{"step": 50')  # torn last line
+    d = loss_series(tmp_path)
+    assert d["n_steps"] == 5001 and len(d["step"]) <= MAX_POINTS + 1 and d["step"][-1] == 5000
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
+def test_page_draws_the_curves_in_a_browser(server, tmp_path):
+    url, run = server
+    n = len((run / "loss.jsonl").read_text().splitlines())
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=8000"]
+    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", f"{url}/"], capture_output=True, text=True, timeout=90).stdout
+    body = re.search(r"<body[^>]*>", dom).group(0)
+    assert 'data-rendered="1"' in body, body
+    assert f'data-loss-points="{n}"' in body  # every logged step drawn
+    assert 'data-samples="3"' in body
+    weights = int(re.search(r'data-weight-series="(\d+)"', body).group(1))
+    assert weights >= 5  # one curve per source
+    shot = tmp_path / "dashboard.png"
+    subprocess.run([CHROMIUM, *flags, "--window-size=1300,1000", f"--screenshot={shot}", f"{url}/"], capture_output=True, timeout=90)
+    assert shot.exists() and shot.stat().st_size > 20_000  # a page with charts, not a blank one
