@@ -1,6 +1,6 @@
 # ANDREA: grow small GPT language models from open chat data, with a learned data curriculum.
 #
-#   snakemake --cores 2                 the pipeline as far as it exists: data → ANDREA-tiny's checkpoint
+#   snakemake --cores 2                 the whole pipeline for ANDREA-tiny: data → … → audit
 #   snakemake --cores 1 results/ANDREA-120M/ckpt   train a model
 #   snakemake --cores 2 results/ANDREA-12M/shards.json   tokenizer and shards for one model
 #   snakemake --cores 1 filter_shape    one stage and whatever it needs
@@ -34,9 +34,10 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/tokens.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/audit.smk"
 
 
 rule all:
     default_target: True
     input:
-        f"{RESULTS}/ANDREA-tiny/ckpt",
+        f"{RESULTS}/ANDREA-tiny/audit",

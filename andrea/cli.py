@@ -11,6 +11,8 @@
     andrea encode --model M           stage 5: token shards of every source
     andrea train --model M            stage 6: train (resumes a stopped run)
     andrea dashboard RUN_DIR          live loss dashboard on http://127.0.0.1:8050
+    andrea sample --ckpt DIR --prompt TEXT   a continuation from a trained model
+    andrea audit --model M            stage 7: samples, judges and a report
     andrea shape score TEXT | -       system-prompt-shape score of a text, with its features
     andrea shape eval                 precision and recall on the labelled set
     andrea render PARQUET             print documents as training text
@@ -208,6 +210,32 @@ def cmd_dashboard(args) -> int:
     return 0
 
 
+def cmd_sample(args) -> int:
+    import numpy as np
+
+    from andrea.sampling import chat_prompt, generate, load_model
+    from andrea.tokenizer import BOS
+
+    lm = load_model(args.ckpt)
+    text = args.prompt if args.raw else chat_prompt(args.prompt)
+    ids = [BOS, *lm.tokenizer.encode(text).tolist()]
+    out = generate(lm.model, ids, args.max_tokens, np.random.default_rng(args.seed), args.temperature, args.top_k, args.top_p)
+    print(lm.tokenizer.decode(out, errors="replace"))
+    return 0
+
+
+def cmd_audit(args) -> int:
+    from andrea.audit import run_audit
+
+    cfg = _config(args)
+    _model_n(cfg, args.model)
+    res = Path(cfg["results_dir"]) / args.model
+    summary = run_audit(args.ckpt or res / "ckpt", res / "shards.json", cfg["audit"], cfg["curriculum"]["heldout_every"],
+                        args.out or res / "audit", cfg["megachat"])
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
 def cmd_shape_score(args) -> int:
     from andrea.shape import shape_score
 
@@ -313,6 +341,22 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--host", default="127.0.0.1")
     sp.add_argument("--port", type=int, default=8050)
     sp.set_defaults(fn=cmd_dashboard)
+
+    sp = sub.add_parser("sample", help="print a continuation from a trained model")
+    sp.add_argument("--ckpt", required=True, type=Path, help="results/<model>/ckpt (or a .bin inside it)")
+    sp.add_argument("--prompt", required=True)
+    sp.add_argument("--raw", action="store_true", help="use the prompt as it is, not as a chat turn")
+    sp.add_argument("--max-tokens", type=int, default=200)
+    sp.add_argument("--temperature", type=float, default=0.8)
+    sp.add_argument("--top-k", type=int, default=40)
+    sp.add_argument("--top-p", type=float, default=0.95)
+    sp.add_argument("--seed", type=int, default=0)
+    sp.set_defaults(fn=cmd_sample)
+    sp = with_config(sub.add_parser("audit", help="stage audit: samples, judges and a report for a trained model"))
+    sp.add_argument("--model", required=True)
+    sp.add_argument("--ckpt", type=Path, help="default: results/<model>/ckpt")
+    sp.add_argument("--out", type=Path, help="default: results/<model>/audit")
+    sp.set_defaults(fn=cmd_audit)
 
     sh = sub.add_parser("shape", help="the system-prompt-shape scorer")
     shsub = sh.add_subparsers(dest="shape_command", required=True, metavar="ACTION")

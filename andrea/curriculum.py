@@ -19,7 +19,8 @@ background weight for the other active arms; then
 During the curriculum warm-up only the warm-up sources are active (weight 0 for the others,
 floors notwithstanding). Within a source, documents are visited in a seeded random order, a new
 order each epoch; the cursor is part of the state. The whole state serialises to JSON and back
-exactly.
+exactly. Every `heldout_every`-th document of a source is never drawn: the audit measures
+perplexity on those.
 """
 
 from __future__ import annotations
@@ -53,9 +54,18 @@ class Arm:
     def mean_reward(self) -> float:
         return self.reward_sum / self.pulls if self.pulls else 0.0
 
+    heldout_every: int = 0  # document i is held out (never trained on) when i % every == every − 1
+
+    def is_heldout(self, doc: int) -> bool:
+        return self.heldout_every > 0 and doc % self.heldout_every == self.heldout_every - 1
+
+    @property
+    def n_train(self) -> int:
+        return self.n_docs - (self.n_docs // self.heldout_every if self.heldout_every else 0)
+
     @property
     def coverage(self) -> float:
-        return float(self.seen.sum()) / self.n_docs if self.n_docs else 1.0
+        return float(self.seen.sum()) / self.n_train if self.n_train else 1.0
 
 
 def coverage_bonus(coverage: float, strength: float = 0.3) -> float:
@@ -73,7 +83,8 @@ class Bandit:
         """`arms`: name → {"n_docs", "floor", "cap"}; `ccfg`: the config's curriculum section."""
         self.c = dict(ccfg)
         self.seed = seed
-        self.arms = {k: Arm(k, a["n_docs"], a.get("floor", 0.0), a.get("cap", 1.0)) for k, a in arms.items()}
+        every = self.c.get("heldout_every", 0)
+        self.arms = {k: Arm(k, a["n_docs"], a.get("floor", 0.0), a.get("cap", 1.0), heldout_every=every) for k, a in arms.items()}
         self.rng = np.random.default_rng([seed, 0xBA4D17])
         self.phase_end = 0  # first step of the next phase
         self.focus: list[str] = []
@@ -115,7 +126,7 @@ class Bandit:
                 self.raw[name] = None
                 continue
             tentative = 1.0 if name in self.focus else self.c["background_weight"]
-            self.raw[name] = tentative * coverage_bonus(a.coverage, self.c["coverage_bonus"]) * epoch_penalty(a.lifetime_pulls, a.n_docs)
+            self.raw[name] = tentative * coverage_bonus(a.coverage, self.c["coverage_bonus"]) * epoch_penalty(a.lifetime_pulls, a.n_train)
         self.apply_policy()
 
     def apply_policy(self) -> None:
@@ -147,12 +158,14 @@ class Bandit:
 
     def _next_doc(self, name: str) -> int:
         a = self.arms[name]
-        if a.cursor >= a.n_docs:
-            a.cursor = 0
-            a.epoch += 1
-        doc = int(self._order(a)[a.cursor])
-        a.cursor += 1
-        return doc
+        while True:
+            if a.cursor >= a.n_docs:
+                a.cursor = 0
+                a.epoch += 1
+            doc = int(self._order(a)[a.cursor])
+            a.cursor += 1
+            if not a.is_heldout(doc):
+                return doc
 
     # ------------------------------------------------------------------ feedback
     def observe(self, name: str, doc: int, loss: float) -> float:

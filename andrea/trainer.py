@@ -39,7 +39,7 @@ from andrea.engine import Engine
 from andrea.io import write_json_atomic, write_text_atomic
 from andrea.model import ModelConfig, flops_per_token, n_params
 from andrea.optim import NonFiniteCounter, NonFiniteHalt, OptimConfig, train_step
-from andrea.sampling import Sampler
+from andrea.sampling import InferenceModel, generate
 from andrea.shards import Shard
 from andrea.tokenizer import BOS, HarrisTokenizer
 
@@ -305,7 +305,8 @@ class Trainer:
         prompt = self.s["sample_prompt"]
         ids = [BOS, *self.tok.encode(prompt).tolist()]
         rng = np.random.default_rng([self.s["seed"], 0x5A3, self.step])  # never touches the training RNG
-        out = self.sampler.generate(self.engine.w, ids, self.s["sample_tokens"], rng, self.s["sample_temperature"])
+        model = InferenceModel(self.cfg, self.engine.w)  # reads the weights, never writes them
+        out = generate(model, ids, self.s["sample_tokens"], rng, self.s["sample_temperature"])
         text = self.tok.decode(out, errors="replace")
         score = coherence_score(text)
         rec = {"step": self.step, "prompt": prompt, "text": text, "coherence": round(score.score, 2), "parts": score.as_dict()}
@@ -325,7 +326,6 @@ class Trainer:
         self.ckpt_dir.mkdir(exist_ok=True)
         plan = self.plan()  # may refuse before anything big is allocated
         self.engine = Engine(self.cfg, batch_size=self.B, seq_len=self.T, backend=s["backend"], seed=s["seed"])
-        self.sampler = Sampler(self.cfg, seq_len=min(self.T, self.cfg.context), backend=s["backend"])
         resumed = self.resume()
         mem = self.engine.memory_plan()
         # timed warm-up: forward+backward on one batch of zeros, gradients discarded; the

@@ -59,6 +59,17 @@ def test_warmup_sources_only_until_the_warmup_ends():
     assert {"dictionary", "repo-docs"} & seen_after
 
 
+def test_held_out_documents_are_never_drawn():
+    b = Bandit(arms(a=200), {**CC, "warmup_steps": 0, "heldout_every": 50})
+    docs = set()
+    for _ in range(1000):
+        doc = b._next_doc("a")
+        docs.add(doc)
+        b.observe("a", doc, 1.0)
+    assert docs == set(range(200)) - {49, 99, 149, 199}
+    assert b.arms["a"].n_train == 196 and b.arms["a"].coverage == 1.0
+
+
 def test_documents_are_visited_without_repetition_within_an_epoch():
     b = Bandit(arms(a=37), {**CC, "warmup_steps": 0})
     b.replan(0)

@@ -46,6 +46,8 @@ QUICK_TRAIN = {
     "train.ANDREA-tiny.max_steps": 20,
     "train.ANDREA-tiny.sample_every": 20,
     "train.ANDREA-tiny.sample_tokens": 20,
+    "audit.max_new_tokens": 20,
+    "audit.samples_per_prompt": 1,
 }
 
 
@@ -67,6 +69,9 @@ def test_pipeline_runs_and_reruns_only_what_changed(workflow_dir):
     report = json.loads(next((res / "data" / "filter_shape").glob("*/report.json")).read_text())
     assert report["totals"]["dropped_shape"] >= 1 and report["totals"]["kept"] > 100
 
+    summary = json.loads((res / "ANDREA-tiny" / "audit" / "summary.json").read_text())
+    assert summary["samples"] == 8 and "not run" in summary["external_judge"]
+    assert (res / "ANDREA-tiny" / "audit" / "report.html").exists()
     run = json.loads((res / "ANDREA-tiny" / "ckpt" / "run.json").read_text())
     assert run["step"] == 20 and (res / "ANDREA-tiny" / "ckpt" / "final.bin").stat().st_size > 0
     shards = json.loads((res / "ANDREA-tiny" / "shards.json").read_text())
@@ -79,11 +84,19 @@ def test_pipeline_runs_and_reruns_only_what_changed(workflow_dir):
     again = snakemake(workflow_dir)
     assert "Nothing to be done" in again.stdout + again.stderr
 
+    # the audit's prompt set changed: the audit alone re-runs, nothing is retrained
+    set_config(workflow_dir, {"audit.prompts": [{"domain": "biology", "prompt": "What is a cell?"}]})
+    plan = snakemake(workflow_dir, "--dry-run")
+    text = plan.stdout + plan.stderr
+    assert "rule audit" in text and "rule train:" not in text and "rule encode" not in text
+    snakemake(workflow_dir)
+    assert json.loads((res / "ANDREA-tiny" / "audit" / "summary.json").read_text())["samples"] == 1
+
     # the vocabulary size changed: tokenizer and encode (and the model's shard list) re-run only
     set_config(workflow_dir, {"models.ANDREA-tiny.n_segments": 300})
     plan = snakemake(workflow_dir, "--dry-run")
     text = plan.stdout + plan.stderr
-    assert "rule train_tokenizer" in text and "rule encode" in text and "rule shards" in text and "rule train" in text
+    assert "rule train_tokenizer" in text and "rule encode" in text and "rule shards" in text and "rule train:" in text and "rule audit" in text
     assert "rule filter_shape" not in text and "rule prep_megachat" not in text and "rule pull_hermes3" not in text
     snakemake(workflow_dir)
     assert len(stage_dirs(workflow_dir, "train_tokenizer")) == 2
@@ -141,10 +154,10 @@ def test_killed_training_resumes_through_snakemake(workflow_dir):
 
 def test_full_size_plan(workflow_dir):
     """The real ANDREA-120M DAG plans (200K steps, batch 8, context 1024, 20K warm-up)."""
-    plan = snakemake(workflow_dir, "-n", "results/ANDREA-120M/ckpt")
+    plan = snakemake(workflow_dir, "-n", "results/ANDREA-120M/audit")
     text = plan.stdout + plan.stderr
-    for rule in ("pull_hermes3", "prep_megachat", "filter_shape", "train_tokenizer", "encode", "shards", "train"):
-        assert f"rule {rule}" in text, rule
+    for rule in ("pull_hermes3", "prep_megachat", "filter_shape", "train_tokenizer", "encode", "shards", "train", "audit"):
+        assert f"rule {rule}:" in text, rule
     from andrea.config import load_config
     from andrea.trainer import train_settings
 

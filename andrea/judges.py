@@ -1,0 +1,178 @@
+"""Judges of generated samples (SPEC §10).
+
+Built in, no network: the coherence score (andrea/coherence.py), distinct-1/2/3, repetition
+rate, English-word rate, and the model's perplexity on held-out documents.
+
+External: any OpenAI-compatible chat-completions endpoint, given a written rubric, returns a
+0–10 score and a reason per sample. Time-outs, HTTP errors, rate limits and unparseable replies
+are retried with exponential back-off and then recorded as unscored, with the error: never a
+crash, never a made-up score.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import socket
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+import numpy as np
+
+from andrea.coherence import COMMON_WORDS, WORD, coherence_score
+
+log = logging.getLogger("andrea.judges")
+
+RUBRIC = """You grade one answer written by a small language model in training.
+Score it from 0 to 10:
+- 0-2: not language: repetition loops, random characters, another script, or empty.
+- 3-4: words and phrases but no sentences that make sense together.
+- 5-6: grammatical sentences, loosely related to the prompt, with errors of fact or logic.
+- 7-8: a coherent, relevant answer with minor errors.
+- 9-10: a correct, clear, well-organised answer a knowledgeable person would accept.
+Judge only the answer's quality for the prompt; ignore its length unless it stops mid-thought.
+Reply with JSON only: {"score": <integer 0-10>, "reason": "<one sentence>"}"""
+
+
+# ---------------------------------------------------------------------- built-in
+
+
+def distinct_n(words: list[str], n: int) -> float:
+    grams = list(zip(*(words[i:] for i in range(n))))
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def repetition_rate(words: list[str], n: int = 4) -> float:
+    """Share of word n-grams that already occurred earlier in the text."""
+    seen, repeats, total = set(), 0, 0
+    for g in zip(*(words[i:] for i in range(n))):
+        total += 1
+        repeats += g in seen
+        seen.add(g)
+    return repeats / total if total else 0.0
+
+
+def builtin_scores(text: str) -> dict:
+    words = [w.lower() for w in WORD.findall(text)]
+    return {
+        "coherence": round(coherence_score(text).score, 2),
+        "distinct_1": round(distinct_n(words, 1), 4),
+        "distinct_2": round(distinct_n(words, 2), 4),
+        "distinct_3": round(distinct_n(words, 3), 4),
+        "repetition": round(repetition_rate(words), 4),
+        "english_rate": round(sum(w in COMMON_WORDS for w in words) / len(words), 4) if words else 0.0,
+        "n_words": len(words),
+        "n_chars": len(text),
+    }
+
+
+def perplexity(model, shards: dict, heldout_every: int, max_docs: int, seq_len: int) -> dict:
+    """exp(mean NLL per token) on each source's held-out documents (those the trainer never
+    draws), each scored on its first `seq_len` + 1 tokens."""
+    out, total_nll, total_tok = {}, 0.0, 0
+    for src, shard in shards.items():
+        if heldout_every <= 0:
+            break
+        docs = [i for i in range(heldout_every - 1, shard.n_docs, heldout_every)][:max_docs]
+        nll = tok = 0
+        for i in docs:
+            x = np.asarray(shard.window(i, seq_len)[0], dtype=np.int64)
+            model.reset()
+            logits = model.forward(x[:-1]).astype(np.float64)
+            lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+            nll += float((lse - logits[np.arange(len(x) - 1), x[1:]]).sum())
+            tok += len(x) - 1
+        if tok:
+            out[src] = {"documents": len(docs), "tokens": tok, "perplexity": round(math.exp(nll / tok), 3)}
+            total_nll, total_tok = total_nll + nll, total_tok + tok
+    overall = round(math.exp(total_nll / total_tok), 3) if total_tok else None
+    return {"overall": overall, "tokens": total_tok, "per_source": out}
+
+
+# ---------------------------------------------------------------------- external
+
+
+@dataclass
+class Verdict:
+    score: float | None
+    reason: str
+    attempts: int
+    error: str | None = None
+
+
+def parse_verdict(content: str) -> tuple[float, str]:
+    """{"score": n, "reason": "..."} (also inside a code fence or surrounding prose)."""
+    m = re.search(r"\{.*\}", content, re.S)
+    if m:
+        try:
+            d = json.loads(m.group(0))
+            score = float(d["score"])
+            if 0 <= score <= 10:
+                return score, str(d.get("reason", "")).strip()
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            pass
+    raise ValueError(f"no score 0-10 in the reply: {content[:200]!r}")
+
+
+class ExternalJudge:
+    def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout_s: float = 60,
+                 retries: int = 3, backoff_s: float = 1.0, rubric: str = RUBRIC):
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model, self.api_key = model, api_key
+        self.timeout_s, self.retries, self.backoff_s, self.rubric = timeout_s, retries, backoff_s, rubric
+
+    @classmethod
+    def from_config(cls, jcfg: dict) -> "ExternalJudge | None":
+        """The endpoint from config, else from the environment; None when there is none."""
+        base = jcfg.get("base_url") or os.environ.get(jcfg["base_url_env"])
+        model = jcfg.get("model") or os.environ.get(jcfg["model_env"])
+        if not base or not model:
+            return None
+        return cls(base, model, os.environ.get(jcfg["api_key_env"]), jcfg["timeout_s"], jcfg["retries"], jcfg["backoff_s"])
+
+    def _request(self, prompt: str, answer: str) -> str:
+        body = json.dumps({
+            "model": self.model,
+            "temperature": 0,
+            "messages": [
+                {"role": "system", "content": self.rubric},
+                {"role": "user", "content": f"Prompt:\n{prompt}\n\nAnswer:\n{answer}"},
+            ],
+        }).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
+            data = json.loads(r.read().decode("utf-8"))
+        return data["choices"][0]["message"]["content"]
+
+    def judge(self, prompt: str, answer: str) -> Verdict:
+        error = None
+        for attempt in range(1, self.retries + 2):
+            wait = self.backoff_s * 2 ** (attempt - 1)
+            try:
+                score, reason = parse_verdict(self._request(prompt, answer))
+                return Verdict(score, reason, attempt)
+            except urllib.error.HTTPError as e:
+                error = f"HTTP {e.code}"
+                if e.code == 429:
+                    try:
+                        wait = max(wait, min(30.0, float(e.headers.get("Retry-After", 0))))
+                    except (TypeError, ValueError):
+                        pass
+                elif e.code < 500:
+                    break  # a client error will not mend itself
+            except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError) as e:
+                error = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+            except (ValueError, KeyError, IndexError, TypeError, json.JSONDecodeError) as e:
+                error = f"unparseable reply: {e}"
+            if attempt <= self.retries:
+                log.warning("judge attempt %d failed (%s); retrying in %.1f s", attempt, error, wait)
+                time.sleep(wait)
+        return Verdict(None, "", attempt, error)

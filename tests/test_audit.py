@@ -1,0 +1,89 @@
+"""The audit stage on a model trained here: samples, judges, perplexity, report."""
+
+import json
+import re
+import shutil
+import subprocess
+
+import pandas as pd
+import pytest
+
+from andrea.audit import run_audit
+from andrea.config import load_config
+from andrea.trainer import Trainer
+from conftest import REPO
+from test_judges import FakeEndpoint
+from test_trainer import MODEL, TRAIN, shards  # noqa: F401  (fixture)
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def trained(shards, tmp_path_factory):  # noqa: F811
+    tmp = tmp_path_factory.mktemp("trained")
+    cfg = load_config(REPO / "config" / "config.yaml")
+    cfg["models"]["micro"] = MODEL
+    cfg["train"]["micro"] = {**TRAIN, "max_steps": 60, "sample_every": 20}
+    Trainer(cfg, "micro", shards, tmp / "run").run(out_dir=tmp / "ckpt")
+    return cfg, tmp / "ckpt", shards
+
+
+def audit_cfg(cfg, **judge):
+    a = json.loads(json.dumps(cfg["audit"]))
+    a["prompts"] = a["prompts"][:3]
+    a["max_new_tokens"] = 24
+    a["perplexity_docs"] = 5
+    a["judge"].update(judge)
+    return a
+
+
+def test_audit_without_an_endpoint_runs_the_builtin_judges_and_says_so(trained, tmp_path, monkeypatch):
+    cfg, ckpt, shards = trained  # noqa: F811
+    for var in ("ANDREA_JUDGE_BASE_URL", "ANDREA_JUDGE_MODEL"):
+        monkeypatch.delenv(var, raising=False)
+    summary = run_audit(ckpt, shards, audit_cfg(cfg), cfg["curriculum"]["heldout_every"], tmp_path / "audit")
+    out = tmp_path / "audit"
+    assert summary["samples"] == 6 and summary["step"] == 60
+    assert summary["external_judge"].startswith("not run: no endpoint configured")
+    df = pd.read_parquet(out / "scores.parquet")
+    assert list(df["domain"].unique()) == ["general", "biology"] or len(df) == 6
+    assert {"coherence", "distinct_1", "distinct_2", "distinct_3", "repetition", "english_rate"} <= set(df.columns)
+    assert df["judge_score"].isna().all()
+    ppl = json.loads((out / "perplexity.json").read_text())
+    assert ppl["overall"] and ppl["overall"] > 1 and ppl["tokens"] > 0
+    md = (out / "report.md").read_text()
+    assert "external judge | not run" in md and "![Training loss](plots/loss.png)" in md
+    assert len(list((out / "plots").glob("*.png"))) == 3
+    # the same seed gives the same samples
+    again = run_audit(ckpt, shards, audit_cfg(cfg), cfg["curriculum"]["heldout_every"], tmp_path / "again")
+    assert (tmp_path / "again" / "samples.jsonl").read_text() == (out / "samples.jsonl").read_text()
+    assert again == summary
+
+
+def test_audit_with_an_endpoint_records_scores_and_failures(trained, tmp_path):
+    cfg, ckpt, shards = trained  # noqa: F811
+    e = FakeEndpoint(["ok", "500", "500", "ok", "400"])  # sample 2 retried; sample 3 unscored
+    try:
+        a = audit_cfg(cfg, base_url=e.url, model="judge-model", retries=2, backoff_s=0.01, timeout_s=5)
+        summary = run_audit(ckpt, shards, a, cfg["curriculum"]["heldout_every"], tmp_path / "audit")
+    finally:
+        e.close()
+    df = pd.read_parquet(tmp_path / "audit" / "scores.parquet")
+    assert df["judge_score"].tolist()[:3] == [7.0, 7.0, None] or df["judge_score"].notna().sum() == 5
+    assert df.loc[2, "judge_error"] == "HTTP 400"
+    assert "judge-model" in summary["external_judge"] and "1 unscored" in summary["external_judge"]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
+def test_report_renders_in_a_browser(trained, tmp_path):
+    cfg, ckpt, shards = trained  # noqa: F811
+    run_audit(ckpt, shards, audit_cfg(cfg), cfg["curriculum"]["heldout_every"], tmp_path / "audit")
+    page = (tmp_path / "audit" / "report.html").as_uri()
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'p'}"]
+    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", page], capture_output=True, text=True, timeout=90).stdout
+    assert "<h1>Audit of micro at step 60</h1>" in dom
+    assert len(re.findall(r"<img class=\"plot\"[^>]*src=\"data:image/png;base64,", dom)) == 3
+    shot = tmp_path / "report.png"
+    subprocess.run([CHROMIUM, *flags, "--window-size=1000,2400", f"--screenshot={shot}", page], capture_output=True, timeout=90)
+    assert shot.exists() and shot.stat().st_size > 30_000
