@@ -11,7 +11,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import yaml
 
 SCHEMA_PATH = Path(str(resources.files("andrea") / "schemas" / "config.schema.yaml"))
@@ -57,6 +56,8 @@ def apply_defaults(config: dict, schema: dict | None = None) -> dict:
 def validate_config(config: dict, source: str = "config") -> dict:
     """Validate against the schema plus the checks a schema cannot express; return the config
     with defaults filled. Raises ConfigError naming the offending key."""
+    import jsonschema
+
     schema = load_schema()
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))

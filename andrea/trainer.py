@@ -225,7 +225,7 @@ class Trainer:
         e = self.engine
         name = f"step_{self.step:06d}.bin"
         path = self.ckpt_dir / name
-        write_checkpoint(path, self.step, e.w, e.m, e.v)
+        write_checkpoint(path, self.step, e.host(e.w), e.host(e.m), e.host(e.v))
         write_json_atomic(self.run_dir / "state.json", self._state(name))
         kept = sorted(self.ckpt_dir.glob("step_*.bin"))
         for old in kept[: -self.s["keep_checkpoints"]]:
@@ -305,7 +305,7 @@ class Trainer:
         prompt = self.s["sample_prompt"]
         ids = [BOS, *self.tok.encode(prompt).tolist()]
         rng = np.random.default_rng([self.s["seed"], 0x5A3, self.step])  # never touches the training RNG
-        model = InferenceModel(self.cfg, self.engine.w)  # reads the weights, never writes them
+        model = InferenceModel(self.cfg, self.engine.host(self.engine.w))  # reads the weights, never writes them
         out = generate(model, ids, self.s["sample_tokens"], rng, self.s["sample_temperature"])
         text = self.tok.decode(out, errors="replace")
         score = coherence_score(text)
@@ -325,7 +325,8 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.ckpt_dir.mkdir(exist_ok=True)
         plan = self.plan()  # may refuse before anything big is allocated
-        self.engine = Engine(self.cfg, batch_size=self.B, seq_len=self.T, backend=s["backend"], seed=s["seed"])
+        self.engine = Engine(self.cfg, batch_size=self.B, seq_len=self.T, backend=s["backend"], seed=s["seed"],
+                             precision=s["precision"])
         resumed = self.resume()
         mem = self.engine.memory_plan()
         # timed warm-up: forward+backward on one batch of zeros, gradients discarded; the
@@ -431,7 +432,8 @@ class Trainer:
         finally:
             loss_log.close()
         final = self.run_dir / "final.bin"
-        write_checkpoint(final, self.step, self.engine.w, self.engine.m, self.engine.v)
+        e = self.engine
+        write_checkpoint(final, self.step, e.host(e.w), e.host(e.m), e.host(e.v))
         self.save_checkpoint("end of run")
         if not (self.run_dir / "best.bin").exists():
             self._copy_atomic(final, self.run_dir / "best.bin")

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from andrea.config import load_config
-
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def config(tmp_path):
     """The shipped config with results under tmp_path and the git source pointed at nothing."""
+    from andrea.config import load_config
+
     cfg = load_config(REPO / "config" / "config.yaml", overrides={"results_dir": str(tmp_path / "results")})
     return cfg
 

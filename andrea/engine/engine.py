@@ -16,14 +16,17 @@ import numpy as np
 
 from andrea.model import LN_EPS, ModelConfig, decay_mask, init_weights, n_params, param_layout, views
 
-BACKENDS = {"numpy": "andrea.engine.numpy_backend"}
+BACKENDS = {"numpy": "andrea.engine.numpy_backend", "cupy": "andrea.engine.cupy_backend"}
 
 
 def load_backend(name: str):
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
     try:
         return importlib.import_module(BACKENDS[name])
-    except KeyError:
-        raise ValueError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}") from None
+    except ImportError as e:
+        raise RuntimeError(f"backend {name!r} is not available here ({e}); the CuPy backend needs an NVIDIA GPU "
+                           "and `pip install -e '.[gpu]'`") from None
 
 
 @dataclass
@@ -50,7 +53,7 @@ class Engine:
     """One model's buffers and its forward/backward/optimizer steps on one backend."""
 
     def __init__(self, cfg: ModelConfig, batch_size: int, seq_len: int | None = None, backend: str = "numpy",
-                 dtype: str = "float32", seed: int = 0):
+                 dtype: str = "float32", seed: int = 0, precision: str = "fp32"):
         self.cfg = cfg
         self.B = batch_size
         self.T = seq_len or cfg.context
@@ -58,15 +61,22 @@ class Engine:
             raise ValueError(f"sequence length {self.T} exceeds the model's context {cfg.context}")
         self.be = load_backend(backend)
         self.backend = backend
+        self.xp = getattr(self.be, "xp", np)
+        self.precision = precision
+        if hasattr(self.be, "set_precision"):
+            self.be.set_precision(precision)
+        elif precision != "fp32":
+            raise ValueError(f"the {backend} backend computes in fp32 only, not {precision}")
         self.dtype = np.dtype(dtype)
         self.layout = param_layout(cfg)
         self.n_params = n_params(cfg)
         # one flat buffer each for weights, gradients, Adam m and v
-        self.w = init_weights(cfg, seed, self.dtype)
-        self.g = np.zeros_like(self.w)
-        self.m = np.zeros_like(self.w)
-        self.v = np.zeros_like(self.w)
-        self.decay = decay_mask(self.layout, self.dtype)
+        xp = self.xp
+        self.w = xp.asarray(init_weights(cfg, seed, self.dtype))
+        self.g = xp.zeros_like(self.w)
+        self.m = xp.zeros_like(self.w)
+        self.v = xp.zeros_like(self.w)
+        self.decay = xp.asarray(decay_mask(self.layout, self.dtype))
         self.P = views(self.w, self.layout)
         self.G = views(self.g, self.layout)
         self.adam_t = 0  # updates applied so far (bias correction)
@@ -76,7 +86,8 @@ class Engine:
     def _allocate(self) -> None:
         c, B, T, dt = self.cfg, self.B, self.T, self.dtype
         L, d, H, D, M, V = c.n_layer, c.d_model, c.n_head, c.head_dim, c.d_mlp, c.vocab_size
-        z = lambda *shape: np.zeros(shape, dtype=dt)  # noqa: E731
+        xp = self.xp
+        z = lambda *shape: xp.zeros(shape, dtype=dt)  # noqa: E731
         self.acts = {
             "res": z(2 * L + 1, B, T, d),  # residual stream: layer input, after attention, …, final
             "ln1": z(L, B, T, d), "ln1_mean": z(L, B, T), "ln1_rstd": z(L, B, T),
@@ -89,10 +100,11 @@ class Engine:
         self.scratch = {
             "branch": z(B, T, d), "d_res": z(B, T, d), "d_branch": z(B, T, d), "d_ln": z(B, T, d),
             "d_y": z(B, T, d), "d_qkv": z(3, B, H, T, D),
-            "norm_partial": np.zeros(max(1, -(-self.n_params // (1 << 16))), dtype=np.float64),
+            "norm_partial": xp.zeros(max(1, -(-self.n_params // (1 << 16))), dtype=np.float64),
         }
-        self.tokens = np.zeros((B, T), dtype=np.int64)
-        self.targets = np.zeros((B, T), dtype=np.int64)
+        index = getattr(self.be, "INDEX_DTYPE", np.int64)
+        self.tokens = xp.zeros((B, T), dtype=index)
+        self.targets = xp.zeros((B, T), dtype=index)
 
     def memory_plan(self) -> MemoryPlan:
         return MemoryPlan(
@@ -116,8 +128,8 @@ class Engine:
             raise ValueError(f"batch must be {(self.B, self.T)}, got {tokens.shape} and {targets.shape}")
         if tokens.max(initial=0) >= self.cfg.vocab_size or targets.max(initial=0) >= self.cfg.vocab_size or tokens.min(initial=0) < 0:
             raise ValueError(f"token IDs must lie in 0..{self.cfg.vocab_size - 1}")
-        self.tokens[:] = tokens
-        self.targets[:] = targets
+        self.tokens[...] = self.xp.asarray(tokens, dtype=self.tokens.dtype)
+        self.targets[...] = self.xp.asarray(targets, dtype=self.targets.dtype)
         H = self.cfg.n_head
         res = A["res"]
         be.embed_fwd(self.tokens, P["wte"], P["wpe"], res[0])
@@ -156,8 +168,12 @@ class Engine:
         be.embed_bwd(d_res, self.tokens, G["wte"], G["wpe"])
 
     def row_losses(self) -> np.ndarray:
-        """Mean loss of each batch row (what the curriculum attributes to a row's source)."""
-        return self.acts["losses"].mean(axis=1)
+        """Mean loss of each batch row (what the curriculum attributes to a row's source), on the host."""
+        return self.host(self.acts["losses"].mean(axis=1))
+
+    def host(self, a) -> np.ndarray:
+        """A buffer as a NumPy array (a copy from the GPU, the array itself on the CPU)."""
+        return self.be.to_host(a) if hasattr(self.be, "to_host") else np.asarray(a)
 
     # -------------------------------------------------------------- optimizer
     def zero_grads(self) -> None:
@@ -182,5 +198,5 @@ class Engine:
             if src is not None:
                 if src.shape != dst.shape:
                     raise ValueError(f"state has {src.shape[0]} parameters, this model {dst.shape[0]}")
-                dst[:] = src
+                dst[...] = self.xp.asarray(src)
         self.adam_t = adam_t

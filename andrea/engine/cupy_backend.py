@@ -1,0 +1,258 @@
+"""CuPy backend: the same forward/backward pairs as andrea/engine/numpy_backend.py, on an NVIDIA
+GPU, with hand-written CUDA kernels (kernels/*.cu, loaded with cupy.RawModule) for everything but
+the large matrix products, which go to cuBLAS through CuPy.
+
+Precision: weights, gradients, Adam state and activations are float32; in "bf16" mode the
+operands of every matrix product are cast to bfloat16 (fp32 accumulation in cuBLAS), the rest
+stays fp32. Every reduction runs in a fixed order (no atomics), so results are deterministic.
+
+Not yet here (see BENCHMARKS.md): tensor-core attention (the attention kernels use CUDA cores),
+CUDA-graph capture of the step, fp16 with loss scaling.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from pathlib import Path
+
+import cupy as cp
+import numpy as np
+
+xp = cp
+INDEX_DTYPE = np.int32
+KERNELS = Path(os.environ.get("ANDREA_KERNELS", Path(__file__).resolve().parents[2] / "kernels"))
+PRECISION = "fp32"
+
+
+def set_precision(precision: str) -> None:
+    global PRECISION
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision {precision!r}: the CuPy backend supports fp32 and bf16")
+    PRECISION = precision
+
+
+def to_host(a):
+    return cp.asnumpy(a)
+
+
+@functools.lru_cache(maxsize=None)
+def _module(name: str, head_dim: int | None = None) -> cp.RawModule:
+    path = KERNELS / f"{name}.cu"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: CUDA sources not found (set ANDREA_KERNELS to the kernels/ folder of a checkout)")
+    opts = ("-std=c++17", f"-I{KERNELS}", "-lineinfo")
+    if head_dim is not None:
+        opts += (f"-DHEAD_DIM={head_dim}",)
+    return cp.RawModule(code=path.read_text(), options=opts)
+
+
+def _k(module: str, kernel: str, head_dim: int | None = None):
+    return _module(module, head_dim).get_function(kernel)
+
+
+@functools.lru_cache(maxsize=None)
+def _scratch(key: str, shape: tuple, dtype) -> cp.ndarray:
+    """Buffers the kernels need besides the engine's, allocated once per shape."""
+    return cp.zeros(shape, dtype=dtype)
+
+
+def _blocks(n: int, threads: int = 256) -> int:
+    return (n + threads - 1) // threads
+
+
+def _mm(a, b):
+    if PRECISION == "bf16":
+        return cp.matmul(a.astype(cp.bfloat16), b.astype(cp.bfloat16)).astype(cp.float32)
+    return cp.matmul(a, b)
+
+
+# ----------------------------------------------------------------------------- embedding
+
+
+def embed_fwd(tokens, wte, wpe, out):
+    B, T = tokens.shape
+    C = wte.shape[1]
+    n = B * T * C
+    _k("elementwise", "embed_fwd")((_blocks(n),), (256,), (tokens, wte, wpe, out, np.int32(B * T), np.int32(T), np.int32(C)))
+
+
+def embed_bwd(dout, tokens, dwte, dwpe):
+    B, T, C = dout.shape
+    dwpe[:T] += dout.sum(axis=0)
+    flat = tokens.reshape(-1).astype(cp.int64)
+    order = cp.argsort(flat)  # thrust's stable sort: equal tokens keep their positions' order
+    st = flat[order]
+    first = cp.concatenate([cp.ones(1, dtype=bool), st[1:] != st[:-1]])
+    starts = cp.nonzero(first)[0]
+    uniq = st[starts]
+    bounds = cp.concatenate([starts, cp.array([st.size], dtype=starts.dtype)]).astype(cp.int64)
+    n = int(uniq.size) * C
+    _k("elementwise", "embed_bwd_wte")((_blocks(n),), (256,), (dout, order, uniq.astype(cp.int64), bounds, dwte, np.int32(uniq.size), np.int32(C)))
+
+
+# ----------------------------------------------------------------------------- layernorm
+
+
+def layernorm_fwd(x, g, b, out, mean, rstd, eps=1e-5):
+    C = x.shape[-1]
+    N = x.size // C
+    _k("layernorm", "layernorm_fwd")((_blocks(N, 8),), (256,), (x, g, b, out, mean, rstd, np.int32(N), np.int32(C), np.float32(eps)))
+
+
+def _colsum_add(a2, out):
+    """out += a2.sum(axis=0), deterministically."""
+    N, C = a2.shape
+    rows = 64
+    chunks = (N + rows - 1) // rows
+    partial = _scratch("colsum", (chunks, C), cp.float32)
+    _k("layernorm", "colsum_partial")((_blocks(C), chunks), (256,), (a2, partial, np.int32(N), np.int32(C), np.int32(rows)))
+    _k("layernorm", "colsum_final_add")((_blocks(C),), (256,), (partial, out, np.int32(chunks), np.int32(C)))
+
+
+def layernorm_bwd(dout, x, mean, rstd, g, dx, dg, db):
+    C = x.shape[-1]
+    N = x.size // C
+    dgx = _scratch("ln_dgx", (N, C), cp.float32)
+    _k("layernorm", "layernorm_bwd")((_blocks(N, 8),), (256,), (dout, x, mean, rstd, g, dx, dgx, np.int32(N), np.int32(C)))
+    _colsum_add(dgx, dg)
+    _colsum_add(dout.reshape(N, C), db)
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def attn_qkv_fwd(x, wq, wk, wv, qkv, n_head):
+    B, T, d = x.shape
+    D = d // n_head
+    x2 = x.reshape(-1, d)
+    for i, w in enumerate((wq, wk, wv)):
+        qkv[i] = _mm(x2, w).reshape(B, T, n_head, D).transpose(0, 2, 1, 3)
+
+
+def attn_qkv_bwd(dqkv, x, wq, wk, wv, dx, dwq, dwk, dwv):
+    B, T, d = x.shape
+    x2 = x.reshape(-1, d)
+    acc = None
+    for i, (w, dw) in enumerate(((wq, dwq), (wk, dwk), (wv, dwv))):
+        g = dqkv[i].transpose(0, 2, 1, 3).reshape(-1, d)
+        part = _mm(g, w.T)
+        acc = part if acc is None else acc + part
+        dw += _mm(x2.T, g)
+    dx.reshape(-1, d)[...] = acc
+
+
+def attn_fwd(qkv, y, lse):
+    _, B, H, T, D = qkv.shape
+    q, k, v = qkv[0], qkv[1], qkv[2]
+    _k("attention", "attn_fwd", D)(((T + 63) // 64, B * H), (64,), (q, k, v, y, lse, np.int32(H), np.int32(T), np.float32(1.0 / math.sqrt(D))))
+
+
+def attn_bwd(dy, qkv, y, lse, dqkv):
+    _, B, H, T, D = qkv.shape
+    q, k, v = qkv[0], qkv[1], qkv[2]
+    scale = np.float32(1.0 / math.sqrt(D))
+    delta = _scratch("attn_delta", (B, H, T), cp.float32)
+    _k("attention", "attn_delta", D)((_blocks(B * H * T),), (256,), (dy, y, delta, np.int32(B), np.int32(H), np.int32(T)))
+    grid = ((T + 63) // 64, B * H)
+    _k("attention", "attn_bwd_dq", D)(grid, (64,), (q, k, v, dy, lse, delta, dqkv[0], np.int32(H), np.int32(T), scale))
+    _k("attention", "attn_bwd_dk", D)(grid, (64,), (q, k, v, dy, lse, delta, dqkv[1], np.int32(H), np.int32(T), scale))
+    _k("attention", "attn_bwd_dv", D)(grid, (64,), (q, k, dy, lse, delta, dqkv[2], np.int32(H), np.int32(T), scale))
+
+
+def attn_out_fwd(y, wo, out):
+    d = y.shape[-1]
+    out.reshape(-1, out.shape[-1])[...] = _mm(y.reshape(-1, d), wo)
+
+
+def attn_out_bwd(dout, y, wo, dy, dwo):
+    d = y.shape[-1]
+    g = dout.reshape(-1, dout.shape[-1])
+    dy.reshape(-1, d)[...] = _mm(g, wo.T)
+    dwo += _mm(y.reshape(-1, d).T, g)
+
+
+# ----------------------------------------------------------------------------- MLP
+
+
+def gelu(h, out):
+    _k("elementwise", "gelu_fwd")((_blocks(h.size),), (256,), (h, out, np.int64(h.size)))
+
+
+def mlp_fwd(x, w1, w2, h, a, out):
+    d = x.shape[-1]
+    h.reshape(-1, h.shape[-1])[...] = _mm(x.reshape(-1, d), w1)
+    gelu(h, a)
+    out.reshape(-1, d)[...] = _mm(a.reshape(-1, a.shape[-1]), w2)
+
+
+def mlp_bwd(dout, x, h, a, w1, w2, dx, dw1, dw2):
+    d = x.shape[-1]
+    M = h.shape[-1]
+    g = dout.reshape(-1, d)
+    dw2 += _mm(a.reshape(-1, M).T, g)
+    da = cp.ascontiguousarray(_mm(g, w2.T))
+    _k("elementwise", "gelu_bwd")((_blocks(da.size),), (256,), (h, da, np.int64(da.size)))
+    dw1 += _mm(x.reshape(-1, d).T, da)
+    dx.reshape(-1, d)[...] = _mm(da, w1.T)
+
+
+# ----------------------------------------------------------------------------- residual
+
+
+def residual_add(x, f, out):
+    cp.add(x, f, out=out)
+
+
+def residual_add_bwd(dout, df):
+    df[...] = dout
+
+
+# ----------------------------------------------------------------------------- loss
+
+
+def loss_fwd(x, w, targets, probs, losses):
+    d = x.shape[-1]
+    V = w.shape[0]
+    N = x.size // d
+    probs.reshape(-1, V)[...] = _mm(x.reshape(-1, d), w.T)
+    _k("classifier", "softmax_xent_fwd")((N,), (256,), (probs, targets, losses, np.int32(V)))
+    return float(losses.mean())
+
+
+def loss_bwd(x, w, targets, probs, dx, dw, dloss=1.0):
+    d = x.shape[-1]
+    V = w.shape[0]
+    N = x.size // d
+    _k("classifier", "softmax_xent_bwd")((N,), (256,), (probs, targets, np.float32(dloss / N), np.int32(V)))
+    dl = probs.reshape(-1, V)
+    dx.reshape(-1, d)[...] = _mm(dl, w)
+    dw += _mm(dl.T, x.reshape(-1, d))
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+
+def grad_norm_partial(grads, partial, block=1 << 16):
+    _k("elementwise", "grad_norm_partial")((partial.size,), (256,), (grads, partial, np.int64(grads.size), np.int64(block)))
+
+
+def grad_norm_final(partial) -> float:
+    out = _scratch("norm_out", (1,), cp.float64)
+    _k("elementwise", "grad_norm_final")((1,), (1,), (partial, np.int32(partial.size), out))
+    return float(out[0])
+
+
+def grad_scale(grads, scale):
+    _k("elementwise", "grad_scale")((_blocks(grads.size),), (256,), (grads, np.float32(scale), np.int64(grads.size)))
+
+
+def adamw(w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step):
+    bc1 = 1 - beta1**step
+    bc2 = 1 - beta2**step
+    f = np.float32
+    _k("elementwise", "adamw")(
+        (_blocks(w.size),), (256,),
+        (w, g, m, v, decay, f(lr), f(beta1), f(beta2), f(eps), f(weight_decay), f(bc1), f(bc2), np.int64(w.size)),
+    )

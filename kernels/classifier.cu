@@ -1,0 +1,55 @@
+// Fused softmax cross-entropy: one block per row of V logits.
+#include "common.cuh"
+
+__device__ float block_reduce(float v, bool is_max, float* sh) {
+    int lane = threadIdx.x % 32, wid = threadIdx.x / 32, nw = blockDim.x / 32;
+    for (int o = 16; o > 0; o >>= 1) {
+        float u = __shfl_xor_sync(0xffffffff, v, o);
+        v = is_max ? fmaxf(v, u) : v + u;
+    }
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    v = (threadIdx.x < nw) ? sh[threadIdx.x] : (is_max ? -INFINITY : 0.f);
+    if (wid == 0)
+        for (int o = 16; o > 0; o >>= 1) {
+            float u = __shfl_xor_sync(0xffffffff, v, o);
+            v = is_max ? fmaxf(v, u) : v + u;
+        }
+    if (threadIdx.x == 0) sh[0] = v;
+    __syncthreads();
+    float r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+// logits (in `probs`) -> probabilities in place, and the row's loss.
+extern "C" __global__ void softmax_xent_fwd(float* __restrict__ probs, const int* __restrict__ targets,
+                                            float* __restrict__ losses, int V) {
+    __shared__ float sh[32];
+    long off = (long)blockIdx.x * V;
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, probs[off + j]);
+    mx = block_reduce(mx, true, sh);
+    float s = 0.f;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float e = expf(probs[off + j] - mx);
+        probs[off + j] = e;
+        s += e;
+    }
+    s = block_reduce(s, false, sh);
+    float inv = 1.f / s;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) probs[off + j] *= inv;
+    __syncthreads();
+    if (threadIdx.x == 0) losses[blockIdx.x] = -logf(fmaxf(probs[off + targets[blockIdx.x]], 1.17549435e-38f));
+}
+
+// probs -> dlogits = (p - onehot) * scale, in place.
+extern "C" __global__ void softmax_xent_bwd(float* __restrict__ probs, const int* __restrict__ targets,
+                                            float scale, int V) {
+    long off = (long)blockIdx.x * V;
+    int t = targets[blockIdx.x];
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float p = probs[off + j];
+        probs[off + j] = (p - (j == t ? 1.f : 0.f)) * scale;
+    }
+}

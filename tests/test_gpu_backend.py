@@ -1,0 +1,223 @@
+"""The CuPy backend against the NumPy reference, on a GPU (run on the device:
+`python3 -m pytest tests/test_gpu_backend.py`). Without CuPy or a GPU every test is skipped and
+says so; CI never has a GPU."""
+
+import math
+
+import numpy as np
+import pytest
+
+try:
+    import cupy as cp
+
+    HAVE_GPU = cp.cuda.runtime.getDeviceCount() > 0
+except Exception:  # ImportError, or CUDA without a device
+    HAVE_GPU = False
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_GPU, reason="no CUDA GPU with CuPy here (GPU tests run on the device)")]
+
+if HAVE_GPU:
+    from andrea.engine import cupy_backend as gb
+from andrea.engine import Engine
+from andrea.engine import numpy_backend as nb
+from andrea.model import ModelConfig
+from andrea.optim import OptimConfig, train_step
+
+RNG = np.random.default_rng(7)
+B, T, H, D = 2, 100, 4, 32  # T not a multiple of the tiles, on purpose
+d, M, V = H * D, 4 * H * D, 301
+
+
+def r(*shape, scale=1.0):
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def g(x):
+    return cp.asarray(x)
+
+
+def h(x):
+    return cp.asnumpy(x)
+
+
+@pytest.fixture(autouse=True)
+def fp32():
+    gb.set_precision("fp32")
+    yield
+    gb.set_precision("fp32")
+
+
+def test_embedding_pair():
+    tok = RNG.integers(0, V, (B, T)).astype(np.int32)
+    tok[0, :20] = 5
+    wte, wpe, dout = r(V, d), r(T, d), r(B, T, d)
+    out_n, out_g = np.zeros((B, T, d), np.float32), cp.zeros((B, T, d), cp.float32)
+    nb.embed_fwd(tok.astype(np.int64), wte, wpe, out_n)
+    gb.embed_fwd(g(tok), g(wte), g(wpe), out_g)
+    assert rel(h(out_g), out_n) < 1e-6
+    dwte_n, dwpe_n = np.zeros_like(wte), np.zeros_like(wpe)
+    dwte_g, dwpe_g = cp.zeros_like(g(wte)), cp.zeros_like(g(wpe))
+    nb.embed_bwd(dout, tok.astype(np.int64), dwte_n, dwpe_n)
+    gb.embed_bwd(g(dout), g(tok), dwte_g, dwpe_g)
+    assert rel(h(dwte_g), dwte_n) < 1e-5 and rel(h(dwpe_g), dwpe_n) < 1e-5
+
+
+def test_layernorm_pair():
+    x, gam, bet, dout = r(B, T, d), r(d), r(d), r(B, T, d)
+    outs = {}
+    for name, be, conv in (("n", nb, lambda a: a), ("g", gb, g)):
+        out, mean, rstd = conv(np.zeros((B, T, d), np.float32)), conv(np.zeros((B, T), np.float32)), conv(np.zeros((B, T), np.float32))
+        be.layernorm_fwd(conv(x), conv(gam), conv(bet), out, mean, rstd)
+        dx, dg, db = conv(np.ones((B, T, d), np.float32)), conv(np.zeros(d, np.float32)), conv(np.zeros(d, np.float32))
+        be.layernorm_bwd(conv(dout), conv(x), mean, rstd, conv(gam), dx, dg, db)
+        outs[name] = [np.asarray(h(a) if name == "g" else a) for a in (out, mean, rstd, dx, dg, db)]
+    for a, b in zip(outs["g"], outs["n"]):
+        assert rel(a, b) < 1e-5
+
+
+@pytest.mark.parametrize("head_dim", [32, 64])
+def test_attention_pair_matches_reference_without_a_TxT_matrix(head_dim):
+    Hh = d // head_dim
+    qkv, dy = r(3, B, Hh, T, head_dim), r(B, T, d)
+    y_n, lse_n = np.zeros((B, T, d), np.float32), np.zeros((B, Hh, T), np.float32)
+    nb.attn_fwd(qkv, y_n, lse_n)
+    y_g, lse_g = cp.zeros((B, T, d), cp.float32), cp.zeros((B, Hh, T), cp.float32)
+    gb.attn_fwd(g(qkv), y_g, lse_g)
+    assert rel(h(y_g), y_n) < 1e-5 and rel(h(lse_g), lse_n) < 1e-5
+    dq_n = np.zeros_like(qkv)
+    nb.attn_bwd(dy, qkv, y_n, lse_n, dq_n)
+    dq_g = cp.zeros_like(g(qkv))
+    gb.attn_bwd(g(dy), g(qkv), y_g, lse_g, dq_g)
+    for i in range(3):
+        assert rel(h(dq_g[i]), dq_n[i]) < 1e-5, "qkv"[i]
+
+
+def test_matmul_pairs_and_classifier():
+    x, wq, wk, wv, wo = r(B, T, d), r(d, d, scale=0.1), r(d, d, scale=0.1), r(d, d, scale=0.1), r(d, d, scale=0.1)
+    w1, w2, wte = r(d, M, scale=0.1), r(M, d, scale=0.1), r(V, d, scale=0.1)
+    tgt = RNG.integers(0, V, (B, T))
+    res = {}
+    for name, be, conv, idx in (("n", nb, lambda a: a, np.int64), ("g", gb, g, np.int32)):
+        qkv = conv(np.zeros((3, B, H, T, D), np.float32))
+        be.attn_qkv_fwd(conv(x), conv(wq), conv(wk), conv(wv), qkv, H)
+        dx = conv(np.zeros((B, T, d), np.float32))
+        dws = [conv(np.zeros((d, d), np.float32)) for _ in range(3)]
+        be.attn_qkv_bwd(qkv, conv(x), conv(wq), conv(wk), conv(wv), dx, *dws)
+        out = conv(np.zeros((B, T, d), np.float32))
+        be.attn_out_fwd(conv(x), conv(wo), out)
+        hbuf, abuf, mo = conv(np.zeros((B, T, M), np.float32)), conv(np.zeros((B, T, M), np.float32)), conv(np.zeros((B, T, d), np.float32))
+        be.mlp_fwd(conv(x), conv(w1), conv(w2), hbuf, abuf, mo)
+        mdx, dw1, dw2 = conv(np.zeros((B, T, d), np.float32)), conv(np.zeros((d, M), np.float32)), conv(np.zeros((M, d), np.float32))
+        be.mlp_bwd(mo, conv(x), hbuf, abuf, conv(w1), conv(w2), mdx, dw1, dw2)
+        probs, losses = conv(np.zeros((B, T, V), np.float32)), conv(np.zeros((B, T), np.float32))
+        loss = be.loss_fwd(conv(x), conv(wte), conv(tgt.astype(idx)), probs, losses)
+        ldx, ldw = conv(np.zeros((B, T, d), np.float32)), conv(np.zeros((V, d), np.float32))
+        be.loss_bwd(conv(x), conv(wte), conv(tgt.astype(idx)), probs, ldx, ldw)
+        res[name] = [np.asarray(h(a) if name == "g" else a) for a in (qkv, dx, *dws, out, hbuf, abuf, mo, mdx, dw1, dw2, losses, ldx, ldw)] + [loss]
+    for i, (a, b) in enumerate(zip(res["g"][:-1], res["n"][:-1])):
+        assert rel(a, b) < 1e-5, i
+    assert math.isclose(res["g"][-1], res["n"][-1], rel_tol=1e-5)
+
+
+def test_optimizer_kernels():
+    n = 300_001
+    w, grad, m, v = r(n), r(n), r(n, scale=0.01), np.abs(r(n, scale=0.01))
+    decay = (RNG.random(n) > 0.3).astype(np.float32)
+    part_n, part_g = np.zeros(5, np.float64), cp.zeros(5, cp.float64)
+    nb.grad_norm_partial(grad, part_n)
+    gb.grad_norm_partial(g(grad), part_g)
+    assert math.isclose(gb.grad_norm_final(part_g), nb.grad_norm_final(part_n), rel_tol=1e-6)
+    wg, gg, mg, vg = g(w), g(grad), g(m), g(v)
+    gb.grad_scale(gg, 0.5)
+    nb.grad_scale(grad, 0.5)
+    nb.adamw(w, grad, m, v, decay, 1e-3, 0.9, 0.999, 1e-8, 0.1, 7)
+    gb.adamw(wg, gg, mg, vg, g(decay), 1e-3, 0.9, 0.999, 1e-8, 0.1, 7)
+    for a, b in ((wg, w), (mg, m), (vg, v)):
+        assert rel(h(a), b) < 1e-6
+
+
+CFG = ModelConfig(vocab_size=257 + 256, d_model=128, n_head=4, n_layer=2, context=128)
+
+
+def batch(seed, Bb=4, Tt=128):
+    x = np.random.default_rng(seed).integers(0, CFG.vocab_size, (Bb, Tt + 1))
+    return x[:, :-1], x[:, 1:]
+
+
+def test_whole_step_gradients_match_numpy_float64():
+    inputs, targets = batch(0)
+    ref = Engine(CFG, 4, 128, dtype="float64", seed=1)
+    gpu = Engine(CFG, 4, 128, backend="cupy", seed=1)
+    l_ref = ref.forward(inputs, targets)
+    ref.backward()
+    l_gpu = gpu.forward(inputs, targets)
+    gpu.backward()
+    assert math.isclose(l_gpu, l_ref, rel_tol=1e-5)
+    assert rel(gpu.host(gpu.g), ref.g) < 1e-4
+    for p in gpu.layout:
+        a, b = gpu.host(gpu.g)[p.offset : p.offset + p.size], ref.g[p.offset : p.offset + p.size]
+        assert rel(a, b) < 1e-3, p.name
+
+
+def test_whole_step_gradients_match_pytorch_autograd():
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    inputs, targets = batch(1)
+    gpu = Engine(CFG, 4, 128, backend="cupy", seed=2)
+    gpu.forward(inputs, targets)
+    gpu.backward()
+    W = {k: torch.tensor(v.copy(), dtype=torch.float64, requires_grad=True) for k, v in
+         ((p.name, gpu.host(gpu.w)[p.offset : p.offset + p.size].reshape(p.shape)) for p in gpu.layout)}
+    idx, tgt = torch.tensor(inputs), torch.tensor(targets)
+    Hh, Dd = CFG.n_head, CFG.head_dim
+    x = W["wte"][idx] + W["wpe"][: idx.shape[1]]
+    for l in range(CFG.n_layer):
+        p = lambda n: W[f"h{l}.{n}"]  # noqa: E731
+        hN = F.layer_norm(x, (CFG.d_model,), p("ln1.g"), p("ln1.b"), 1e-5)
+        q, k, v = ((hN @ p(n)).view(4, 128, Hh, Dd).transpose(1, 2) for n in ("wq", "wk", "wv"))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(4, 128, CFG.d_model)
+        x = x + y @ p("wo")
+        x = x + F.gelu(F.layer_norm(x, (CFG.d_model,), p("ln2.g"), p("ln2.b"), 1e-5) @ p("w1"), approximate="tanh") @ p("w2")
+    logits = F.layer_norm(x, (CFG.d_model,), W["lnf.g"], W["lnf.b"], 1e-5) @ W["wte"].T
+    F.cross_entropy(logits.reshape(-1, CFG.vocab_size), tgt.reshape(-1)).backward()
+    ours = gpu.host(gpu.g)
+    for p in gpu.layout:
+        assert rel(ours[p.offset : p.offset + p.size].reshape(p.shape), W[p.name].grad.numpy()) < 1e-3, p.name
+
+
+def test_bf16_step_is_close_and_deterministic():
+    inputs, targets = batch(3)
+    ref = Engine(CFG, 4, 128, seed=4)
+    ref.forward(inputs, targets)
+    ref.backward()
+    runs = []
+    for _ in range(2):
+        e = Engine(CFG, 4, 128, backend="cupy", seed=4, precision="bf16")
+        for step in range(3):
+            train_step(e, [batch(10 + step)], step, OptimConfig(lr=1e-3, warmup_steps=1))
+        runs.append(e.host(e.w).tobytes())
+    assert runs[0] == runs[1]  # same bytes twice
+    e = Engine(CFG, 4, 128, backend="cupy", seed=4, precision="bf16")
+    e.forward(inputs, targets)
+    e.backward()
+    assert rel(e.host(e.g), ref.g) < 1e-2
+
+
+def test_gpu_checkpoint_loads_in_the_numpy_backend(tmp_path):
+    from andrea.checkpoint import read_checkpoint, write_checkpoint
+
+    e = Engine(CFG, 4, 128, backend="cupy", seed=5)
+    for step in range(3):
+        train_step(e, [batch(20 + step)], step, OptimConfig(lr=1e-3, warmup_steps=1))
+    write_checkpoint(tmp_path / "c.bin", 3, e.host(e.w), e.host(e.m), e.host(e.v))
+    ck = read_checkpoint(tmp_path / "c.bin", e.n_params)
+    cpu = Engine(CFG, 4, 128, seed=0)
+    cpu.load_state(ck.weights, ck.m, ck.v, adam_t=3)
+    inputs, targets = batch(99)
+    assert math.isclose(cpu.forward(inputs, targets), e.forward(inputs, targets), rel_tol=1e-5)
