@@ -4,6 +4,8 @@
 // Layouts: q, k, v [B, H, T, D] (three slices of qkv [3, B, H, T, D]); y, dy [B, T, H*D];
 // lse, delta [B, H, T]. Compiled with -DHEAD_DIM=<D>. One thread owns one query (or key) row,
 // so results never depend on thread scheduling: deterministic, no atomics.
+#include "common.cuh"
+
 #ifndef HEAD_DIM
 #error "compile with -DHEAD_DIM=<head dim>"
 #endif

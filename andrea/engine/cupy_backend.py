@@ -24,12 +24,20 @@ xp = cp
 INDEX_DTYPE = np.int32
 KERNELS = Path(os.environ.get("ANDREA_KERNELS", Path(__file__).resolve().parents[2] / "kernels"))
 PRECISION = "fp32"
+try:  # CuPy 14 computes on bfloat16 arrays whose dtype comes from ml_dtypes
+    import ml_dtypes
+
+    BF16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - depends on the CuPy build
+    BF16 = getattr(cp, "bfloat16", None)
 
 
 def set_precision(precision: str) -> None:
     global PRECISION
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"precision {precision!r}: the CuPy backend supports fp32 and bf16")
+    if precision == "bf16" and BF16 is None:
+        raise RuntimeError("bf16 needs ml_dtypes (pip install ml_dtypes) with CuPy >= 14")
     PRECISION = precision
 
 
@@ -64,7 +72,7 @@ def _blocks(n: int, threads: int = 256) -> int:
 
 def _mm(a, b):
     if PRECISION == "bf16":
-        return cp.matmul(a.astype(cp.bfloat16), b.astype(cp.bfloat16)).astype(cp.float32)
+        return cp.matmul(a.astype(BF16), b.astype(BF16)).astype(cp.float32)
     return cp.matmul(a, b)
 
 
