@@ -5,6 +5,7 @@
 # continuous. Usage (from the repository root): bash bench/gpu_train_e2e.sh [workdir]
 set -euo pipefail
 W=${1:-$(mktemp -d)}
+mkdir -p "$W"
 A="python3 -m andrea.cli"
 python3 - "$W" <<'PY'
 import sys, yaml
