@@ -434,7 +434,8 @@ class Trainer:
         final = self.run_dir / "final.bin"
         e = self.engine
         write_checkpoint(final, self.step, e.host(e.w), e.host(e.m), e.host(e.v))
-        self.save_checkpoint("end of run")
+        if self.step % s["checkpoint_every"]:  # else the periodic checkpoint of this step is already there
+            self.save_checkpoint("end of run")
         if not (self.run_dir / "best.bin").exists():
             self._copy_atomic(final, self.run_dir / "best.bin")
         return {"finished": True, "step": self.step, "ema": self.ema, "smma": self.smma}
