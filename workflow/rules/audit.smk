@@ -13,6 +13,10 @@ rule audit:
         f"{RESULTS}/benchmarks/audit/{{model}}.tsv"
     conda:
         "../envs/andrea.yaml"
+    resources:
+        slurm_partition=train_partition,
+        runtime=120,
+        mem_mb=8000,
     params:
         audit=config["audit"],
         heldout_every=config["curriculum"]["heldout_every"],

@@ -1,3 +1,5 @@
+import os
+
 from andrea.config import HERMES3_PARTS
 from andrea.hermes3 import embedded_path
 from andrea.versions import stage_dir, stage_versions
@@ -50,3 +52,13 @@ def train_resources(wildcards):
     from andrea.trainer import train_settings
 
     return 1 if train_settings(config, wildcards.model)["backend"] != "numpy" else 0
+
+
+def partition(kind):
+    """SLURM partition for CPU or GPU jobs: the environment, else config (ignored locally)."""
+    env = "ANDREA_SLURM_GPU_PARTITION" if kind == "gpu" else "ANDREA_SLURM_PARTITION"
+    return os.environ.get(env) or config["cluster"][f"{kind}_partition"]
+
+
+def train_partition(wildcards):
+    return partition("gpu" if train_resources(wildcards) else "cpu")

@@ -10,6 +10,10 @@ rule pull_hermes3:
         benchmark_path("pull_hermes3")
     conda:
         "../envs/andrea.yaml"
+    resources:
+        slurm_partition=partition("cpu"),
+        runtime=120,
+        mem_mb=4000,
     params:
         hermes3=config["hermes3"],
         strict=config["strict"],
@@ -31,6 +35,10 @@ rule prep_megachat:
         benchmark_path("prep_megachat")
     conda:
         "../envs/andrea.yaml"
+    resources:
+        slurm_partition=partition("cpu"),
+        runtime=120,
+        mem_mb=8000,
     params:
         version=VERSIONS["prep_megachat"],
     script:
@@ -51,6 +59,11 @@ rule filter_shape:
         benchmark_path("filter_shape")
     conda:
         "../envs/andrea.yaml"
+    threads: config["cluster"]["job_threads"]
+    resources:
+        slurm_partition=partition("cpu"),
+        runtime=120,
+        mem_mb=8000,
     params:
         filter_shape=config["filter_shape"],
         version=VERSIONS["filter_shape"],

@@ -13,6 +13,10 @@ rule train_tokenizer:
         n=r"\d+",
     conda:
         "../envs/andrea.yaml"
+    resources:
+        slurm_partition=partition("cpu"),
+        runtime=120,
+        mem_mb=16000,
     params:
         version=VERSIONS["train_tokenizer"],
     script:
@@ -51,7 +55,11 @@ rule encode:
         n=r"\d+",
     conda:
         "../envs/andrea.yaml"
-    threads: workflow.cores
+    threads: config["cluster"]["job_threads"]
+    resources:
+        slurm_partition=partition("cpu"),
+        runtime=240,
+        mem_mb=8000,
     params:
         sources=SOURCES,
         megachat=config["megachat"],
@@ -72,5 +80,9 @@ rule shards:
         f"{RESULTS}/benchmarks/shards/{{model}}.tsv"
     conda:
         "../envs/andrea.yaml"
+    resources:
+        slurm_partition=partition("cpu"),
+        runtime=10,
+        mem_mb=1000,
     script:
         "../scripts/shards.py"

@@ -11,9 +11,12 @@ rule train:
         f"{RESULTS}/benchmarks/train/{{model}}.tsv"
     conda:
         "../envs/andrea.yaml"
-    threads: workflow.cores
+    threads: config["cluster"]["job_threads"]
     resources:
         gpu=train_resources,
+        slurm_partition=train_partition,
+        runtime=4320,
+        mem_mb=config["cluster"]["train_mem_mb"],
     params:
         runs=lambda wildcards: f"{RESULTS}/{wildcards.model}/runs",
         force=config.get("force_train", False),
