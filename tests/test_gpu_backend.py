@@ -47,9 +47,22 @@ def h(x):
 
 @pytest.fixture(autouse=True)
 def fp32():
-    gb.set_precision("fp32")
+    gb.set_precision("fp32")  # also forgets cached bf16 weights (buffers are reused between tests)
     yield
     gb.set_precision("fp32")
+
+
+def test_gemm_all_transposes_and_accumulation():
+    a, b = r(37, 53), r(53, 29)
+    for ta in (False, True):
+        for tb in (False, True):
+            A = g(np.ascontiguousarray(a.T)) if ta else g(a)
+            Bm = g(np.ascontiguousarray(b.T)) if tb else g(b)
+            c = cp.full((37, 29), 2.0, dtype=cp.float32)
+            gb.gemm(A, Bm, c, ta=ta, tb=tb, accumulate=True)
+            assert rel(h(c), a @ b + 2.0) < 1e-6, (ta, tb)
+            gb.gemm(A, Bm, c, ta=ta, tb=tb)
+            assert rel(h(c), a @ b) < 1e-6, (ta, tb)
 
 
 def test_embedding_pair():

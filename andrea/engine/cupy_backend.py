@@ -38,6 +38,7 @@ def set_precision(precision: str) -> None:
         raise ValueError(f"precision {precision!r}: the CuPy backend supports fp32 and bf16")
     if precision == "bf16" and BF16 is None:
         raise RuntimeError("bf16 needs ml_dtypes (pip install ml_dtypes) with CuPy >= 14")
+    _weights_bf16.clear()
     PRECISION = precision
 
 
@@ -70,10 +71,56 @@ def _blocks(n: int, threads: int = 256) -> int:
     return (n + threads - 1) // threads
 
 
+_CUDA_R_32F, _CUDA_R_16BF, _COMPUTE_32F, _GEMM_DEFAULT = 0, 14, 68, -1
+_ONE = np.ones(1, dtype=np.float32)
+_ZERO = np.zeros(1, dtype=np.float32)
+_weights_bf16: dict = {}  # bf16 copies of weights, made once per optimizer step
+
+
+def invalidate_weight_cache() -> None:
+    """Forget the bf16 weight copies (after the weights change outside AdamW, e.g. a load)."""
+    _weights_bf16.clear()
+
+
+def _operand(x, weight: bool = False):
+    """A matrix-product operand in the compute precision (contiguous). In bf16 mode weights are
+    cast once per optimizer step, activations at each use."""
+    if PRECISION != "bf16":
+        return cp.ascontiguousarray(x)
+    if weight:
+        key = (x.data.ptr, x.shape)
+        cached = _weights_bf16.get(key)
+        if cached is None:
+            cached = _weights_bf16[key] = cp.ascontiguousarray(x).astype(BF16)
+        return cached
+    return cp.ascontiguousarray(x).astype(BF16)
+
+
+def gemm(a, b, c, ta: bool = False, tb: bool = False, accumulate: bool = False) -> None:
+    """c (fp32, row-major [m, n]) = op(a) · op(b), or += with `accumulate`, through cublasGemmEx:
+    operands in fp32 or bf16, fp32 output and accumulation, so no output casts and no separate
+    pass for gradient accumulation. Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ."""
+    m, n = c.shape
+    k = a.shape[0] if ta else a.shape[1]
+    dtype = _CUDA_R_16BF if a.dtype == BF16 else _CUDA_R_32F
+    cp.cuda.cublas.gemmEx(
+        cp.cuda.device.get_cublas_handle(),
+        cp.cuda.cublas.CUBLAS_OP_T if tb else cp.cuda.cublas.CUBLAS_OP_N,
+        cp.cuda.cublas.CUBLAS_OP_T if ta else cp.cuda.cublas.CUBLAS_OP_N,
+        n, m, k,
+        (_ONE).ctypes.data,
+        b.data.ptr, dtype, b.shape[1],
+        a.data.ptr, dtype, a.shape[1],
+        (_ONE if accumulate else _ZERO).ctypes.data,
+        c.data.ptr, _CUDA_R_32F, n,
+        _COMPUTE_32F, _GEMM_DEFAULT,
+    )
+
+
 def _mm(a, b):
-    if PRECISION == "bf16":
-        return cp.matmul(a.astype(BF16), b.astype(BF16)).astype(cp.float32)
-    return cp.matmul(a, b)
+    out = cp.empty((a.shape[0], b.shape[1]), dtype=cp.float32)
+    gemm(_operand(a), _operand(b, weight=True), out)
+    return out
 
 
 # ----------------------------------------------------------------------------- embedding
@@ -141,14 +188,12 @@ def attn_qkv_fwd(x, wq, wk, wv, qkv, n_head):
 
 def attn_qkv_bwd(dqkv, x, wq, wk, wv, dx, dwq, dwk, dwv):
     B, T, d = x.shape
-    x2 = x.reshape(-1, d)
-    acc = None
+    x2 = _operand(x.reshape(-1, d))
+    dx2 = dx.reshape(-1, d)
     for i, (w, dw) in enumerate(((wq, dwq), (wk, dwk), (wv, dwv))):
-        g = dqkv[i].transpose(0, 2, 1, 3).reshape(-1, d)
-        part = _mm(g, w.T)
-        acc = part if acc is None else acc + part
-        dw += _mm(x2.T, g)
-    dx.reshape(-1, d)[...] = acc
+        g = _operand(dqkv[i].transpose(0, 2, 1, 3).reshape(-1, d))
+        gemm(g, _operand(w, weight=True), dx2, tb=True, accumulate=i > 0)
+        gemm(x2, g, dw, ta=True, accumulate=True)
 
 
 def attn_fwd(qkv, y, lse):
@@ -171,14 +216,14 @@ def attn_bwd(dy, qkv, y, lse, dqkv):
 
 def attn_out_fwd(y, wo, out):
     d = y.shape[-1]
-    out.reshape(-1, out.shape[-1])[...] = _mm(y.reshape(-1, d), wo)
+    gemm(_operand(y.reshape(-1, d)), _operand(wo, weight=True), out.reshape(-1, out.shape[-1]))
 
 
 def attn_out_bwd(dout, y, wo, dy, dwo):
     d = y.shape[-1]
-    g = dout.reshape(-1, dout.shape[-1])
-    dy.reshape(-1, d)[...] = _mm(g, wo.T)
-    dwo += _mm(y.reshape(-1, d).T, g)
+    g = _operand(dout.reshape(-1, dout.shape[-1]))
+    gemm(g, _operand(wo, weight=True), dy.reshape(-1, d), tb=True)
+    gemm(_operand(y.reshape(-1, d)), g, dwo, ta=True, accumulate=True)
 
 
 # ----------------------------------------------------------------------------- MLP
@@ -190,20 +235,23 @@ def gelu(h, out):
 
 def mlp_fwd(x, w1, w2, h, a, out):
     d = x.shape[-1]
-    h.reshape(-1, h.shape[-1])[...] = _mm(x.reshape(-1, d), w1)
+    M = h.shape[-1]
+    gemm(_operand(x.reshape(-1, d)), _operand(w1, weight=True), h.reshape(-1, M))
     gelu(h, a)
-    out.reshape(-1, d)[...] = _mm(a.reshape(-1, a.shape[-1]), w2)
+    gemm(_operand(a.reshape(-1, M)), _operand(w2, weight=True), out.reshape(-1, d))
 
 
 def mlp_bwd(dout, x, h, a, w1, w2, dx, dw1, dw2):
     d = x.shape[-1]
     M = h.shape[-1]
-    g = dout.reshape(-1, d)
-    dw2 += _mm(a.reshape(-1, M).T, g)
-    da = cp.ascontiguousarray(_mm(g, w2.T))
+    g = _operand(dout.reshape(-1, d))
+    gemm(_operand(a.reshape(-1, M)), g, dw2, ta=True, accumulate=True)
+    da = _scratch("mlp_da", (g.shape[0], M), cp.float32)
+    gemm(g, _operand(w2, weight=True), da, tb=True)
     _k("elementwise", "gelu_bwd")((_blocks(da.size),), (256,), (h, da, np.int64(da.size)))
-    dw1 += _mm(x.reshape(-1, d).T, da)
-    dx.reshape(-1, d)[...] = _mm(da, w1.T)
+    dap = _operand(da)
+    gemm(_operand(x.reshape(-1, d)), dap, dw1, ta=True, accumulate=True)
+    gemm(dap, _operand(w1, weight=True), dx.reshape(-1, d), tb=True)
 
 
 # ----------------------------------------------------------------------------- residual
@@ -224,7 +272,7 @@ def loss_fwd(x, w, targets, probs, losses):
     d = x.shape[-1]
     V = w.shape[0]
     N = x.size // d
-    probs.reshape(-1, V)[...] = _mm(x.reshape(-1, d), w.T)
+    gemm(_operand(x.reshape(-1, d)), _operand(w, weight=True), probs.reshape(-1, V), tb=True)
     _k("classifier", "softmax_xent_fwd")((N,), (256,), (probs, targets, losses, np.int32(V)))
     return float(losses.mean())
 
@@ -234,9 +282,9 @@ def loss_bwd(x, w, targets, probs, dx, dw, dloss=1.0):
     V = w.shape[0]
     N = x.size // d
     _k("classifier", "softmax_xent_bwd")((N,), (256,), (probs, targets, np.float32(dloss / N), np.int32(V)))
-    dl = probs.reshape(-1, V)
-    dx.reshape(-1, d)[...] = _mm(dl, w)
-    dw += _mm(dl.T, x.reshape(-1, d))
+    dl = _operand(probs.reshape(-1, V))
+    gemm(dl, _operand(w, weight=True), dx.reshape(-1, d))
+    gemm(dl, _operand(x.reshape(-1, d)), dw, ta=True, accumulate=True)
 
 
 # ----------------------------------------------------------------------------- optimizer
@@ -257,6 +305,7 @@ def grad_scale(grads, scale):
 
 
 def adamw(w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step):
+    invalidate_weight_cache()  # the weights change: their bf16 copies are stale
     bc1 = 1 - beta1**step
     bc2 = 1 - beta2**step
     f = np.float32

@@ -199,4 +199,6 @@ class Engine:
                 if src.shape != dst.shape:
                     raise ValueError(f"state has {src.shape[0]} parameters, this model {dst.shape[0]}")
                 dst[...] = self.xp.asarray(src)
+        if hasattr(self.be, "invalidate_weight_cache"):
+            self.be.invalidate_weight_cache()
         self.adam_t = adam_t
