@@ -15,6 +15,16 @@
 #define BKEYS 64  // keys per block (= threads) in the dK and dV kernels
 #define BQT 32  // queries per shared-memory tile in the dK and dV kernels
 
+// Shared loader of a key/value tile for the query-side kernels (forward and dQ).
+__device__ void load_key_tile(const float* k, const float* v, float (*Ks)[D], float (*Vs)[D], long base,
+                              int T, int j0) {
+    for (int e = threadIdx.x; e < BK * D; e += BQ) {
+        int jj = e / D, d = e % D, j = j0 + jj;
+        Ks[jj][d] = j < T ? k[base + (long)j * D + d] : 0.f;
+        Vs[jj][d] = j < T ? v[base + (long)j * D + d] : 0.f;
+    }
+}
+
 extern "C" __global__ void attn_fwd(const float* __restrict__ q, const float* __restrict__ k,
                                     const float* __restrict__ v, float* __restrict__ y,
                                     float* __restrict__ lse, int H, int T, float scale) {
@@ -30,11 +40,7 @@ extern "C" __global__ void attn_fwd(const float* __restrict__ q, const float* __
     float m = -INFINITY, l = 0.f;
     int kmax = min(T, (blockIdx.x + 1) * BQ);
     for (int j0 = 0; j0 < kmax; j0 += BK) {
-        for (int e = threadIdx.x; e < BK * D; e += BQ) {
-            int jj = e / D, d = e % D, j = j0 + jj;
-            Ks[jj][d] = j < T ? k[base + (long)j * D + d] : 0.f;
-            Vs[jj][d] = j < T ? v[base + (long)j * D + d] : 0.f;
-        }
+        load_key_tile(k, v, Ks, Vs, base, T, j0);
         __syncthreads();
         if (active && j0 <= i) {
             float sc[BK];
@@ -110,11 +116,7 @@ extern "C" __global__ void attn_bwd_dq(const float* __restrict__ q, const float*
     float li = active ? lse[(long)bh * T + i] : 0.f, di = active ? delta[(long)bh * T + i] : 0.f;
     int kmax = min(T, (blockIdx.x + 1) * BQ);
     for (int j0 = 0; j0 < kmax; j0 += BK) {
-        for (int e = threadIdx.x; e < BK * D; e += BQ) {
-            int jj = e / D, d = e % D, j = j0 + jj;
-            Ks[jj][d] = j < T ? k[base + (long)j * D + d] : 0.f;
-            Vs[jj][d] = j < T ? v[base + (long)j * D + d] : 0.f;
-        }
+        load_key_tile(k, v, Ks, Vs, base, T, j0);
         __syncthreads();
         if (active) {
             for (int jj = 0; jj < BK && j0 + jj <= i; jj++) {

@@ -61,3 +61,14 @@ def embedded_megachat(tmp_path_factory):
     prep_megachat(cfg, tmp / "prep", "v", pull_dir=tmp / "pull")
     filter_shape(tmp / "prep" / "megachat.parquet", tmp / "filter", cfg["filter_shape"], "v")
     return cfg, tmp / "filter" / "megachat.parquet"
+
+
+def wait_for_checkpoint(runs: Path, proc, timeout: float = 240) -> None:
+    """Poll until a training run under `runs` has written a checkpoint, failing if `proc` ends."""
+    import time
+
+    t0 = time.time()
+    while not list(runs.glob("*/checkpoints/step_*.bin")):
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        assert time.time() - t0 < timeout, "no checkpoint appeared"
+        time.sleep(0.2)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, wait_for_checkpoint
 from test_workflow import QUICK_TRAIN, set_config
 
 pytestmark = pytest.mark.slow
@@ -64,11 +64,7 @@ def test_scancelled_training_resumes_when_the_workflow_runs_again(workflow_dir):
     start = time.strftime("%Y-%m-%dT%H:%M:%S")
     proc = snakemake_slurm(workflow_dir, "results/ANDREA-tiny/ckpt", wait=False)
     runs = workflow_dir / "results" / "ANDREA-tiny" / "runs"
-    t0 = time.time()
-    while not list(runs.glob("*/checkpoints/step_*.bin")):
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
-        assert time.time() - t0 < 600, "no checkpoint appeared"
-        time.sleep(0.5)
+    wait_for_checkpoint(runs, proc, timeout=600)
     queue = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i %k"], capture_output=True, text=True).stdout
     train = [line.split()[0] for line in queue.splitlines() if "rule_train_" in line]
     assert train, queue

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, snakemake
+from conftest import REPO, snakemake, wait_for_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -131,11 +131,7 @@ def test_killed_training_resumes_through_snakemake(workflow_dir):
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workflow_dir), "--cores", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     runs = workflow_dir / "results" / "ANDREA-tiny" / "runs"
-    t0 = time.time()
-    while not list(runs.glob("*/checkpoints/step_*.bin")):
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
-        assert time.time() - t0 < 240, "no checkpoint appeared"
-        time.sleep(0.2)
+    wait_for_checkpoint(runs, proc)
     time.sleep(1.0)
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C on the terminal: Snakemake and its job get SIGINT
     out, _ = proc.communicate(timeout=120)
