@@ -32,10 +32,11 @@ start() {
   chown munge:munge /run/munge 2>/dev/null || true
   chown mysql:mysql /run/mysqld 2>/dev/null || true
   [ -s /etc/munge/munge.key ] || { mungekey --create --force 2>/dev/null || dd if=/dev/urandom bs=1 count=1024 of=/etc/munge/munge.key 2>/dev/null; chown munge:munge /etc/munge/munge.key; chmod 400 /etc/munge/munge.key; }
-  pgrep -x munged >/dev/null || runuser -u munge -- /usr/sbin/munged
+  # check daemons by asking them, not with pgrep: a killed daemon can linger as a zombie
+  munge -n >/dev/null 2>&1 || runuser -u munge -- /usr/sbin/munged --force  # --force: reuse a stale socket
   wait_for 20 munge -n
 
-  pgrep -x mariadbd >/dev/null || (mysqld_safe --user=mysql >/dev/null 2>&1 &)
+  mysqladmin ping >/dev/null 2>&1 || (mysqld_safe --user=mysql >/dev/null 2>&1 &)
   wait_for 60 mysqladmin ping
   mysql -e "CREATE DATABASE IF NOT EXISTS slurm_acct_db; CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'slurm'; GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;"
 
@@ -85,11 +86,12 @@ LogFile=$LOG/slurmdbd.log
 PidFile=/run/slurm/slurmdbd.pid
 CONF
   chmod 600 $ETC/slurmdbd.conf
-  pgrep -x slurmdbd >/dev/null || slurmdbd
+  sacctmgr -n list cluster >/dev/null 2>&1 || slurmdbd
   wait_for 60 sacctmgr -n list cluster
   sacctmgr -i -Q add cluster $CLUSTER >/dev/null 2>&1 || true
-  pgrep -x slurmctld >/dev/null || slurmctld
-  pgrep -x slurmd >/dev/null || slurmd
+  scontrol ping 2>/dev/null | grep -q UP || slurmctld
+  wait_for 30 bash -c "scontrol ping | grep -q UP"
+  pgrep -x -r R,S,D slurmd >/dev/null 2>&1 || slurmd
   wait_for 60 bash -c "sinfo -h -o %T | grep -qE 'idle|mixed|alloc'"
   scontrol update nodename=$HOST state=resume >/dev/null 2>&1 || true
   sinfo
