@@ -93,8 +93,11 @@ def test_layernorm_pair():
         assert rel(a, b) < 1e-5
 
 
+@pytest.mark.parametrize("impl", ["strip", "flash"])
 @pytest.mark.parametrize("head_dim", [32, 64])
-def test_attention_pair_matches_reference_without_a_TxT_matrix(head_dim):
+def test_attention_pair_matches_reference_without_a_TxT_matrix(head_dim, impl, monkeypatch):
+    monkeypatch.setattr(gb, "ATTENTION", impl)
+    monkeypatch.setattr(gb, "STRIP", 32)  # several strips, the last one partial (T = 100)
     Hh = d // head_dim
     qkv, dy = r(3, B, Hh, T, head_dim), r(B, T, d)
     y_n, lse_n = np.zeros((B, T, d), np.float32), np.zeros((B, Hh, T), np.float32)

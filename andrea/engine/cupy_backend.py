@@ -6,8 +6,10 @@ Precision: weights, gradients, Adam state and activations are float32; in "bf16"
 operands of every matrix product are cast to bfloat16 (fp32 accumulation in cuBLAS), the rest
 stays fp32. Every reduction runs in a fixed order (no atomics), so results are deterministic.
 
-Not yet here (see BENCHMARKS.md): tensor-core attention (the attention kernels use CUDA cores),
-CUDA-graph capture of the step, fp16 with loss scaling.
+Attention: "strip" (scores of 128-query strips as tensor-core GEMMs, softmax in row kernels) or
+"flash" (tiled online-softmax kernels on CUDA cores); neither stores the T × T matrix.
+Not yet here (see BENCHMARKS.md): a fused tensor-core flash kernel, CUDA-graph capture of the
+step, fp16 with loss scaling.
 """
 
 from __future__ import annotations
@@ -196,13 +198,21 @@ def attn_qkv_bwd(dqkv, x, wq, wk, wv, dx, dwq, dwk, dwv):
         gemm(x2, g, dw, ta=True, accumulate=True)
 
 
+def _use_strip(head_dim: int) -> bool:
+    return ATTENTION == "strip" or (ATTENTION == "auto" and head_dim >= 64)
+
+
 def attn_fwd(qkv, y, lse):
+    if _use_strip(qkv.shape[-1]):
+        return _strip_fwd(qkv, y, lse)
     _, B, H, T, D = qkv.shape
     q, k, v = qkv[0], qkv[1], qkv[2]
     _k("attention", "attn_fwd", D)(((T + 63) // 64, B * H), (64,), (q, k, v, y, lse, np.int32(H), np.int32(T), np.float32(1.0 / math.sqrt(D))))
 
 
 def attn_bwd(dy, qkv, y, lse, dqkv):
+    if _use_strip(qkv.shape[-1]):
+        return _strip_bwd(dy, qkv, y, lse, dqkv)
     _, B, H, T, D = qkv.shape
     q, k, v = qkv[0], qkv[1], qkv[2]
     scale = np.float32(1.0 / math.sqrt(D))
@@ -212,6 +222,80 @@ def attn_bwd(dy, qkv, y, lse, dqkv):
     _k("attention", "attn_bwd_dq", D)(grid, (64,), (q, k, v, dy, lse, delta, dqkv[0], np.int32(H), np.int32(T), scale))
     _k("attention", "attn_bwd_dk", D)(grid, (64,), (q, k, v, dy, lse, delta, dqkv[1], np.int32(H), np.int32(T), scale))
     _k("attention", "attn_bwd_dv", D)(grid, (64,), (q, k, dy, lse, delta, dqkv[2], np.int32(H), np.int32(T), scale))
+
+
+# Strip attention: the scores of a strip of STRIP queries against the keys before it are tensor-core
+# GEMMs (cublasGemmStridedBatchedEx over the B·H heads); the causal softmax and its gradient are
+# row kernels (kernels/attention_strip.cu). At most one STRIP × T slab of scores per head exists at
+# a time, never the T × T matrix; strips run in order, so sums are deterministic.
+# "strip" (tensor cores), "flash" (CUDA cores) or "auto": strip for head_dim >= 64, where it measured
+# faster (ANDREA-120M: 113K vs 82K tokens/s at B=8), flash below (ANDREA-12M, head_dim 32: 326K vs 290K)
+ATTENTION = os.environ.get("ANDREA_ATTENTION", "auto")
+STRIP = 128
+
+
+def bgemm(a, b, c, m, n, k, lda, ldb, ldc, sa, sb, sc, batch, ta=False, tb=False, accumulate=False):
+    """Row-major batched C[i] (m×n, ldc) = op(A[i]) · op(B[i]) (+= with accumulate), fp32 output."""
+    dtype = _CUDA_R_16BF if a.dtype == BF16 else _CUDA_R_32F
+    cp.cuda.cublas.gemmStridedBatchedEx(
+        cp.cuda.device.get_cublas_handle(),
+        cp.cuda.cublas.CUBLAS_OP_T if tb else cp.cuda.cublas.CUBLAS_OP_N,
+        cp.cuda.cublas.CUBLAS_OP_T if ta else cp.cuda.cublas.CUBLAS_OP_N,
+        n, m, k, _ONE.ctypes.data,
+        b.data.ptr, dtype, ldb, sb,
+        a.data.ptr, dtype, lda, sa,
+        (_ONE if accumulate else _ZERO).ctypes.data,
+        c.data.ptr, _CUDA_R_32F, ldc, sc,
+        batch, _COMPUTE_32F, _GEMM_DEFAULT,
+    )
+
+
+def _heads(x, B, T, H, D):
+    """[B, T, H·D] -> contiguous [B·H, T, D]."""
+    return cp.ascontiguousarray(x.reshape(B, T, H, D).transpose(0, 2, 1, 3)).reshape(B * H, T, D)
+
+
+def _strip_fwd(qkv, y, lse):
+    _, B, H, T, D = qkv.shape
+    BH, sq = B * H, min(STRIP, T)
+    q, k, v = (_operand(qkv[i].reshape(BH, T, D)) for i in range(3))
+    S = _scratch("strip_S", (BH, sq, T), cp.float32)
+    O = _scratch("strip_O", (BH, T, D), cp.float32)
+    scale = np.float32(1.0 / math.sqrt(D))
+    for i0 in range(0, T, sq):
+        rows, keys = min(sq, T - i0), min(T, i0 + sq)
+        bgemm(q[:, i0:], k, S, rows, keys, D, D, D, T, T * D, T * D, sq * T, BH, tb=True)
+        _k("attention_strip", "strip_softmax_fwd")((rows, BH), (128,), (S, lse, np.int32(sq), np.int32(T), np.int32(T), np.int32(i0), scale))
+        P = _operand(S)
+        bgemm(P, v, O[:, i0:], rows, D, keys, T, D, D, sq * T, T * D, T * D, BH)
+    y[...] = O.reshape(B, H, T, D).transpose(0, 2, 1, 3).reshape(B, T, H * D)
+
+
+def _strip_bwd(dy, qkv, y, lse, dqkv):
+    _, B, H, T, D = qkv.shape
+    BH, sq = B * H, min(STRIP, T)
+    q, k, v = (_operand(qkv[i].reshape(BH, T, D)) for i in range(3))
+    scale = np.float32(1.0 / math.sqrt(D))
+    delta = _scratch("attn_delta", (B, H, T), cp.float32)
+    _k("attention", "attn_delta", D)((_blocks(B * H * T),), (256,), (dy, y, delta, np.int32(B), np.int32(H), np.int32(T)))
+    do = _operand(_heads(dy, B, T, H, D))
+    S = _scratch("strip_S", (BH, sq, T), cp.float32)
+    dP = _scratch("strip_dP", (BH, sq, T), cp.float32)
+    dq, dk, dv = (dqkv[i].reshape(BH, T, D) for i in range(3))
+    dk[...] = 0
+    dv[...] = 0
+    for i0 in range(0, T, sq):
+        rows, keys = min(sq, T - i0), min(T, i0 + sq)
+        grid = (rows, BH)
+        bgemm(q[:, i0:], k, S, rows, keys, D, D, D, T, T * D, T * D, sq * T, BH, tb=True)
+        _k("attention_strip", "strip_probs")(grid, (128,), (S, lse, np.int32(sq), np.int32(T), np.int32(T), np.int32(i0), scale))
+        P = _operand(S)
+        bgemm(P, do[:, i0:], dv, keys, D, rows, T, D, D, sq * T, T * D, T * D, BH, ta=True, accumulate=True)
+        bgemm(do[:, i0:], v, dP, rows, keys, D, D, D, T, T * D, T * D, sq * T, BH, tb=True)
+        _k("attention_strip", "strip_dsoftmax")(grid, (128,), (dP, S, delta, np.int32(sq), np.int32(T), np.int32(T), np.int32(i0), scale))
+        dS = _operand(dP)
+        bgemm(dS, k, dq[:, i0:], rows, D, keys, T, D, D, sq * T, T * D, T * D, BH)
+        bgemm(dS, q[:, i0:], dk, keys, D, rows, T, D, D, sq * T, T * D, T * D, BH, ta=True, accumulate=True)
 
 
 def attn_out_fwd(y, wo, out):
