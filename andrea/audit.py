@@ -22,18 +22,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from andrea.io import read_jsonl
 from andrea.judges import ExternalJudge, builtin_scores, perplexity
 from andrea.sampling import chat_prompt, generate, load_model
 from andrea.shards import Shard
 from andrea.tokenizer import BOS
 
 log = logging.getLogger("andrea.audit")
-
-
-def _jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
 
 
 def plots(run_dir: Path | None, df: pd.DataFrame, out: Path) -> dict[str, Path]:
@@ -44,7 +39,7 @@ def plots(run_dir: Path | None, df: pd.DataFrame, out: Path) -> dict[str, Path]:
 
     out.mkdir(parents=True, exist_ok=True)
     made = {}
-    loss = _jsonl(run_dir / "loss.jsonl") if run_dir else []
+    loss = read_jsonl(run_dir / "loss.jsonl") if run_dir else []
     if loss:
         fig, ax = plt.subplots(figsize=(7, 3.2))
         steps = [r["step"] for r in loss]
@@ -56,7 +51,7 @@ def plots(run_dir: Path | None, df: pd.DataFrame, out: Path) -> dict[str, Path]:
         fig.savefig(out / "loss.png", dpi=110)
         plt.close(fig)
         made["Training loss"] = out / "loss.png"
-    samples = _jsonl(run_dir / "samples.jsonl") if run_dir else []
+    samples = read_jsonl(run_dir / "samples.jsonl") if run_dir else []
     if samples:
         fig, ax = plt.subplots(figsize=(7, 3.0))
         ax.plot([s["step"] for s in samples], [s["coherence"] for s in samples], "o-", color="#2ca02c")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from importlib import resources
 from pathlib import Path
 from typing import Iterator
 
@@ -15,7 +14,7 @@ import pyarrow as pa
 
 from andrea.config import HERMES3_PARTS
 from andrea.io import AtomicParquetWriter, Manifest, progress
-from andrea.records import RawRow, Tally, iter_rows
+from andrea.records import RawRow, Tally, embedded_location, iter_rows
 
 log = logging.getLogger("andrea.hermes3")
 
@@ -35,10 +34,6 @@ PULL_SCHEMA = pa.schema(
 
 class HubUnreachable(RuntimeError):
     """The Hugging Face hub could not be reached (or would not answer) in time."""
-
-
-def embedded_path(name: str) -> Path:
-    return Path(str(resources.files("andrea") / "corpus" / name))
 
 
 def validate_sharegpt(row) -> tuple[list[dict] | None, str | None, str]:
@@ -131,7 +126,7 @@ def source_rows(hcfg: dict) -> tuple[Iterator[RawRow], Path | None]:
     loc = hcfg["location"]
     if loc == "hub":
         return iter_hub_rows(hcfg["hub_id"], hcfg["hub_split"], hcfg["hub_revision"], hcfg["hub_timeout_s"]), None
-    path = embedded_path("hermes3.jsonl") if loc == "embedded" else Path(loc)
+    path = embedded_location("hermes3") if loc == "embedded" else Path(loc)
     return iter_rows(path), path
 
 

@@ -105,6 +105,23 @@ class AtomicParquetWriter:
         return False
 
 
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Records of a JSON-lines file that another process may be appending to: stops at a torn
+    last line instead of failing. A missing file reads as empty."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:

@@ -7,6 +7,7 @@ import json
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -54,6 +55,16 @@ class RawRow:
     key: str  # stable id used when the row has none of its own
     value: Any = None
     broken: str | None = None  # reason when the row could not even be parsed
+
+
+def embedded_location(source: str) -> Path:
+    """The embedded corpus entry for a source: `andrea/corpus/<source>` as a directory or a file."""
+    root = Path(str(resources.files("andrea") / "corpus"))
+    if (root / source).is_dir():
+        return root / source
+    for p in sorted(root.glob(f"{source}.*")):
+        return p
+    raise FileNotFoundError(f"the embedded corpus has no entry for source {source!r} (looked in {root})")
 
 
 def record_files(location: Path) -> list[Path]:

@@ -13,14 +13,13 @@ import re
 import subprocess
 import sysconfig
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Callable, Iterator
 
 import pyarrow.parquet as pq
 
 from andrea.hermes3 import validate_sharegpt
-from andrea.records import iter_rows
+from andrea.records import embedded_location, iter_rows
 
 log = logging.getLogger("andrea.sources")
 
@@ -58,16 +57,6 @@ def adapter(name: str):
         return fn
 
     return register
-
-
-def embedded_location(source: str) -> Path:
-    """The embedded corpus entry for a source: `corpus/<source>` as a directory or a file."""
-    root = Path(str(resources.files("andrea") / "corpus"))
-    if (root / source).is_dir():
-        return root / source
-    for p in sorted(root.glob(f"{source}.*")):
-        return p
-    raise FileNotFoundError(f"the embedded corpus has no entry for source {source!r} (looked in {root})")
 
 
 def resolve_location(source: str, cfg: dict) -> Path | None:

@@ -36,7 +36,7 @@ from andrea.coherence import coherence_score
 from andrea.config import deep_merge
 from andrea.curriculum import Bandit
 from andrea.engine import Engine
-from andrea.io import write_json_atomic, write_text_atomic
+from andrea.io import atomic_path, read_jsonl, write_json_atomic, write_text_atomic
 from andrea.model import ModelConfig, flops_per_token, n_params
 from andrea.optim import NonFiniteCounter, NonFiniteHalt, OptimConfig, train_step
 from andrea.sampling import InferenceModel, generate
@@ -233,10 +233,10 @@ class Trainer:
         log.info("checkpoint %s (%s)", path, reason)
         return path
 
-    def _copy_atomic(self, src: Path, dst: Path) -> None:
-        tmp = dst.with_name(f".{dst.name}.tmp")
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
+    @staticmethod
+    def _copy_atomic(src: Path, dst: Path) -> None:
+        with atomic_path(dst) as tmp:
+            shutil.copyfile(src, tmp)
 
     def resume(self) -> bool:
         """Continue from state.json and its checkpoint, if the run directory has them."""
@@ -274,16 +274,10 @@ class Trainer:
 
     @staticmethod
     def _truncate_jsonl(path: Path, step: int) -> None:
-        if not path.exists():
-            return
-        keep = []
-        for line in path.read_text().splitlines():
-            try:
-                if json.loads(line)["step"] < step:
-                    keep.append(line)
-            except (json.JSONDecodeError, KeyError):
-                break  # a torn last line from a crash
-        write_text_atomic(path, "".join(l + "\n" for l in keep))
+        if path.exists():  # a torn last line from a crash is dropped by read_jsonl
+            lines = path.read_text(encoding="utf-8").splitlines()  # kept byte for byte
+            keep = [line for line, r in zip(lines, read_jsonl(path)) if r["step"] < step]
+            write_text_atomic(path, "".join(line + "\n" for line in keep))
 
     # ------------------------------------------------------------------ signals
     def _on_term(self, signum, frame):

@@ -14,27 +14,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
 
+from andrea.io import read_jsonl
+
 log = logging.getLogger("andrea.dashboard")
 
 STATIC = Path(str(resources.files("andrea") / "dashboard" / "static"))
 MAX_POINTS = 2000
 
 
-def _jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a line being written right now
-    return rows
-
-
 def loss_series(run_dir: Path) -> dict:
     """loss.jsonl as columns, thinned to at most MAX_POINTS points (every k-th step, last kept)."""
-    rows = _jsonl(run_dir / "loss.jsonl")
+    rows = read_jsonl(run_dir / "loss.jsonl")
     k = max(1, -(-len(rows) // MAX_POINTS))
     picked = rows[::k]
     if rows and picked[-1] is not rows[-1]:
@@ -91,7 +81,7 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(f.read_bytes(), mimetypes.guess_type(f.name)[0] or "application/octet-stream")
         data = {
             "/data/loss": lambda: loss_series(self.run_dir),
-            "/data/samples": lambda: _jsonl(self.run_dir / "samples.jsonl")[-20:],
+            "/data/samples": lambda: read_jsonl(self.run_dir / "samples.jsonl")[-20:],
             "/data/overview": lambda: overview(self.run_dir),
         }.get(path)
         if data:

@@ -1,7 +1,7 @@
 import os
 
 from andrea.config import HERMES3_PARTS
-from andrea.hermes3 import embedded_path
+from andrea.records import embedded_location
 from andrea.versions import stage_dir, stage_versions
 
 VERSIONS = stage_versions(config)
@@ -24,7 +24,7 @@ def hermes3_input(wildcards):
     loc = config["hermes3"]["location"]
     if loc == "hub":
         return []
-    return [str(embedded_path("hermes3.jsonl"))] if loc == "embedded" else [loc]
+    return [str(embedded_location("hermes3"))] if loc == "embedded" else [loc]
 
 
 from andrea.versions import enabled_sources
