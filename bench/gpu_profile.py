@@ -43,7 +43,7 @@ def main() -> None:
     train_step(e, batch, 0, oc)  # compile kernels, warm cuBLAS
 
     gpu_ms = defaultdict(float)
-    names = [n for n in dir(gb) if n.endswith(("_fwd", "_bwd")) or n in ("residual_add", "grad_norm_partial", "grad_norm_final", "grad_scale", "adamw")]
+    names = [n for n in dir(gb) if (n.endswith(("_fwd", "_bwd")) and not n.startswith("flash_attention")) or n in ("residual_add", "grad_norm_partial", "grad_norm_final", "grad_scale", "adamw")]
     for n in names:
         fn = getattr(gb, n)
 

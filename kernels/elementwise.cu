@@ -89,3 +89,47 @@ extern "C" __global__ void adamw(float* __restrict__ w, const float* __restrict_
     wi -= lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
     w[i] = wi;
 }
+
+// ---- bf16 mode: activations feeding matrix products are stored in bf16 (fp32 arithmetic) ----
+
+extern "C" __global__ void gelu_fwd_bf16(const __nv_bfloat16* __restrict__ h, __nv_bfloat16* __restrict__ a, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float x = __bfloat162float(h[i]);
+    a[i] = __float2bfloat16_rn(0.5f * x * (1.f + tanhf(GELU_C * (x + 0.044715f * x * x * x))));
+}
+
+// da *= gelu'(h), in place, bf16
+extern "C" __global__ void gelu_bwd_bf16(const __nv_bfloat16* __restrict__ h, __nv_bfloat16* __restrict__ da, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float x = __bfloat162float(h[i]);
+    float u = x * x;
+    float t = tanhf(GELU_C * x * (1.f + 0.044715f * u));
+    float d = 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * GELU_C * (1.f + 3.f * 0.044715f * u);
+    da[i] = __float2bfloat16_rn(__bfloat162float(da[i]) * d);
+}
+
+extern "C" __global__ void to_bf16(const float* __restrict__ x, __nv_bfloat16* __restrict__ y, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __float2bfloat16_rn(x[i]);
+}
+
+// AdamW as above, also refreshing the bf16 copy of the weights that the matrix products read
+extern "C" __global__ void adamw_bf16(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ m,
+                                      float* __restrict__ v, const float* __restrict__ decay,
+                                      __nv_bfloat16* __restrict__ wb, float lr, float beta1, float beta2, float eps,
+                                      float wd, float bc1, float bc2, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float gi = g[i];
+    float mi = beta1 * m[i] + (1.f - beta1) * gi;
+    float vi = beta2 * v[i] + (1.f - beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    float wi = w[i];
+    wi -= lr * wd * decay[i] * wi;
+    wi -= lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+    w[i] = wi;
+    wb[i] = __float2bfloat16_rn(wi);
+}

@@ -1,10 +1,10 @@
 // LayerNorm forward/backward. One warp per row of C channels.
 #include "common.cuh"
 
-extern "C" __global__ void layernorm_fwd(const float* __restrict__ x, const float* __restrict__ g,
-                                         const float* __restrict__ b, float* __restrict__ out,
-                                         float* __restrict__ mean, float* __restrict__ rstd,
-                                         int N, int C, float eps) {
+template <typename Out>
+__device__ void layernorm_rows(const float* __restrict__ x, const float* __restrict__ g, const float* __restrict__ b,
+                               Out* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd, int N,
+                               int C, float eps) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= N) return;
@@ -15,9 +15,24 @@ extern "C" __global__ void layernorm_fwd(const float* __restrict__ x, const floa
     float v = 0.f;
     for (int c = lane; c < C; c += 32) { float d = xr[c] - m; v += d * d; }
     float r = rsqrtf(warp_sum(v) / C + eps);
-    float* o = out + (long)row * C;
-    for (int c = lane; c < C; c += 32) o[c] = (xr[c] - m) * r * g[c] + b[c];
+    Out* o = out + (long)row * C;
+    for (int c = lane; c < C; c += 32) o[c] = to_out<Out>((xr[c] - m) * r * g[c] + b[c]);
     if (lane == 0) { mean[row] = m; rstd[row] = r; }
+}
+
+extern "C" __global__ void layernorm_fwd(const float* __restrict__ x, const float* __restrict__ g,
+                                         const float* __restrict__ b, float* __restrict__ out,
+                                         float* __restrict__ mean, float* __restrict__ rstd,
+                                         int N, int C, float eps) {
+    layernorm_rows(x, g, b, out, mean, rstd, N, C, eps);
+}
+
+// the same, output in bf16 (the next matrix product's operand in bf16 mode)
+extern "C" __global__ void layernorm_fwd_bf16(const float* __restrict__ x, const float* __restrict__ g,
+                                              const float* __restrict__ b, __nv_bfloat16* __restrict__ out,
+                                              float* __restrict__ mean, float* __restrict__ rstd,
+                                              int N, int C, float eps) {
+    layernorm_rows(x, g, b, out, mean, rstd, N, C, eps);
 }
 
 // dx += (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) * rstd, with dxhat = dout * g.

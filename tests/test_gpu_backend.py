@@ -113,6 +113,127 @@ def test_attention_pair_matches_reference_without_a_TxT_matrix(head_dim, impl, m
         assert rel(h(dq_g[i]), dq_n[i]) < 1e-5, "qkv"[i]
 
 
+def bf16_round(a):
+    return np.asarray(a, np.float32).astype(gb.BF16).astype(np.float32)
+
+
+@pytest.mark.parametrize("head_dim,T_", [(32, 100), (64, 100), (64, 200), (16, 37)])
+def test_tensor_core_flash_attention_matches_reference(head_dim, T_):
+    """bf16 mode: the fused mma.sync kernels on a [B, T, 3, H, D] buffer, partial tiles included."""
+    Hh = 2
+    dd = Hh * head_dim
+    qkv = bf16_round(r(B, T_, 3, Hh, head_dim))
+    dy = bf16_round(r(B, T_, dd))
+    ref_qkv = np.ascontiguousarray(qkv.transpose(2, 0, 3, 1, 4))  # [3, B, H, T, D] for NumPy
+    y_n, lse_n = np.zeros((B, T_, dd), np.float32), np.zeros((B, Hh, T_), np.float32)
+    nb.attn_fwd(ref_qkv, y_n, lse_n)
+    dq_n = np.zeros_like(ref_qkv)
+    nb.attn_bwd(dy, ref_qkv, y_n, lse_n, dq_n)
+    gb.set_precision("bf16")
+    q_g = g(qkv).astype(gb.BF16)
+    y_g, lse_g = cp.zeros((B, T_, dd), gb.BF16), cp.zeros((B, Hh, T_), cp.float32)
+    gb.attn_fwd(q_g, y_g, lse_g)
+    assert rel(h(y_g).astype(np.float32), y_n) < 1e-2 and rel(h(lse_g), lse_n) < 1e-3
+    runs = []
+    for _ in range(2):
+        d_g = cp.zeros_like(q_g)
+        gb.attn_bwd(g(dy).astype(gb.BF16), q_g, y_g, lse_g, d_g)
+        runs.append(h(d_g))
+    assert runs[0].tobytes() == runs[1].tobytes()  # deterministic
+    got = runs[0].astype(np.float32).transpose(2, 0, 3, 1, 4)
+    for i in range(3):
+        assert rel(got[i], dq_n[i]) < 1e-2, "qkv"[i]
+
+
+def test_bf16_pairs_match_numpy():
+    """bf16 mode on the buffers the engine plans for it (bf16 activations, [B, T, 3, H, D] q/k/v,
+    padded bf16 logits, weights read from the bf16 copy AdamW keeps): each pair within 1e-2."""
+    gb.set_precision("bf16")
+    shapes = {"wq": (d, d), "wk": (d, d), "wv": (d, d), "wo": (d, d), "w1": (d, M), "w2": (M, d), "wte": (V, d)}
+    host = {k: r(*s, scale=0.1) for k, s in shapes.items()}
+    flat = g(np.concatenate([bf16_round(host[k]).ravel() for k in shapes]))
+    gb.register_weights(flat)
+    W, off = {}, 0
+    for k, s in shapes.items():
+        W[k] = flat[off:off + math.prod(s)].reshape(s)
+        host[k] = bf16_round(host[k])
+        off += math.prod(s)
+    bf = gb.BF16
+    x = bf16_round(r(B, T, d))
+    xb = g(x).astype(bf)
+
+    def close(got, want, what):
+        assert rel(np.asarray(h(got), np.float32), want) < 1e-2, what
+
+    # LayerNorm writes bf16
+    res, gam, bet = r(B, T, d), r(d), r(d)
+    out_n, m_n, s_n = np.zeros((B, T, d), np.float32), np.zeros((B, T), np.float32), np.zeros((B, T), np.float32)
+    nb.layernorm_fwd(res, gam, bet, out_n, m_n, s_n)
+    out_g, m_g, s_g = cp.zeros((B, T, d), bf), cp.zeros((B, T), cp.float32), cp.zeros((B, T), cp.float32)
+    gb.layernorm_fwd(g(res), g(gam), g(bet), out_g, m_g, s_g)
+    close(out_g, out_n, "layernorm")
+    # q, k, v projection: one strided-batched GEMM into [B, T, 3, H, D], and its backward
+    qkv_n = np.zeros((3, B, H, T, D), np.float32)
+    nb.attn_qkv_fwd(x, host["wq"], host["wk"], host["wv"], qkv_n, H)
+    qkv_g = cp.zeros((B, T, 3, H, D), bf)
+    gb.attn_qkv_fwd(xb, W["wq"], W["wk"], W["wv"], qkv_g, H)
+    close(cp.ascontiguousarray(qkv_g.transpose(2, 0, 3, 1, 4)), qkv_n, "qkv")
+    dqkv = bf16_round(r(B, T, 3, H, D))
+    dx_n, dws_n = np.zeros((B, T, d), np.float32), [np.zeros((d, d), np.float32) for _ in range(3)]
+    nb.attn_qkv_bwd(np.ascontiguousarray(dqkv.transpose(2, 0, 3, 1, 4)), x, host["wq"], host["wk"], host["wv"], dx_n, *dws_n)
+    grads = cp.zeros(3 * d * d, cp.float32)
+    dws_g = [grads[i * d * d:(i + 1) * d * d].reshape(d, d) for i in range(3)]
+    dx_g = cp.zeros((B, T, d), cp.float32)
+    gb.attn_qkv_bwd(g(dqkv).astype(bf), xb, W["wq"], W["wk"], W["wv"], dx_g, *dws_g)
+    close(dx_g, dx_n, "qkv dx")
+    for i in range(3):
+        close(dws_g[i], dws_n[i], f"qkv dw{i}")
+    # output projection, MLP (bf16 hidden and GELU output), residual gradient cast
+    go = bf16_round(r(B, T, d))
+    o_n, dy_n, dwo_n = np.zeros((B, T, d), np.float32), np.zeros((B, T, d), np.float32), np.zeros((d, d), np.float32)
+    nb.attn_out_fwd(x, host["wo"], o_n)
+    nb.attn_out_bwd(go, x, host["wo"], dy_n, dwo_n)
+    o_g, dy_g, dwo_g = cp.zeros((B, T, d), cp.float32), cp.zeros((B, T, d), bf), cp.zeros((d, d), cp.float32)
+    gb.attn_out_fwd(xb, W["wo"], o_g)
+    gb.attn_out_bwd(g(go).astype(bf), xb, W["wo"], dy_g, dwo_g)
+    for a_, b_, w_ in ((o_g, o_n, "out"), (dy_g, dy_n, "out dy"), (dwo_g, dwo_n, "out dw")):
+        close(a_, b_, w_)
+    hn, an, mn = np.zeros((B, T, M), np.float32), np.zeros((B, T, M), np.float32), np.zeros((B, T, d), np.float32)
+    nb.mlp_fwd(x, host["w1"], host["w2"], hn, an, mn)
+    hg, ag, mg = cp.zeros((B, T, M), bf), cp.zeros((B, T, M), bf), cp.zeros((B, T, d), cp.float32)
+    gb.mlp_fwd(xb, W["w1"], W["w2"], hg, ag, mg)
+    for a_, b_, w_ in ((hg, hn, "mlp h"), (ag, an, "mlp a"), (mg, mn, "mlp out")):
+        close(a_, b_, w_)
+    mdx_n, dw1_n, dw2_n = np.zeros((B, T, d), np.float32), np.zeros((d, M), np.float32), np.zeros((M, d), np.float32)
+    nb.mlp_bwd(go, x, hn, an, host["w1"], host["w2"], mdx_n, dw1_n, dw2_n)
+    mdx_g, dw1_g, dw2_g = cp.zeros((B, T, d), cp.float32), cp.zeros((d, M), cp.float32), cp.zeros((M, d), cp.float32)
+    gb.mlp_bwd(g(go).astype(bf), xb, hg, ag, W["w1"], W["w2"], mdx_g, dw1_g, dw2_g)
+    for a_, b_, w_ in ((mdx_g, mdx_n, "mlp dx"), (dw1_g, dw1_n, "mlp dw1"), (dw2_g, dw2_n, "mlp dw2")):
+        close(a_, b_, w_)
+    cast = cp.zeros((B, T, d), bf)
+    gb.residual_add_bwd(g(go), cast)
+    assert h(cast).astype(np.float32).tobytes() == go.tobytes()
+    # classifier: bf16 logits in padded rows, loss and gradient in one kernel, 1/N in the GEMMs' alpha
+    tgt = RNG.integers(0, V, (B, T))
+    probs_n, losses_n = np.zeros((B, T, V), np.float32), np.zeros((B, T), np.float32)
+    loss_n = nb.loss_fwd(x, host["wte"], tgt, probs_n, losses_n)
+    ldx_n, ldw_n = np.zeros((B, T, d), np.float32), np.zeros((V, d), np.float32)
+    nb.loss_bwd(x, host["wte"], tgt, probs_n, ldx_n, ldw_n, 0.5)
+    shape, dtype = gb.plan_buffer("probs", (B, T, V), np.float32, H)
+    assert shape[-1] % 8 == 0 and dtype == bf
+    probs_g, losses_g = cp.zeros(shape, dtype), cp.zeros((B, T), cp.float32)
+    loss_g = gb.loss_fwd(xb, W["wte"], g(tgt.astype(np.int32)), probs_g, losses_g)
+    ldx_g, ldw_g = cp.zeros((B, T, d), cp.float32), cp.zeros((V, d), cp.float32)
+    gb.loss_bwd(xb, W["wte"], g(tgt.astype(np.int32)), probs_g, ldx_g, ldw_g, 0.5)
+    assert math.isclose(loss_g, loss_n, rel_tol=1e-2)
+    for a_, b_, w_ in ((losses_g, losses_n, "losses"), (ldx_g, ldx_n, "loss dx"), (ldw_g, ldw_n, "loss dw")):
+        close(a_, b_, w_)
+    # AdamW refreshes the bf16 copy it serves to the matrix products
+    grad, m_, v_ = cp.ones_like(flat), cp.zeros_like(flat), cp.zeros_like(flat)
+    gb.adamw(flat, grad, m_, v_, cp.ones_like(flat), 1e-2, 0.9, 0.999, 1e-8, 0.0, 1)
+    assert h(gb._operand(W["wq"], weight=True)).tobytes() == h(W["wq"]).astype(bf).tobytes()
+
+
 def test_matmul_pairs_and_classifier():
     x, wq, wk, wv, wo = r(B, T, d), r(d, d, scale=0.1), r(d, d, scale=0.1), r(d, d, scale=0.1), r(d, d, scale=0.1)
     w1, w2, wte = r(d, M, scale=0.1), r(M, d, scale=0.1), r(V, d, scale=0.1)
@@ -223,6 +344,14 @@ def test_bf16_step_is_close_and_deterministic():
     e.forward(inputs, targets)
     e.backward()
     assert rel(e.host(e.g), ref.g) < 1e-2
+
+
+def test_bf16_engine_plans_bf16_activations():
+    fp32 = Engine(CFG, 4, 128, backend="cupy", seed=1)
+    bf16 = Engine(CFG, 4, 128, backend="cupy", seed=1, precision="bf16")
+    assert bf16.acts["qkv"].shape == (CFG.n_layer, 4, 128, 3, CFG.n_head, CFG.head_dim)
+    assert bf16.acts["mlp_h"].dtype == gb.BF16 and bf16.acts["res"].dtype == np.float32
+    assert bf16.memory_plan().activations < 0.6 * fp32.memory_plan().activations
 
 
 def test_gpu_checkpoint_loads_in_the_numpy_backend(tmp_path):

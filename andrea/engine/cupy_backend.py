@@ -1,15 +1,19 @@
 """CuPy backend: the same forward/backward pairs as andrea/engine/numpy_backend.py, on an NVIDIA
 GPU, with hand-written CUDA kernels (kernels/*.cu, loaded with cupy.RawModule) for everything but
-the large matrix products, which go to cuBLAS through CuPy.
+the large matrix products, which go to cuBLAS.
 
-Precision: weights, gradients, Adam state and activations are float32; in "bf16" mode the
-operands of every matrix product are cast to bfloat16 (fp32 accumulation in cuBLAS), the rest
-stays fp32. Every reduction runs in a fixed order (no atomics), so results are deterministic.
-
-Attention: "strip" (scores of 128-query strips as tensor-core GEMMs, softmax in row kernels) or
-"flash" (tiled online-softmax kernels on CUDA cores); neither stores the T × T matrix.
-Not yet here (see BENCHMARKS.md): a fused tensor-core flash kernel, CUDA-graph capture of the
-step, fp16 with loss scaling.
+Precision:
+- "fp32": weights, gradients, Adam state and activations are float32 (the reference mode, checked
+  against NumPy to 1e-5). Attention runs the CUDA-core flash kernels (kernels/attention.cu) or
+  strip attention (kernels/attention_strip.cu).
+- "bf16": fp32 master weights, gradients, m and v, and an fp32 residual stream; every activation
+  that feeds a matrix product (LayerNorm outputs, q/k/v, attention output, MLP hidden and GELU
+  output, logits and their gradient) is stored in bf16 by the kernel that produces it, so no pass
+  casts operands. A bf16 copy of the weights is refreshed by the AdamW kernel. Attention is the
+  fused tensor-core flash kernel (kernels/attention_mma.cu); q, k, v live in one [B, T, 3, H, D]
+  buffer written by one strided-batched GEMM. Matrix products accumulate in fp32 and write fp32
+  straight into the gradients (beta = 1).
+Every reduction runs in a fixed order (no atomics), so results are deterministic.
 """
 
 from __future__ import annotations
@@ -41,7 +45,35 @@ def set_precision(precision: str) -> None:
     if precision == "bf16" and BF16 is None:
         raise RuntimeError("bf16 needs ml_dtypes (pip install ml_dtypes) with CuPy >= 14")
     _weights_bf16.clear()
+    if precision != PRECISION:
+        invalidate_weight_cache()
     PRECISION = precision
+
+
+def plan_buffer(name: str, shape: tuple, dtype, n_head: int):
+    """The engine's buffer `name` as this backend stores it: (shape, dtype). In bf16 mode the
+    activations that feed matrix products are bf16, q/k/v are one [B, T, 3, H, D] buffer per layer
+    (one GEMM writes it, attention reads it in place), and the logits' rows are padded to a
+    multiple of 8 elements (aligned rows for the tensor-core GEMMs)."""
+    if PRECISION != "bf16":
+        return shape, dtype
+    if name in ("qkv", "d_qkv"):  # [..., 3, B, H, T, D] -> [..., B, T, 3, H, D]
+        *lead, three, B, H, T, D = shape
+        return (*lead, B, T, three, H, D), BF16
+    if name == "probs":
+        *lead, V = shape
+        return (*lead, -(-V // 8) * 8), BF16
+    if name in BF16_BUFFERS:
+        return shape, BF16
+    return shape, dtype
+
+
+BF16_BUFFERS = {"ln1", "ln2", "lnf", "att_y", "mlp_h", "mlp_a", "d_y", "d_branch"}
+
+
+def _fast(a) -> bool:
+    """On the bf16 fast path (buffers planned by plan_buffer in bf16 mode)?"""
+    return a.dtype == BF16
 
 
 def to_host(a):
@@ -76,20 +108,45 @@ def _blocks(n: int, threads: int = 256) -> int:
 _CUDA_R_32F, _CUDA_R_16BF, _COMPUTE_32F, _GEMM_DEFAULT = 0, 14, 68, -1
 _ONE = np.ones(1, dtype=np.float32)
 _ZERO = np.zeros(1, dtype=np.float32)
-_weights_bf16: dict = {}  # bf16 copies of weights, made once per optimizer step
+_weights_bf16: dict = {}  # bf16 copies of weights outside a registered buffer, made once per step
+_mirrors: list = []  # [fp32 flat weights, bf16 copy, stale?] for buffers registered by the engine
+_handle = None  # cuBLAS handle: CuPy's current one unless graph capture set its own (use_cublas_handle)
 
 
 def invalidate_weight_cache() -> None:
     """Forget the bf16 weight copies (after the weights change outside AdamW, e.g. a load)."""
     _weights_bf16.clear()
+    for mirror in _mirrors:
+        mirror[2] = True
+
+
+def register_weights(w) -> None:
+    """Keep a bf16 copy of the flat weight buffer `w` that AdamW refreshes as it updates w."""
+    _mirrors[:] = [m for m in _mirrors if m[0] is not w][-7:]  # bounded: older engines fall back to casts
+    _mirrors.append([w, cp.empty(w.shape, dtype=BF16), True])
+
+
+def _mirror_of(x):
+    for mirror in _mirrors:
+        w = mirror[0]
+        off = (x.data.ptr - w.data.ptr) // 4
+        if 0 <= off < w.size and x.dtype == w.dtype:
+            if mirror[2]:
+                _k("elementwise", "to_bf16")((_blocks(w.size),), (256,), (w, mirror[1], np.int64(w.size)))
+                mirror[2] = False
+            return mirror[1][off:off + x.size].reshape(x.shape)
+    return None
 
 
 def _operand(x, weight: bool = False):
-    """A matrix-product operand in the compute precision (contiguous). In bf16 mode weights are
-    cast once per optimizer step, activations at each use."""
-    if PRECISION != "bf16":
-        return cp.ascontiguousarray(x)
+    """A matrix-product operand in the compute precision. bf16 arrays pass through; in bf16 mode
+    weights come from their bf16 copy, other fp32 arrays are cast (not on the bf16 fast path)."""
+    if PRECISION != "bf16" or x.dtype == BF16:
+        return x if _ld(x) is not None else cp.ascontiguousarray(x)
     if weight:
+        mirrored = _mirror_of(x)
+        if mirrored is not None:
+            return mirrored
         key = (x.data.ptr, x.shape)
         cached = _weights_bf16.get(key)
         if cached is None:
@@ -98,23 +155,45 @@ def _operand(x, weight: bool = False):
     return cp.ascontiguousarray(x).astype(BF16)
 
 
-def gemm(a, b, c, ta: bool = False, tb: bool = False, accumulate: bool = False) -> None:
-    """c (fp32, row-major [m, n]) = op(a) · op(b), or += with `accumulate`, through cublasGemmEx:
-    operands in fp32 or bf16, fp32 output and accumulation, so no output casts and no separate
-    pass for gradient accumulation. Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ."""
+def _ld(x):
+    """Leading dimension (in elements) of a row-major 2-D view with unit column stride, else None."""
+    if x.ndim != 2 or (x.shape[1] > 1 and x.strides[1] != x.itemsize) or x.strides[0] % x.itemsize:
+        return None
+    return max(x.strides[0] // x.itemsize, x.shape[1], 1)
+
+
+def _dtype_code(x):
+    return _CUDA_R_16BF if x.dtype == BF16 else _CUDA_R_32F
+
+
+def use_cublas_handle(handle) -> None:
+    """Issue matrix products on this cuBLAS handle (None: CuPy's), e.g. one bound to a capture stream."""
+    global _handle
+    _handle = handle
+
+
+def _cublas():
+    return _handle if _handle is not None else cp.cuda.device.get_cublas_handle()
+
+
+def gemm(a, b, c, ta: bool = False, tb: bool = False, accumulate: bool = False, alpha: float = 1.0,
+         handle=None) -> None:
+    """c (row-major [m, n], fp32 or bf16) = alpha · op(a) · op(b), or += with `accumulate`, through
+    cublasGemmEx with fp32 accumulation. a, b, c may be strided row views (unit column stride).
+    Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ."""
     m, n = c.shape
     k = a.shape[0] if ta else a.shape[1]
-    dtype = _CUDA_R_16BF if a.dtype == BF16 else _CUDA_R_32F
+    al = _ONE if alpha == 1.0 else np.full(1, alpha, dtype=np.float32)
     cp.cuda.cublas.gemmEx(
-        cp.cuda.device.get_cublas_handle(),
+        handle if handle is not None else _cublas(),
         cp.cuda.cublas.CUBLAS_OP_T if tb else cp.cuda.cublas.CUBLAS_OP_N,
         cp.cuda.cublas.CUBLAS_OP_T if ta else cp.cuda.cublas.CUBLAS_OP_N,
         n, m, k,
-        (_ONE).ctypes.data,
-        b.data.ptr, dtype, b.shape[1],
-        a.data.ptr, dtype, a.shape[1],
+        al.ctypes.data,
+        b.data.ptr, _dtype_code(b), _ld(b),
+        a.data.ptr, _dtype_code(a), _ld(a),
         (_ONE if accumulate else _ZERO).ctypes.data,
-        c.data.ptr, _CUDA_R_32F, n,
+        c.data.ptr, _dtype_code(c), _ld(c),
         _COMPUTE_32F, _GEMM_DEFAULT,
     )
 
@@ -155,7 +234,7 @@ def embed_bwd(dout, tokens, dwte, dwpe):
 def layernorm_fwd(x, g, b, out, mean, rstd, eps=1e-5):
     C = x.shape[-1]
     N = x.size // C
-    _k("layernorm", "layernorm_fwd")((_blocks(N, 8),), (256,), (x, g, b, out, mean, rstd, np.int32(N), np.int32(C), np.float32(eps)))
+    _k("layernorm", "layernorm_fwd_bf16" if _fast(out) else "layernorm_fwd")((_blocks(N, 8),), (256,), (x, g, b, out, mean, rstd, np.int32(N), np.int32(C), np.float32(eps)))
 
 
 def _colsum_add(a2, out):
@@ -180,7 +259,25 @@ def layernorm_bwd(dout, x, mean, rstd, g, dx, dg, db):
 # ----------------------------------------------------------------------------- attention
 
 
+def _consecutive(mats) -> bool:
+    """Equal-shaped matrices back to back in memory (W_Q, W_K, W_V in the flat buffers)?"""
+    step = mats[0].size * mats[0].itemsize
+    return all(b.data.ptr - a.data.ptr == step for a, b in zip(mats, mats[1:]))
+
+
 def attn_qkv_fwd(x, wq, wk, wv, qkv, n_head):
+    if _fast(qkv):  # one strided-batched GEMM: q, k, v = x·W_Q, x·W_K, x·W_V into [B·T, 3, d]
+        B, T, _, H, D = qkv.shape
+        d = H * D
+        ws = [_operand(w, weight=True) for w in (wq, wk, wv)]
+        x2 = _operand(x.reshape(-1, d))
+        if _consecutive(ws):
+            bgemm(x2, ws[0], qkv, B * T, d, d, d, d, 3 * d, 0, d * d, d, 3)
+        else:
+            q2 = qkv.reshape(B * T, 3 * d)
+            for i, w in enumerate(ws):
+                gemm(x2, w, q2[:, i * d:(i + 1) * d])
+        return
     B, T, d = x.shape
     D = d // n_head
     x2 = x.reshape(-1, d)
@@ -189,6 +286,20 @@ def attn_qkv_fwd(x, wq, wk, wv, qkv, n_head):
 
 
 def attn_qkv_bwd(dqkv, x, wq, wk, wv, dx, dwq, dwk, dwv):
+    if _fast(dqkv):
+        B, T, _, H, D = dqkv.shape
+        d = H * D
+        g2 = dqkv.reshape(B * T, 3 * d)
+        x2 = _operand(x.reshape(-1, d))
+        dx2 = dx.reshape(-1, d)
+        for i, w in enumerate((wq, wk, wv)):
+            gemm(g2[:, i * d:(i + 1) * d], _operand(w, weight=True), dx2, tb=True, accumulate=i > 0)
+        if _consecutive([dwq, dwk, dwv]):  # dW_i += xᵀ · dqkv_i, one strided-batched GEMM
+            bgemm(x2, g2, dwq, d, d, B * T, d, 3 * d, d, 0, d, d * d, 3, ta=True, accumulate=True)
+        else:
+            for i, dw in enumerate((dwq, dwk, dwv)):
+                gemm(x2, g2[:, i * d:(i + 1) * d], dw, ta=True, accumulate=True)
+        return
     B, T, d = x.shape
     x2 = _operand(x.reshape(-1, d))
     dx2 = dx.reshape(-1, d)
@@ -203,6 +314,8 @@ def _use_strip(head_dim: int) -> bool:
 
 
 def attn_fwd(qkv, y, lse):
+    if _fast(qkv):
+        return flash_attention_fwd(qkv, y, lse)
     if _use_strip(qkv.shape[-1]):
         return _strip_fwd(qkv, y, lse)
     _, B, H, T, D = qkv.shape
@@ -211,6 +324,8 @@ def attn_fwd(qkv, y, lse):
 
 
 def attn_bwd(dy, qkv, y, lse, dqkv):
+    if _fast(qkv):
+        return flash_attention_bwd(dy, qkv, y, lse, dqkv)
     if _use_strip(qkv.shape[-1]):
         return _strip_bwd(dy, qkv, y, lse, dqkv)
     _, B, H, T, D = qkv.shape
@@ -224,6 +339,40 @@ def attn_bwd(dy, qkv, y, lse, dqkv):
     _k("attention", "attn_bwd_dv", D)(grid, (64,), (q, k, dy, lse, delta, dqkv[2], np.int32(H), np.int32(T), scale))
 
 
+# Tensor-core flash attention (bf16 mode): q, k, v in one [B, T, 3, H, D] bf16 buffer, y and dy
+# [B, T, H·D] bf16, lse [B, H, T] fp32; dq, dk, dv written into a buffer shaped like qkv.
+FLASH_TILE = 64
+
+
+def _flash_args(qkv):
+    B, T, three, H, D = qkv.shape
+    if D % 16 or D > 128:
+        raise ValueError(f"head_dim {D}: the tensor-core attention needs a multiple of 16, at most 128")
+    flat = qkv.reshape(-1)
+    st = 3 * H * D
+    return B, T, H, D, (flat, flat[H * D:], flat[2 * H * D:]), (np.int64(T * st), np.int64(st), np.int64(D))
+
+
+def flash_attention_fwd(qkv, y, lse):
+    B, T, H, D, (q, k, v), strides = _flash_args(qkv)
+    grid = ((T + FLASH_TILE - 1) // FLASH_TILE, B * H)
+    _k("attention_mma", "flash_fwd", D)(grid, (128,), (q, k, v, y, lse, np.int32(H), np.int32(T), *strides,
+                                                       np.float32(1.0 / math.sqrt(D))))
+
+
+def flash_attention_bwd(dy, qkv, y, lse, dqkv):
+    B, T, H, D, (q, k, v), strides = _flash_args(qkv)
+    dq, dk, dv = _flash_args(dqkv)[4]
+    delta = _scratch("flash_delta", (B, H, T), cp.float32)
+    rows = B * T * H
+    _k("attention_mma", "flash_delta", D)((_blocks(rows, 8),), (256,), (dy, y, delta, np.int32(B), np.int32(H), np.int32(T)))
+    grid = ((T + FLASH_TILE - 1) // FLASH_TILE, B * H)
+    scale = np.float32(1.0 / math.sqrt(D))
+    _k("attention_mma", "flash_bwd_dq", D)(grid, (128,), (q, k, v, dy, lse, delta, dq, np.int32(H), np.int32(T), *strides, scale))
+    _k("attention_mma", "flash_bwd_dkdv", D)(grid, (128,), (q, k, v, dy, lse, delta, dk, dv, np.int32(H), np.int32(T),
+                                                            *strides, scale))
+
+
 # Strip attention: the scores of a strip of STRIP queries against the keys before it are tensor-core
 # GEMMs (cublasGemmStridedBatchedEx over the B·H heads); the causal softmax and its gradient are
 # row kernels (kernels/attention_strip.cu). At most one STRIP × T slab of scores per head exists at
@@ -235,17 +384,18 @@ STRIP = 128
 
 
 def bgemm(a, b, c, m, n, k, lda, ldb, ldc, sa, sb, sc, batch, ta=False, tb=False, accumulate=False):
-    """Row-major batched C[i] (m×n, ldc) = op(A[i]) · op(B[i]) (+= with accumulate), fp32 output."""
-    dtype = _CUDA_R_16BF if a.dtype == BF16 else _CUDA_R_32F
+    """Row-major batched C[i] (m×n, ldc) = op(A[i]) · op(B[i]) (+= with accumulate); element strides
+    sa, sb, sc between the batch's matrices (0 repeats one matrix); fp32 accumulation."""
+    dtype = _dtype_code(a)
     cp.cuda.cublas.gemmStridedBatchedEx(
-        cp.cuda.device.get_cublas_handle(),
+        _cublas(),
         cp.cuda.cublas.CUBLAS_OP_T if tb else cp.cuda.cublas.CUBLAS_OP_N,
         cp.cuda.cublas.CUBLAS_OP_T if ta else cp.cuda.cublas.CUBLAS_OP_N,
         n, m, k, _ONE.ctypes.data,
         b.data.ptr, dtype, ldb, sb,
         a.data.ptr, dtype, lda, sa,
         (_ONE if accumulate else _ZERO).ctypes.data,
-        c.data.ptr, _CUDA_R_32F, ldc, sc,
+        c.data.ptr, _dtype_code(c), ldc, sc,
         batch, _COMPUTE_32F, _GEMM_DEFAULT,
     )
 
@@ -314,7 +464,7 @@ def attn_out_bwd(dout, y, wo, dy, dwo):
 
 
 def gelu(h, out):
-    _k("elementwise", "gelu_fwd")((_blocks(h.size),), (256,), (h, out, np.int64(h.size)))
+    _k("elementwise", "gelu_fwd_bf16" if _fast(out) else "gelu_fwd")((_blocks(h.size),), (256,), (h, out, np.int64(h.size)))
 
 
 def mlp_fwd(x, w1, w2, h, a, out):
@@ -330,9 +480,10 @@ def mlp_bwd(dout, x, h, a, w1, w2, dx, dw1, dw2):
     M = h.shape[-1]
     g = _operand(dout.reshape(-1, d))
     gemm(_operand(a.reshape(-1, M)), g, dw2, ta=True, accumulate=True)
-    da = _scratch("mlp_da", (g.shape[0], M), cp.float32)
+    fast = _fast(h)
+    da = _scratch("mlp_da", (g.shape[0], M), BF16 if fast else cp.float32)
     gemm(g, _operand(w2, weight=True), da, tb=True)
-    _k("elementwise", "gelu_bwd")((_blocks(da.size),), (256,), (h, da, np.int64(da.size)))
+    _k("elementwise", "gelu_bwd_bf16" if fast else "gelu_bwd")((_blocks(da.size),), (256,), (h, da, np.int64(da.size)))
     dap = _operand(da)
     gemm(_operand(x.reshape(-1, d)), dap, dw1, ta=True, accumulate=True)
     gemm(dap, _operand(w1, weight=True), dx.reshape(-1, d), tb=True)
@@ -346,7 +497,10 @@ def residual_add(x, f, out):
 
 
 def residual_add_bwd(dout, df):
-    df[...] = dout
+    if _fast(df):  # the branch's gradient as the bf16 operand of its matrix products
+        _k("elementwise", "to_bf16")((_blocks(df.size),), (256,), (dout, df, np.int64(df.size)))
+    else:
+        df[...] = dout
 
 
 # ----------------------------------------------------------------------------- loss
@@ -356,6 +510,11 @@ def loss_fwd(x, w, targets, probs, losses):
     d = x.shape[-1]
     V = w.shape[0]
     N = x.size // d
+    if _fast(probs):  # bf16 logits, then loss and softmax - onehot in place in one kernel
+        logits = probs.reshape(N, -1)
+        gemm(_operand(x.reshape(-1, d)), _operand(w, weight=True), logits[:, :V], tb=True)
+        _k("classifier", "softmax_xent_bf16")((N,), (256,), (logits, targets, losses, np.int32(V), np.int32(logits.shape[1])))
+        return float(losses.mean())
     gemm(_operand(x.reshape(-1, d)), _operand(w, weight=True), probs.reshape(-1, V), tb=True)
     _k("classifier", "softmax_xent_fwd")((N,), (256,), (probs, targets, losses, np.int32(V)))
     return float(losses.mean())
@@ -365,6 +524,11 @@ def loss_bwd(x, w, targets, probs, dx, dw, dloss=1.0):
     d = x.shape[-1]
     V = w.shape[0]
     N = x.size // d
+    if _fast(probs):  # probs holds softmax - onehot (loss_fwd); the 1/N and dloss go into alpha
+        dl = probs.reshape(N, -1)[:, :V]
+        gemm(dl, _operand(w, weight=True), dx.reshape(-1, d), alpha=dloss / N)
+        gemm(dl, _operand(x.reshape(-1, d)), dw, ta=True, accumulate=True, alpha=dloss / N)
+        return
     _k("classifier", "softmax_xent_bwd")((N,), (256,), (probs, targets, np.float32(dloss / N), np.int32(V)))
     dl = _operand(probs.reshape(-1, V))
     gemm(dl, _operand(w, weight=True), dx.reshape(-1, d))
@@ -389,10 +553,19 @@ def grad_scale(grads, scale):
 
 
 def adamw(w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step):
-    invalidate_weight_cache()  # the weights change: their bf16 copies are stale
+    _weights_bf16.clear()  # the weights change: copies not kept by the kernel below are stale
     bc1 = 1 - beta1**step
     bc2 = 1 - beta2**step
     f = np.float32
+    mirror = next((mm for mm in _mirrors if mm[0] is w), None)
+    if mirror is not None:  # update and refresh the bf16 copy in one pass
+        mirror[2] = False
+        _k("elementwise", "adamw_bf16")(
+            (_blocks(w.size),), (256,),
+            (w, g, m, v, decay, mirror[1], f(lr), f(beta1), f(beta2), f(eps), f(weight_decay), f(bc1), f(bc2),
+             np.int64(w.size)),
+        )
+        return
     _k("elementwise", "adamw")(
         (_blocks(w.size),), (256,),
         (w, g, m, v, decay, f(lr), f(beta1), f(beta2), f(eps), f(weight_decay), f(bc1), f(bc2), np.int64(w.size)),

@@ -87,24 +87,35 @@ class Engine:
         c, B, T, dt = self.cfg, self.B, self.T, self.dtype
         L, d, H, D, M, V = c.n_layer, c.d_model, c.n_head, c.head_dim, c.d_mlp, c.vocab_size
         xp = self.xp
-        z = lambda *shape: xp.zeros(shape, dtype=dt)  # noqa: E731
+        plan = getattr(self.be, "plan_buffer", None)  # a backend may store a buffer in another layout/dtype
+
+        def z(name, *shape):
+            shape, dtype = plan(name, shape, dt, H) if plan else (shape, dt)
+            return xp.zeros(shape, dtype=dtype)
+
         self.acts = {
-            "res": z(2 * L + 1, B, T, d),  # residual stream: layer input, after attention, …, final
-            "ln1": z(L, B, T, d), "ln1_mean": z(L, B, T), "ln1_rstd": z(L, B, T),
-            "qkv": z(L, 3, B, H, T, D), "att_y": z(L, B, T, d), "att_lse": z(L, B, H, T),
-            "ln2": z(L, B, T, d), "ln2_mean": z(L, B, T), "ln2_rstd": z(L, B, T),
-            "mlp_h": z(L, B, T, M), "mlp_a": z(L, B, T, M),
-            "lnf": z(B, T, d), "lnf_mean": z(B, T), "lnf_rstd": z(B, T),
-            "probs": z(B, T, V), "losses": z(B, T),
+            name: z(name, *shape) for name, shape in {
+                "res": (2 * L + 1, B, T, d),  # residual stream: layer input, after attention, …, final
+                "ln1": (L, B, T, d), "ln1_mean": (L, B, T), "ln1_rstd": (L, B, T),
+                "qkv": (L, 3, B, H, T, D), "att_y": (L, B, T, d), "att_lse": (L, B, H, T),
+                "ln2": (L, B, T, d), "ln2_mean": (L, B, T), "ln2_rstd": (L, B, T),
+                "mlp_h": (L, B, T, M), "mlp_a": (L, B, T, M),
+                "lnf": (B, T, d), "lnf_mean": (B, T), "lnf_rstd": (B, T),
+                "probs": (B, T, V), "losses": (B, T),
+            }.items()
         }
         self.scratch = {
-            "branch": z(B, T, d), "d_res": z(B, T, d), "d_branch": z(B, T, d), "d_ln": z(B, T, d),
-            "d_y": z(B, T, d), "d_qkv": z(3, B, H, T, D),
-            "norm_partial": xp.zeros(max(1, -(-self.n_params // (1 << 16))), dtype=np.float64),
+            name: z(name, *shape) for name, shape in {
+                "branch": (B, T, d), "d_res": (B, T, d), "d_branch": (B, T, d), "d_ln": (B, T, d),
+                "d_y": (B, T, d), "d_qkv": (3, B, H, T, D),
+            }.items()
         }
+        self.scratch["norm_partial"] = xp.zeros(max(1, -(-self.n_params // (1 << 16))), dtype=np.float64)
         index = getattr(self.be, "INDEX_DTYPE", np.int64)
         self.tokens = xp.zeros((B, T), dtype=index)
         self.targets = xp.zeros((B, T), dtype=index)
+        if hasattr(self.be, "register_weights"):  # e.g. a bf16 copy that AdamW keeps fresh
+            self.be.register_weights(self.w)
 
     def memory_plan(self) -> MemoryPlan:
         return MemoryPlan(
@@ -128,6 +139,8 @@ class Engine:
             raise ValueError(f"batch must be {(self.B, self.T)}, got {tokens.shape} and {targets.shape}")
         if tokens.max(initial=0) >= self.cfg.vocab_size or targets.max(initial=0) >= self.cfg.vocab_size or tokens.min(initial=0) < 0:
             raise ValueError(f"token IDs must lie in 0..{self.cfg.vocab_size - 1}")
+        if getattr(self.be, "PRECISION", self.precision) != self.precision:  # another engine in this process
+            self.be.set_precision(self.precision)
         self.tokens[...] = self.xp.asarray(tokens, dtype=self.tokens.dtype)
         self.targets[...] = self.xp.asarray(targets, dtype=self.targets.dtype)
         H = self.cfg.n_head

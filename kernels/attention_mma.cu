@@ -1,0 +1,364 @@
+// Causal flash attention on tensor cores (bf16 operands, fp32 accumulation), forward and backward.
+//
+// FlashAttention-2's schedule with Hopper's warp-level MMA (inline PTX mma.sync.m16n8k16; NVRTC on
+// the device cannot include <mma.h>): a block of 4 warps owns 64 query rows (forward, dQ) or 64 key
+// rows (dK/dV), 16 per warp; tiles of 64 keys (or queries) stream through shared memory; the scores
+// never leave registers, and the probabilities are re-used from the accumulator registers as the A
+// operand of the next product (the m16n8 accumulator layout of two neighbouring tiles is the m16k16
+// A layout). No T x T matrix exists anywhere. The forward saves the log-sum-exp of each row; the
+// backward recomputes the probabilities. dQ and dK/dV are separate kernels, each accumulating in
+// registers in a fixed order, so results are deterministic (no atomics).
+//
+// Layout: q, k, v are [B, T, H, D] views with element strides (sB, sT, sH) (the projection writes
+// one [B, T, 3, H, D] buffer, so q, k and v sit at offsets 0, H*D, 2*H*D of each token's row);
+// dq, dk, dv use the same strides; y, dy are [B, T, H*D]; lse, delta are [B, H, T], fp32.
+// Compiled with -DHEAD_DIM=<D>, D a multiple of 16, at most 128; strides multiples of 8. Tiles sit
+// row-major in shared memory (16-byte vector loads, rows padded so fragment reads hit distinct
+// banks); operands needed transposed come through ldmatrix .trans.
+#include <cuda_bf16.h>
+
+#include "common.cuh"
+
+#ifndef HEAD_DIM
+#error "compile with -DHEAD_DIM=<head dim>"
+#endif
+#define D HEAD_DIM
+#if D % 16 != 0 || D > 128
+#error "HEAD_DIM must be a multiple of 16, at most 128"
+#endif
+#define TILE 64           // query rows per block, keys per tile (and the transpose for dK/dV)
+#define WARPS 4           // 16 rows each
+#define PAD 8             // bf16 elements of padding per shared-memory row: conflict-free fragments
+#define LDR (D + PAD)     // row-major tile [TILE][D]
+#define NT (TILE / 8)     // n8 tiles of scores per warp row strip
+#define KD (D / 16)       // k16 chunks of the head dimension
+#define ND (D / 8)        // n8 tiles of the head dimension
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+typedef __nv_bfloat16 bf16;
+
+__device__ __forceinline__ void mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half: element order
+    return *reinterpret_cast<unsigned*>(&v);
+}
+
+// 32-bit word holding elements (row, col) and (row, col + 1) of a bf16 tile with leading dim ld
+__device__ __forceinline__ unsigned word(const bf16* s, int ld, int row, int col) {
+    return *reinterpret_cast<const unsigned*>(s + row * ld + col);
+}
+
+// A fragment (16 x 16, row-major source) at rows r0.., cols c0..
+__device__ __forceinline__ void load_a(unsigned a[4], const bf16* s, int ld, int r0, int c0, int g, int t) {
+    a[0] = word(s, ld, r0 + g, c0 + 2 * t);
+    a[1] = word(s, ld, r0 + g + 8, c0 + 2 * t);
+    a[2] = word(s, ld, r0 + g, c0 + 8 + 2 * t);
+    a[3] = word(s, ld, r0 + g + 8, c0 + 8 + 2 * t);
+}
+
+// Accumulators of score tiles 2j and 2j+1 (16 x 8 each) as the A fragment of a 16 x 16 chunk.
+__device__ __forceinline__ void acc_to_a(unsigned a[4], const float lo[4], const float hi[4]) {
+    a[0] = pack(lo[0], lo[1]);
+    a[1] = pack(lo[2], lo[3]);
+    a[2] = pack(hi[0], hi[1]);
+    a[3] = pack(hi[2], hi[3]);
+}
+
+// rows [r0, r0 + TILE) of a [*, D] view (row stride sT) into a row-major tile; rows >= T are zero.
+__device__ __forceinline__ void load_rows(bf16* s, const bf16* src, long sT, int r0, int T) {
+    const int per_row = D / 8;  // 16-byte chunks
+    for (int e = threadIdx.x; e < TILE * per_row; e += WARPS * 32) {
+        int r = e / per_row, c = (e % per_row) * 8;
+        uint4 val = make_uint4(0, 0, 0, 0);
+        if (r0 + r < T) val = *reinterpret_cast<const uint4*>(src + (r0 + r) * sT + c);
+        *reinterpret_cast<uint4*>(s + r * LDR + c) = val;
+    }
+}
+
+// scores of this warp's 16 rows against a 64-wide tile: s = A · tileᵀ, A given as fragments
+__device__ __forceinline__ void scores(float s[NT][4], const unsigned a[KD][4], const bf16* tile, int g, int t) {
+#pragma unroll
+    for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int kc = 0; kc < KD; kc++)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+            mma(s[n], a[kc], word(tile, LDR, n * 8 + g, kc * 16 + 2 * t), word(tile, LDR, n * 8 + g, kc * 16 + 8 + 2 * t));
+}
+
+// Four 8 x 8 bf16 matrices from shared memory, transposed on the way (ldmatrix .trans): with lane
+// l pointing at row (l % 8) of matrix l / 8, register i holds the B fragment half of matrix i.
+__device__ __forceinline__ void ldsm_x4_t(unsigned r[4], const bf16* p) {
+    unsigned addr;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// acc[ND] += P · tile: P given as score accumulators [NT] (16 rows x TILE), tile row-major [TILE][D]
+// in shared memory (its rows are the k dimension, so the B fragments come through ldmatrix .trans)
+__device__ __forceinline__ void accumulate(float acc[ND][4], const float p[NT][4], const bf16* tile, int lane) {
+    const int kr = ((lane / 8) & 1) * 8 + lane % 8, nc = (lane / 16) * 8;
+#pragma unroll
+    for (int kc = 0; kc < NT / 2; kc++) {
+        unsigned a[4];
+        acc_to_a(a, p[2 * kc], p[2 * kc + 1]);
+#pragma unroll
+        for (int n = 0; n < ND; n += 2) {
+            unsigned b[4];
+            ldsm_x4_t(b, tile + (kc * 16 + kr) * LDR + n * 8 + nc);
+            mma(acc[n], a, b[0], b[1]);
+            mma(acc[n + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffff, v, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffff, v, 1);
+    return v + __shfl_xor_sync(0xffffffff, v, 2);
+}
+
+// write a warp's 16 x D accumulator rows (times `mul`) as bf16 into a [*, D] view with row stride sT
+__device__ __forceinline__ void store_rows(bf16* dst, long sT, const float acc[ND][4], int r0, int T, float mul0,
+                                           float mul1, int g, int t) {
+#pragma unroll
+    for (int n = 0; n < ND; n++) {
+        int c = n * 8 + 2 * t;
+        if (r0 + g < T) *reinterpret_cast<unsigned*>(dst + (r0 + g) * sT + c) = pack(acc[n][0] * mul0, acc[n][1] * mul0);
+        if (r0 + g + 8 < T)
+            *reinterpret_cast<unsigned*>(dst + (r0 + g + 8) * sT + c) = pack(acc[n][2] * mul1, acc[n][3] * mul1);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+flash_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, bf16* __restrict__ y,
+          float* __restrict__ lse, int H, int T, long sB, long sT, long sH, float scale) {
+    __shared__ __align__(16) bf16 Qs[TILE * LDR];
+    __shared__ __align__(16) bf16 Ks[TILE * LDR];
+    __shared__ __align__(16) bf16 Vs[TILE * LDR];
+    const int qb = gridDim.x - 1 - blockIdx.x;  // longest rows first
+    const int bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const long base = b * sB + h * sH;
+    const int q0 = qb * TILE, r0 = warp * 16;
+    const float sl2 = scale * LOG2E;  // scores in log2 units: exp2 instead of exp
+
+    load_rows(Qs, q + base, sT, q0, T);
+    __syncthreads();
+    unsigned qf[KD][4];
+#pragma unroll
+    for (int kc = 0; kc < KD; kc++) load_a(qf[kc], Qs, LDR, r0, kc * 16, g, t);
+
+    float o[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows g and g + 8
+    const int i0 = q0 + r0 + g, i1 = i0 + 8;
+
+    for (int j0 = 0; j0 <= q0; j0 += TILE) {
+        __syncthreads();
+        load_rows(Ks, k + base, sT, j0, T);
+        load_rows(Vs, v + base, sT, j0, T);
+        __syncthreads();
+        float s[NT][4];
+        scores(s, qf, Ks, g, t);
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            int j = j0 + n * 8 + 2 * t;
+            s[n][0] = j <= i0 ? s[n][0] * sl2 : -INFINITY;
+            s[n][1] = j + 1 <= i0 ? s[n][1] * sl2 : -INFINITY;
+            s[n][2] = j <= i1 ? s[n][2] * sl2 : -INFINITY;
+            s[n][3] = j + 1 <= i1 ? s[n][3] * sl2 : -INFINITY;
+            mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+        }
+        float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
+        float c0 = exp2f(m0 - mn0), c1 = exp2f(m1 - mn1);  // 0 on the first tile
+        m0 = mn0;
+        m1 = mn1;
+        float ps0 = 0.f, ps1 = 0.f;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            s[n][0] = exp2f(s[n][0] - mn0);
+            s[n][1] = exp2f(s[n][1] - mn0);
+            s[n][2] = exp2f(s[n][2] - mn1);
+            s[n][3] = exp2f(s[n][3] - mn1);
+            ps0 += s[n][0] + s[n][1];
+            ps1 += s[n][2] + s[n][3];
+        }
+        l0 = l0 * c0 + ps0;  // per-thread partial row sums; the quad's are added at the end
+        l1 = l1 * c1 + ps1;
+#pragma unroll
+        for (int n = 0; n < ND; n++) {
+            o[n][0] *= c0;
+            o[n][1] *= c0;
+            o[n][2] *= c1;
+            o[n][3] *= c1;
+        }
+        accumulate(o, s, Vs, lane);
+    }
+    l0 = quad_sum(l0);
+    l1 = quad_sum(l1);
+    const long yT = (long)H * D;
+    store_rows(y + (long)b * T * yT + h * D, yT, o, q0 + r0, T, 1.f / l0, 1.f / l1, g, t);
+    if (t == 0) {
+        if (i0 < T) lse[(long)bh * T + i0] = (m0 + log2f(l0)) * LN2;
+        if (i1 < T) lse[(long)bh * T + i1] = (m1 + log2f(l1)) * LN2;
+    }
+}
+
+// delta[b, h, i] = sum_d dy[b, i, h, d] * y[b, i, h, d]: one warp per row, fp32 sums
+extern "C" __global__ void flash_delta(const bf16* __restrict__ dy, const bf16* __restrict__ y,
+                                       float* __restrict__ delta, int B, int H, int T) {
+    long row = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;  // over (b, i, h)
+    int lane = threadIdx.x % 32;
+    if (row >= (long)B * T * H) return;
+    int h = row % H;
+    long bi = row / H;
+    int i = bi % T, b = bi / T;
+    const bf16* a = dy + row * D;
+    const bf16* c = y + row * D;
+    float s = 0.f;
+    for (int d = lane; d < D; d += 32) s += __bfloat162float(a[d]) * __bfloat162float(c[d]);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffff, s, o);
+    if (lane == 0) delta[((long)b * H + h) * T + i] = s;
+}
+
+// dq_i = scale * sum_{j <= i} P_ij (dP_ij - delta_i) k_j,  dP = dy · vᵀ, P = exp(scale q·k - lse)
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+flash_bwd_dq(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+             const bf16* __restrict__ dy, const float* __restrict__ lse, const float* __restrict__ delta,
+             bf16* __restrict__ dq, int H, int T, long sB, long sT, long sH, float scale) {
+    __shared__ __align__(16) bf16 Ks[TILE * LDR];
+    __shared__ __align__(16) bf16 Vs[TILE * LDR];
+    const int qb = gridDim.x - 1 - blockIdx.x;
+    const int bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const long base = b * sB + h * sH;
+    const int q0 = qb * TILE, r0 = warp * 16;
+    const float sl2 = scale * LOG2E;
+    const long yT = (long)H * D;
+
+    load_rows(Ks, q + base, sT, q0, T);  // Ks, Vs double as staging for q and dy
+    load_rows(Vs, dy + (long)b * T * yT + h * D, yT, q0, T);
+    __syncthreads();
+    unsigned qf[KD][4], df[KD][4];
+#pragma unroll
+    for (int kc = 0; kc < KD; kc++) {
+        load_a(qf[kc], Ks, LDR, r0, kc * 16, g, t);
+        load_a(df[kc], Vs, LDR, r0, kc * 16, g, t);
+    }
+    const int i0 = q0 + r0 + g, i1 = i0 + 8;
+    const float L0 = i0 < T ? lse[(long)bh * T + i0] * LOG2E : 0.f, L1 = i1 < T ? lse[(long)bh * T + i1] * LOG2E : 0.f;
+    const float d0 = i0 < T ? delta[(long)bh * T + i0] : 0.f, d1 = i1 < T ? delta[(long)bh * T + i1] : 0.f;
+    float acc[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+
+    for (int j0 = 0; j0 <= q0; j0 += TILE) {
+        __syncthreads();
+        load_rows(Ks, k + base, sT, j0, T);
+        load_rows(Vs, v + base, sT, j0, T);
+        __syncthreads();
+        float s[NT][4], dp[NT][4];
+        scores(s, qf, Ks, g, t);
+        scores(dp, df, Vs, g, t);
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            int j = j0 + n * 8 + 2 * t;
+            float p0 = j <= i0 ? exp2f(s[n][0] * sl2 - L0) : 0.f;
+            float p1 = j + 1 <= i0 ? exp2f(s[n][1] * sl2 - L0) : 0.f;
+            float p2 = j <= i1 ? exp2f(s[n][2] * sl2 - L1) : 0.f;
+            float p3 = j + 1 <= i1 ? exp2f(s[n][3] * sl2 - L1) : 0.f;
+            s[n][0] = p0 * (dp[n][0] - d0);
+            s[n][1] = p1 * (dp[n][1] - d0);
+            s[n][2] = p2 * (dp[n][2] - d1);
+            s[n][3] = p3 * (dp[n][3] - d1);
+        }
+        accumulate(acc, s, Ks, lane);
+    }
+    store_rows(dq + base, sT, acc, q0 + r0, T, scale, scale, g, t);
+}
+
+// For the 64 keys of a block: dv_j = sum_{i >= j} P_ij dy_i, dk_j = scale * sum_{i >= j} dS_ij q_i,
+// computed transposed (keys as rows): Sᵀ = k · qᵀ, dPᵀ = v · dyᵀ.
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+flash_bwd_dkdv(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+               const bf16* __restrict__ dy, const float* __restrict__ lse, const float* __restrict__ delta,
+               bf16* __restrict__ dk, bf16* __restrict__ dv, int H, int T, long sB, long sT, long sH, float scale) {
+    __shared__ __align__(16) bf16 Qs[TILE * LDR];
+    __shared__ __align__(16) bf16 Ds[TILE * LDR];
+    __shared__ float Ls[TILE], Es[TILE];
+    const int bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const long base = b * sB + h * sH;
+    const int k0 = blockIdx.x * TILE, r0 = warp * 16;  // the first keys see the most queries: launched first
+    const float sl2 = scale * LOG2E;
+    const long yT = (long)H * D;
+    const bf16* dyb = dy + (long)b * T * yT + h * D;
+
+    load_rows(Qs, k + base, sT, k0, T);  // staging for k and v
+    load_rows(Ds, v + base, sT, k0, T);
+    __syncthreads();
+    unsigned kf[KD][4], vf[KD][4];
+#pragma unroll
+    for (int kc = 0; kc < KD; kc++) {
+        load_a(kf[kc], Qs, LDR, r0, kc * 16, g, t);
+        load_a(vf[kc], Ds, LDR, r0, kc * 16, g, t);
+    }
+    const int j0k = k0 + r0 + g, j1k = j0k + 8;  // this thread's two key rows
+    float dka[ND][4], dva[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++) {
+        dka[n][0] = dka[n][1] = dka[n][2] = dka[n][3] = 0.f;
+        dva[n][0] = dva[n][1] = dva[n][2] = dva[n][3] = 0.f;
+    }
+
+    for (int i0 = k0; i0 < T; i0 += TILE) {
+        __syncthreads();
+        load_rows(Qs, q + base, sT, i0, T);
+        load_rows(Ds, dyb, yT, i0, T);
+        for (int e = threadIdx.x; e < TILE; e += WARPS * 32) {
+            int i = i0 + e;
+            Ls[e] = i < T ? lse[(long)bh * T + i] * LOG2E : 0.f;
+            Es[e] = i < T ? delta[(long)bh * T + i] : 0.f;
+        }
+        __syncthreads();
+        float s[NT][4], dp[NT][4];
+        scores(s, kf, Qs, g, t);
+        scores(dp, vf, Ds, g, t);
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            int c = n * 8 + 2 * t, i = i0 + c;  // query columns c, c + 1
+            bool ok00 = i >= j0k && i < T, ok01 = i + 1 >= j0k && i + 1 < T;
+            bool ok10 = i >= j1k && i < T, ok11 = i + 1 >= j1k && i + 1 < T;
+            s[n][0] = ok00 ? exp2f(s[n][0] * sl2 - Ls[c]) : 0.f;
+            s[n][1] = ok01 ? exp2f(s[n][1] * sl2 - Ls[c + 1]) : 0.f;
+            s[n][2] = ok10 ? exp2f(s[n][2] * sl2 - Ls[c]) : 0.f;
+            s[n][3] = ok11 ? exp2f(s[n][3] * sl2 - Ls[c + 1]) : 0.f;
+            dp[n][0] = s[n][0] * (dp[n][0] - Es[c]);
+            dp[n][1] = s[n][1] * (dp[n][1] - Es[c + 1]);
+            dp[n][2] = s[n][2] * (dp[n][2] - Es[c]);
+            dp[n][3] = s[n][3] * (dp[n][3] - Es[c + 1]);
+        }
+        accumulate(dva, s, Ds, lane);
+        accumulate(dka, dp, Qs, lane);
+    }
+    store_rows(dk + base, sT, dka, k0 + r0, T, scale, scale, g, t);
+    store_rows(dv + base, sT, dva, k0 + r0, T, 1.f, 1.f, g, t);
+}
