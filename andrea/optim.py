@@ -65,12 +65,10 @@ def train_step(engine, micro_batches, step: int, oc: OptimConfig, nonfinite: Non
     nonfinite = nonfinite if nonfinite is not None else NonFiniteCounter()
     n = len(micro_batches)
     engine.zero_grads()
-    losses, rows = [], []
+    rows = []
     for inputs, targets in micro_batches:
-        losses.append(engine.forward(inputs, targets))
-        rows.append(np.asarray(engine.row_losses()).copy())
-        engine.backward()
-    loss = float(np.mean(losses))
+        rows.append(np.asarray(engine.forward_backward(inputs, targets)).copy())
+    loss = float(np.mean(np.concatenate(rows)))
     if n > 1:
         engine.scale_grads(1.0 / n)
     norm = engine.grad_norm()
@@ -88,8 +86,6 @@ def train_step(engine, micro_batches, step: int, oc: OptimConfig, nonfinite: Non
         return StepResult(step, loss, np.concatenate(rows), norm, lr, False, True)
     nonfinite.consecutive = 0
     clipped = norm > oc.grad_clip
-    if clipped:
-        engine.scale_grads(oc.grad_clip / norm)
-    engine.adamw(lr, oc.beta1, oc.beta2, oc.eps, oc.weight_decay)
+    engine.adamw(lr, oc.beta1, oc.beta2, oc.eps, oc.weight_decay, gscale=oc.grad_clip / norm if clipped else 1.0)
     engine.zero_grads()
     return StepResult(step, loss, np.concatenate(rows), norm, lr, clipped, False)

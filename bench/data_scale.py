@@ -139,8 +139,8 @@ def main() -> None:
     filt = json.loads((out_dirs["filter-shape"] / "report.json").read_text())["totals"]
     total = sum(r["wall_s"] for r in rows)
     print()
-    print(f"| stage | wall time (s) | peak RSS (MB) |")
-    print(f"|---|---|---|")
+    print("| stage | wall time (s) | peak RSS (MB) |")
+    print("|---|---|---|")
     for r in rows:
         print(f"| {r['stage']} | {r['wall_s']} | {r['peak_rss_mb']} |")
     print(f"| **total** | **{total:.1f}** | **{max(r['peak_rss_mb'] for r in rows)}** |")

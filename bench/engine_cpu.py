@@ -11,7 +11,6 @@ dependency (`pip install torch`).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import platform
 import statistics

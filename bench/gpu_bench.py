@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -33,14 +32,18 @@ MODELS = {  # the config/config.yaml table (read without the config machinery: t
 
 
 def bench_ours(cfg, B, T, precision, steps, warmup):
+    """precision: fp32, bf16 (with CUDA graphs) or bf16-eager (kernel by kernel, no graphs)."""
     import cupy as cp
 
     from andrea.engine import Engine
+    from andrea.engine import cupy_backend
     from andrea.optim import OptimConfig, train_step
 
+    cupy_backend.clear_caches()
     pool = cp.get_default_memory_pool()
     pool.free_all_blocks()
-    e = Engine(cfg, batch_size=B, seq_len=T, backend="cupy", precision=precision)
+    e = Engine(cfg, batch_size=B, seq_len=T, backend="cupy", precision=precision.split("-")[0])
+    e.graphs = e.graphs and not precision.endswith("-eager")
     x = np.random.default_rng(0).integers(0, cfg.vocab_size, (B, T + 1))
     batch = [(x[:, :-1], x[:, 1:])]
     oc = OptimConfig(lr=3e-4, warmup_steps=1)
@@ -55,6 +58,7 @@ def bench_ours(cfg, B, T, precision, steps, warmup):
     plan = e.memory_plan().total
     peak = pool.total_bytes()
     del e
+    cupy_backend.clear_caches()
     pool.free_all_blocks()
     return dt, peak, plan
 
@@ -102,7 +106,8 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--precisions", nargs="+", default=["bf16", "fp32"])
+    ap.add_argument("--precisions", nargs="+", default=["bf16", "bf16-eager", "fp32"],
+                    help="bf16 (CUDA graphs), bf16-eager (no graphs), fp32")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -127,14 +132,14 @@ def main() -> None:
             rows.append(row)
 
     print()
-    print("| model | B×T | PyTorch tok/s (MFU, GiB) | ours bf16 tok/s (MFU, GiB) | ours fp32 tok/s | bf16 / PyTorch |")
-    print("|---|---|---|---|---|---|")
+    print("| model | B×T | PyTorch tok/s (MFU, GiB) | ours bf16 tok/s (MFU, GiB) | bf16 no graphs | fp32 | bf16 / PyTorch |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
-        t, b, f = r.get("torch"), r.get("ours_bf16"), r.get("ours_fp32")
-        cell = lambda x: f"{x['tok_s']:,.0f} ({x['mfu']:.1%}, {x['peak_gib']:.1f})" if x else "—"  # noqa: E731
+        t, b, be, f = r.get("torch"), r.get("ours_bf16"), r.get("ours_bf16-eager"), r.get("ours_fp32")
+        cell = lambda x: f"{x['tok_s']:,.0f} ({x['mfu']:.1%}, {x['peak_gib']:.2f})" if x else "—"  # noqa: E731
         ratio = f"{b['tok_s'] / t['tok_s']:.2f}" if (t and b) else "—"
-        fp32 = f"{f['tok_s']:,.0f}" if f else "—"
-        print(f"| {r['model']} | {r['B']}×{r['T']} | {cell(t)} | {cell(b)} | {fp32} | {ratio} |")
+        plain = lambda x: f"{x['tok_s']:,.0f}" if x else "—"  # noqa: E731
+        print(f"| {r['model']} | {r['B']}×{r['T']} | {cell(t)} | {cell(b)} | {plain(be)} | {plain(f)} | {ratio} |")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=2))
 

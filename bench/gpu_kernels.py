@@ -1,9 +1,10 @@
 """Build, check and time ANDREA's attention kernels on the GPU, llm.c dev/cuda style: every variant
 against a float64 NumPy reference, then timed at the shapes of ANDREA-12M and ANDREA-120M, next to
-PyTorch's scaled_dot_product_attention (flash) when PyTorch is there.
+PyTorch's scaled_dot_product_attention (flash) when PyTorch is there; then every matrix product of
+an ANDREA-120M step timed alone against the tensor-core rate.
 
     python3 bench/gpu_kernels.py                # check + time
-    python3 bench/gpu_kernels.py --graph-probe  # also: can cuBLAS and our kernels be captured in a CUDA graph?
+    python3 bench/gpu_kernels.py --no-gemm      # without the table of matrix products
 """
 
 from __future__ import annotations
@@ -116,34 +117,52 @@ def time_torch(B, H, T, D):
     return out[0], out[1] - out[0]
 
 
-def graph_probe(gb, cp):
-    """Can a CUDA graph capture cuBLAS (own handle, stream set before capture) and our kernels?"""
-    from cupy.cuda import cublas
+def gemm_table(gb, cp, B, cfg_name, d, M, V, reps=20):
+    """Every matrix product of one ANDREA training step at these sizes, timed alone (bf16 operands)."""
+    N, bf = B * 1024, gb.BF16
+    Vp = -(-V // 8) * 8
+    z = lambda *s, dt=bf: cp.zeros(s, dt)  # noqa: E731
+    x, w, wd = z(N, d), z(d, d), z(3 * d, d)
+    h, w1, w2, wte = z(N, M), z(d, M), z(M, d), z(V, d)
+    logits = z(N, Vp)
+    f32 = lambda *s: z(*s, dt=cp.float32)  # noqa: E731
+    qkv = z(N, 3 * d)
+    cases = [  # name, count per step, flops, call
+        ("qkv fwd (batched ×3)", 1, 2 * N * d * 3 * d, lambda: gb.bgemm(x, wd, qkv, N, d, d, d, d, 3 * d, 0, d * d, d, 3)),
+        ("attn out fwd", 1, 2 * N * d * d, lambda: gb.gemm(x, w, OUT["nd"])),
+        ("mlp up fwd (bf16 out)", 1, 2 * N * d * M, lambda: gb.gemm(x, w1, h)),
+        ("mlp down fwd", 1, 2 * N * M * d, lambda: gb.gemm(h, w2, OUT["nd"])),
+        ("logits (bf16 out)", 1 / 12, 2 * N * d * V, lambda: gb.gemm(x, wte, logits[:, :V], tb=True)),
+        ("logits dx", 1 / 12, 2 * N * d * V, lambda: gb.gemm(logits[:, :V], wte, OUT["nd"], alpha=0.5)),
+        ("logits dW (+=)", 1 / 12, 2 * N * d * V, lambda: gb.gemm(logits[:, :V], x, OUT["vd"], ta=True, accumulate=True)),
+        ("mlp dW2 (+=)", 1, 2 * N * M * d, lambda: gb.gemm(h, x, OUT["md"], ta=True, accumulate=True)),
+        ("mlp da (bf16 out)", 1, 2 * N * M * d, lambda: gb.gemm(x, w2, h, tb=True)),
+        ("mlp dW1 (+=)", 1, 2 * N * M * d, lambda: gb.gemm(x, h, OUT["dm"], ta=True, accumulate=True)),
+        ("mlp dx", 1, 2 * N * M * d, lambda: gb.gemm(h, w1, OUT["nd"], tb=True)),
+        ("qkv dx (3 × +=)", 3, 2 * N * d * d, lambda: gb.gemm(qkv[:, :d], w, OUT["nd"], tb=True, accumulate=True)),
+        ("qkv dW (batched ×3, +=)", 1, 2 * N * d * 3 * d, lambda: gb.bgemm(x, qkv, OUT["dd3"], d, d, N, d, 3 * d, d, 0, d, d * d, 3, ta=True, accumulate=True)),
+        ("attn out dy (bf16 out)", 1, 2 * N * d * d, lambda: gb.gemm(x, w, x, tb=True)),
+        ("attn out dW (+=)", 1, 2 * N * d * d, lambda: gb.gemm(x, x, OUT["dd"], ta=True, accumulate=True)),
+    ]
+    OUT.update(nd=f32(N, d), vd=f32(V, d), md=f32(M, d), dm=f32(d, M), dd=f32(d, d), dd3=f32(3, d, d))
+    total = 0.0
+    print(f"\nmatrix products of one {cfg_name} B={B} step, each timed alone")
+    print("| product | ms | TFLOP/s | per layer |")
+    print("|---|---|---|---|")
+    for name, count, flops, call in cases:
+        t = timed(cp, call, reps)
+        total += t * count
+        print(f"| {name} | {t * 1e3:.3f} | {flops / t / 1e12:.0f} | {count:g} |")
+    return total
 
-    s = cp.cuda.Stream(non_blocking=True)
-    handle = cublas.create()
-    cublas.setStream(handle, s.ptr)
-    a = cp.asarray(np.random.default_rng(0).standard_normal((256, 128)).astype(gb.BF16))
-    b = cp.asarray(np.random.default_rng(1).standard_normal((128, 64)).astype(gb.BF16))
-    c = cp.zeros((256, 64), cp.float32)
-    x = cp.ones(1000, cp.float32)
-    with s:
-        s.begin_capture()
-        try:
-            gb.gemm(a, b, c, handle=handle)
-            gb.grad_scale(x, 2.0)
-            cp.add(x, 1.0, out=x)
-        finally:
-            graph = s.end_capture()
-    graph.launch(s)
-    s.synchronize()
-    ok = rel(cp.asnumpy(c), a.get().astype(np.float64) @ b.get().astype(np.float64)) < 1e-2 and float(x[0]) == 3.0
-    print(f"graph probe: cuBLAS + RawKernel + elementwise captured and replayed: {'ok' if ok else 'WRONG RESULT'}")
+
+OUT: dict = {}
+VARIANTS = ("1", "2")  # tensor-core flash attention: synchronous tile loads, cp.async double buffering
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--graph-probe", action="store_true")
+    ap.add_argument("--no-gemm", action="store_true", help="skip the table of matrix products")
     args = ap.parse_args()
     import cupy as cp
 
@@ -151,23 +170,30 @@ def main() -> None:
 
     rng = np.random.default_rng(0)
     print("correctness (bf16 inputs vs float64 reference; relative error)")
-    for B, H, T, D in ((2, 3, 200, 64), (2, 3, 200, 32), (1, 2, 64, 64), (1, 1, 37, 16)):
-        errs = check(gb, cp, B, H, T, D, rng)
-        ok = all(v < 2e-2 for k, v in errs.items() if k != "same_bytes") and errs["same_bytes"]
-        print(f"  B={B} H={H} T={T} D={D}: " + ", ".join(f"{k} {v:.2e}" if k != "same_bytes" else f"{k} {v}" for k, v in errs.items())
-              + ("  ok" if ok else "  FAIL"))
+    for variant in VARIANTS:
+        gb.FLASH_VARIANT = variant
+        for B, H, T, D in ((2, 3, 200, 64), (2, 3, 200, 32), (1, 2, 64, 64), (1, 1, 37, 16)):
+            errs = check(gb, cp, B, H, T, D, rng)
+            ok = all(v < 2e-2 for k, v in errs.items() if k != "same_bytes") and errs["same_bytes"]
+            print(f"  variant {variant} B={B} H={H} T={T} D={D}: "
+                  + ", ".join(f"{k} {v:.2e}" if k != "same_bytes" else f"{k} {v}" for k, v in errs.items()) + ("  ok" if ok else "  FAIL"))
     print("\ntiming (T=1024; causal FLOPs: forward 2·B·H·T²·D, backward 2.5× that)")
-    print("| shape | ours fwd ms (TFLOP/s) | ours bwd ms (TFLOP/s) | torch SDPA fwd ms | torch bwd ms |")
-    print("|---|---|---|---|---|")
+    print("| shape | variant | ours fwd ms (TFLOP/s) | ours bwd ms (TFLOP/s) | torch SDPA fwd ms | torch bwd ms |")
+    print("|---|---|---|---|---|---|")
     for name, B, H, D in (("12M B=8", 8, 12, 32), ("120M B=8", 8, 12, 64), ("120M B=32", 32, 12, 64)):
         T = 1024
         flops = 2 * B * H * T * T * D
-        f, b = time_ours(gb, cp, B, H, T, D)
         tt = time_torch(B, H, T, D)
         tcol = f"{tt[0] * 1e3:.3f} | {tt[1] * 1e3:.3f}" if tt else "— | —"
-        print(f"| {name} | {f * 1e3:.3f} ({flops / f / 1e12:.0f}) | {b * 1e3:.3f} ({2.5 * flops / b / 1e12:.0f}) | {tcol} |")
-    if args.graph_probe:
-        graph_probe(gb, cp)
+        for variant in VARIANTS:
+            gb.FLASH_VARIANT = variant
+            f, b = time_ours(gb, cp, B, H, T, D)
+            print(f"| {name} | {variant} | {f * 1e3:.3f} ({flops / f / 1e12:.0f}) | {b * 1e3:.3f} ({2.5 * flops / b / 1e12:.0f}) | {tcol} |")
+    gb.FLASH_VARIANT = VARIANTS[-1]
+    if not args.no_gemm:
+        for B in (8, 32):
+            per_layer = gemm_table(gb, cp, B, "ANDREA-120M", 768, 3072, 8449)
+            print(f"sum per layer (logits spread over 12 layers): {per_layer * 1e3:.3f} ms; x 12 layers = {per_layer * 12e3:.2f} ms")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     args = ap.parse_args()
 
+    import os
+
+    os.environ["ANDREA_CUDA_GRAPHS"] = "0"  # time every backend function: no graph replay
     import cupy as cp
 
     from andrea.engine import Engine
@@ -43,7 +46,7 @@ def main() -> None:
     train_step(e, batch, 0, oc)  # compile kernels, warm cuBLAS
 
     gpu_ms = defaultdict(float)
-    names = [n for n in dir(gb) if (n.endswith(("_fwd", "_bwd")) and not n.startswith("flash_attention")) or n in ("residual_add", "grad_norm_partial", "grad_norm_final", "grad_scale", "adamw")]
+    names = [n for n in dir(gb) if (n.endswith(("_fwd", "_bwd")) and not n.startswith("flash_attention")) or n in ("residual_add", "add_layernorm_fwd", "grad_norm_partial", "grad_norm_final", "grad_scale", "adamw")]
     for n in names:
         fn = getattr(gb, n)
 

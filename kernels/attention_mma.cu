@@ -12,7 +12,7 @@
 // Layout: q, k, v are [B, T, H, D] views with element strides (sB, sT, sH) (the projection writes
 // one [B, T, 3, H, D] buffer, so q, k and v sit at offsets 0, H*D, 2*H*D of each token's row);
 // dq, dk, dv use the same strides; y, dy are [B, T, H*D]; lse, delta are [B, H, T], fp32.
-// Compiled with -DHEAD_DIM=<D>, D a multiple of 16, at most 128; strides multiples of 8. Tiles sit
+// Compiled with -DHEAD_DIM=<D>, D a multiple of 16, at most 64; strides multiples of 8. Tiles sit
 // row-major in shared memory (16-byte vector loads, rows padded so fragment reads hit distinct
 // banks); operands needed transposed come through ldmatrix .trans.
 #include <cuda_bf16.h>
@@ -23,8 +23,8 @@
 #error "compile with -DHEAD_DIM=<head dim>"
 #endif
 #define D HEAD_DIM
-#if D % 16 != 0 || D > 128
-#error "HEAD_DIM must be a multiple of 16, at most 128"
+#if D % 16 != 0 || D > 64
+#error "HEAD_DIM must be a multiple of 16, at most 64 (the tiles must fit 48 KB of shared memory)"
 #endif
 #define TILE 64           // query rows per block, keys per tile (and the transpose for dK/dV)
 #define WARPS 4           // 16 rows each
@@ -358,6 +358,276 @@ flash_bwd_dkdv(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf1
         }
         accumulate(dva, s, Ds, lane);
         accumulate(dka, dp, Qs, lane);
+    }
+    store_rows(dk + base, sT, dka, k0 + r0, T, scale, scale, g, t);
+    store_rows(dv + base, sT, dva, k0 + r0, T, 1.f, 1.f, g, t);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pipelined variants (suffix 2): the next tile is fetched with cp.async into a second shared-memory
+// buffer while the tensor cores work on the current one (global-memory latency hidden even at two
+// or three blocks per SM); the block's own rows (q and dy, or k and v) go straight from global
+// memory into their fragment registers. Same arithmetic in the same order as above.
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned addr;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(p));
+    return addr;
+}
+
+// 16 bytes global -> shared, asynchronously; zero-filled when !valid (src is then not read)
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 4 : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// rows [r0, r0 + TILE) of a [*, D] view into a row-major tile, asynchronously (rows >= T: zeros)
+__device__ __forceinline__ void async_rows(bf16* s, const bf16* src, long sT, int r0, int T) {
+    const int per_row = D / 8;
+    for (int e = threadIdx.x; e < TILE * per_row; e += WARPS * 32) {
+        int r = e / per_row, c = (e % per_row) * 8;
+        bool ok = r0 + r < T;
+        cp_async16(s + r * LDR + c, src + (ok ? (r0 + r) * sT + c : 0), ok);
+    }
+}
+
+// the A fragments of a warp's 16 rows straight from global memory (rows >= T: zeros)
+__device__ __forceinline__ void global_a(unsigned a[KD][4], const bf16* src, long sT, int r0, int T, int g, int t) {
+    const unsigned* p0 = reinterpret_cast<const unsigned*>(src + (r0 + g) * sT);
+    const unsigned* p1 = reinterpret_cast<const unsigned*>(src + (r0 + g + 8) * sT);
+    bool ok0 = r0 + g < T, ok1 = r0 + g + 8 < T;
+#pragma unroll
+    for (int kc = 0; kc < KD; kc++) {
+        a[kc][0] = ok0 ? p0[kc * 8 + t] : 0u;
+        a[kc][1] = ok1 ? p1[kc * 8 + t] : 0u;
+        a[kc][2] = ok0 ? p0[kc * 8 + 4 + t] : 0u;
+        a[kc][3] = ok1 ? p1[kc * 8 + 4 + t] : 0u;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+flash_fwd2(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, bf16* __restrict__ y,
+           float* __restrict__ lse, int H, int T, long sB, long sT, long sH, float scale) {
+    __shared__ __align__(16) bf16 Ks[2][TILE * LDR];
+    __shared__ __align__(16) bf16 Vs[2][TILE * LDR];
+    const int qb = gridDim.x - 1 - blockIdx.x;  // longest rows first
+    const int bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const long base = b * sB + h * sH;
+    const int q0 = qb * TILE, r0 = warp * 16;
+    const float sl2 = scale * LOG2E;
+
+    async_rows(Ks[0], k + base, sT, 0, T);
+    async_rows(Vs[0], v + base, sT, 0, T);
+    cp_async_commit();
+    unsigned qf[KD][4];
+    global_a(qf, q + base, sT, q0 + r0, T, g, t);
+
+    float o[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    const int i0 = q0 + r0 + g, i1 = i0 + 8;
+
+    for (int j0 = 0, it = 0; j0 <= q0; j0 += TILE, it++) {
+        const int cur = it & 1;
+        if (j0 + TILE <= q0) {  // fetch the next tile while this one is used
+            async_rows(Ks[cur ^ 1], k + base, sT, j0 + TILE, T);
+            async_rows(Vs[cur ^ 1], v + base, sT, j0 + TILE, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        float s[NT][4];
+        scores(s, qf, Ks[cur], g, t);
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+        const bool diag = j0 == q0;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            int j = j0 + n * 8 + 2 * t;
+            s[n][0] = (!diag || j <= i0) ? s[n][0] * sl2 : -INFINITY;
+            s[n][1] = (!diag || j + 1 <= i0) ? s[n][1] * sl2 : -INFINITY;
+            s[n][2] = (!diag || j <= i1) ? s[n][2] * sl2 : -INFINITY;
+            s[n][3] = (!diag || j + 1 <= i1) ? s[n][3] * sl2 : -INFINITY;
+            mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+        }
+        float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
+        float c0 = exp2f(m0 - mn0), c1 = exp2f(m1 - mn1);
+        m0 = mn0;
+        m1 = mn1;
+        float ps0 = 0.f, ps1 = 0.f;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            s[n][0] = exp2f(s[n][0] - mn0);
+            s[n][1] = exp2f(s[n][1] - mn0);
+            s[n][2] = exp2f(s[n][2] - mn1);
+            s[n][3] = exp2f(s[n][3] - mn1);
+            ps0 += s[n][0] + s[n][1];
+            ps1 += s[n][2] + s[n][3];
+        }
+        l0 = l0 * c0 + ps0;
+        l1 = l1 * c1 + ps1;
+#pragma unroll
+        for (int n = 0; n < ND; n++) {
+            o[n][0] *= c0;
+            o[n][1] *= c0;
+            o[n][2] *= c1;
+            o[n][3] *= c1;
+        }
+        accumulate(o, s, Vs[cur], lane);
+        __syncthreads();  // everyone is done with this buffer before it is refilled
+    }
+    l0 = quad_sum(l0);
+    l1 = quad_sum(l1);
+    const long yT = (long)H * D;
+    store_rows(y + (long)b * T * yT + h * D, yT, o, q0 + r0, T, 1.f / l0, 1.f / l1, g, t);
+    if (t == 0) {
+        if (i0 < T) lse[(long)bh * T + i0] = (m0 + log2f(l0)) * LN2;
+        if (i1 < T) lse[(long)bh * T + i1] = (m1 + log2f(l1)) * LN2;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+flash_bwd_dq2(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+              const bf16* __restrict__ dy, const float* __restrict__ lse, const float* __restrict__ delta,
+              bf16* __restrict__ dq, int H, int T, long sB, long sT, long sH, float scale) {
+    __shared__ __align__(16) bf16 Ks[2][TILE * LDR];
+    __shared__ __align__(16) bf16 Vs[2][TILE * LDR];
+    const int qb = gridDim.x - 1 - blockIdx.x;
+    const int bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const long base = b * sB + h * sH;
+    const int q0 = qb * TILE, r0 = warp * 16;
+    const float sl2 = scale * LOG2E;
+    const long yT = (long)H * D;
+
+    async_rows(Ks[0], k + base, sT, 0, T);
+    async_rows(Vs[0], v + base, sT, 0, T);
+    cp_async_commit();
+    unsigned qf[KD][4], df[KD][4];
+    global_a(qf, q + base, sT, q0 + r0, T, g, t);
+    global_a(df, dy + (long)b * T * yT + h * D, yT, q0 + r0, T, g, t);
+    const int i0 = q0 + r0 + g, i1 = i0 + 8;
+    const float L0 = i0 < T ? lse[(long)bh * T + i0] * LOG2E : 0.f, L1 = i1 < T ? lse[(long)bh * T + i1] * LOG2E : 0.f;
+    const float d0 = i0 < T ? delta[(long)bh * T + i0] : 0.f, d1 = i1 < T ? delta[(long)bh * T + i1] : 0.f;
+    float acc[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+
+    for (int j0 = 0, it = 0; j0 <= q0; j0 += TILE, it++) {
+        const int cur = it & 1;
+        if (j0 + TILE <= q0) {
+            async_rows(Ks[cur ^ 1], k + base, sT, j0 + TILE, T);
+            async_rows(Vs[cur ^ 1], v + base, sT, j0 + TILE, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        float s[NT][4], dp[NT][4];
+        scores(s, qf, Ks[cur], g, t);
+        scores(dp, df, Vs[cur], g, t);
+        const bool diag = j0 == q0;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            int j = j0 + n * 8 + 2 * t;
+            float p0 = (!diag || j <= i0) ? exp2f(s[n][0] * sl2 - L0) : 0.f;
+            float p1 = (!diag || j + 1 <= i0) ? exp2f(s[n][1] * sl2 - L0) : 0.f;
+            float p2 = (!diag || j <= i1) ? exp2f(s[n][2] * sl2 - L1) : 0.f;
+            float p3 = (!diag || j + 1 <= i1) ? exp2f(s[n][3] * sl2 - L1) : 0.f;
+            s[n][0] = p0 * (dp[n][0] - d0);
+            s[n][1] = p1 * (dp[n][1] - d0);
+            s[n][2] = p2 * (dp[n][2] - d1);
+            s[n][3] = p3 * (dp[n][3] - d1);
+        }
+        accumulate(acc, s, Ks[cur], lane);
+        __syncthreads();
+    }
+    store_rows(dq + base, sT, acc, q0 + r0, T, scale, scale, g, t);
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+flash_bwd_dkdv2(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                const bf16* __restrict__ dy, const float* __restrict__ lse, const float* __restrict__ delta,
+                bf16* __restrict__ dk, bf16* __restrict__ dv, int H, int T, long sB, long sT, long sH, float scale) {
+    __shared__ __align__(16) bf16 Qs[2][TILE * LDR];
+    __shared__ __align__(16) bf16 Ds[2][TILE * LDR];
+    __shared__ float Ls[2][TILE], Es[2][TILE];
+    const int bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const long base = b * sB + h * sH;
+    const int k0 = blockIdx.x * TILE, r0 = warp * 16;  // the first keys see the most queries: launched first
+    const float sl2 = scale * LOG2E;
+    const long yT = (long)H * D;
+    const bf16* dyb = dy + (long)b * T * yT + h * D;
+    const float* lseb = lse + (long)bh * T;
+    const float* deltab = delta + (long)bh * T;
+
+    auto fetch = [&](int buf, int i0) {
+        async_rows(Qs[buf], q + base, sT, i0, T);
+        async_rows(Ds[buf], dyb, yT, i0, T);
+        for (int e = threadIdx.x; e < TILE; e += WARPS * 32) {
+            bool ok = i0 + e < T;
+            cp_async4(&Ls[buf][e], lseb + (ok ? i0 + e : 0), ok);
+            cp_async4(&Es[buf][e], deltab + (ok ? i0 + e : 0), ok);
+        }
+        cp_async_commit();
+    };
+    fetch(0, k0);
+    unsigned kf[KD][4], vf[KD][4];
+    global_a(kf, k + base, sT, k0 + r0, T, g, t);
+    global_a(vf, v + base, sT, k0 + r0, T, g, t);
+    const int j0k = k0 + r0 + g, j1k = j0k + 8;
+    float dka[ND][4], dva[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++) {
+        dka[n][0] = dka[n][1] = dka[n][2] = dka[n][3] = 0.f;
+        dva[n][0] = dva[n][1] = dva[n][2] = dva[n][3] = 0.f;
+    }
+
+    for (int i0 = k0, it = 0; i0 < T; i0 += TILE, it++) {
+        const int cur = it & 1;
+        if (i0 + TILE < T) {
+            fetch(cur ^ 1, i0 + TILE);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        float s[NT][4], dp[NT][4];
+        scores(s, kf, Qs[cur], g, t);
+        scores(dp, vf, Ds[cur], g, t);
+        const float* L = Ls[cur];
+        const float* E = Es[cur];
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            int c = n * 8 + 2 * t, i = i0 + c;
+            bool ok00 = i >= j0k && i < T, ok01 = i + 1 >= j0k && i + 1 < T;
+            bool ok10 = i >= j1k && i < T, ok11 = i + 1 >= j1k && i + 1 < T;
+            s[n][0] = ok00 ? exp2f(s[n][0] * sl2 - L[c] * LOG2E) : 0.f;
+            s[n][1] = ok01 ? exp2f(s[n][1] * sl2 - L[c + 1] * LOG2E) : 0.f;
+            s[n][2] = ok10 ? exp2f(s[n][2] * sl2 - L[c] * LOG2E) : 0.f;
+            s[n][3] = ok11 ? exp2f(s[n][3] * sl2 - L[c + 1] * LOG2E) : 0.f;
+            dp[n][0] = s[n][0] * (dp[n][0] - E[c]);
+            dp[n][1] = s[n][1] * (dp[n][1] - E[c + 1]);
+            dp[n][2] = s[n][2] * (dp[n][2] - E[c]);
+            dp[n][3] = s[n][3] * (dp[n][3] - E[c + 1]);
+        }
+        accumulate(dva, s, Ds[cur], lane);
+        accumulate(dka, dp, Qs[cur], lane);
+        __syncthreads();
     }
     store_rows(dk + base, sT, dka, k0 + r0, T, scale, scale, g, t);
     store_rows(dv + base, sT, dva, k0 + r0, T, 1.f, 1.f, g, t);

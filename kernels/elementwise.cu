@@ -12,20 +12,6 @@ extern "C" __global__ void embed_fwd(const int* __restrict__ tok, const float* _
     out[i] = wte[(long)tok[row] * C + c] + wpe[(long)(row % T) * C + c];
 }
 
-// dwte[u] += sum of dout rows whose token is u, in sorted (stable) order: one thread per
-// (unique token, channel). `order` sorts positions by token; [start[k], start[k+1]) are the
-// positions of unique token uniq[k]. Deterministic, no atomics.
-extern "C" __global__ void embed_bwd_wte(const float* __restrict__ dout, const long long* __restrict__ order,
-                                         const long long* __restrict__ uniq, const long long* __restrict__ start,
-                                         float* __restrict__ dwte, int n_uniq, int C) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long)n_uniq * C) return;
-    int k = i / C, c = i % C;
-    float s = 0.f;
-    for (long p = start[k]; p < start[k + 1]; p++) s += dout[order[p] * C + c];
-    dwte[uniq[k] * C + c] += s;
-}
-
 extern "C" __global__ void gelu_fwd(const float* __restrict__ h, float* __restrict__ a, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -74,12 +60,13 @@ extern "C" __global__ void grad_scale(float* __restrict__ g, float scale, long n
 }
 
 // Fused AdamW over the flat buffers: decoupled decay where decay[i] = 1, then Adam.
+// The gradient is multiplied by gscale first (global clipping, folded in: no separate pass).
 extern "C" __global__ void adamw(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ m,
-                                 float* __restrict__ v, const float* __restrict__ decay, float lr, float beta1,
-                                 float beta2, float eps, float wd, float bc1, float bc2, long n) {
+                                 float* __restrict__ v, const unsigned char* __restrict__ decay, float gscale,
+                                 float lr, float beta1, float beta2, float eps, float wd, float bc1, float bc2, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float gi = g[i];
+    float gi = g[i] * gscale;
     float mi = beta1 * m[i] + (1.f - beta1) * gi;
     float vi = beta2 * v[i] + (1.f - beta2) * gi * gi;
     m[i] = mi;
@@ -117,12 +104,12 @@ extern "C" __global__ void to_bf16(const float* __restrict__ x, __nv_bfloat16* _
 
 // AdamW as above, also refreshing the bf16 copy of the weights that the matrix products read
 extern "C" __global__ void adamw_bf16(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ m,
-                                      float* __restrict__ v, const float* __restrict__ decay,
-                                      __nv_bfloat16* __restrict__ wb, float lr, float beta1, float beta2, float eps,
-                                      float wd, float bc1, float bc2, long n) {
+                                      float* __restrict__ v, const unsigned char* __restrict__ decay,
+                                      __nv_bfloat16* __restrict__ wb, float gscale, float lr, float beta1, float beta2,
+                                      float eps, float wd, float bc1, float bc2, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float gi = g[i];
+    float gi = g[i] * gscale;
     float mi = beta1 * m[i] + (1.f - beta1) * gi;
     float vi = beta2 * v[i] + (1.f - beta2) * gi * gi;
     m[i] = mi;
@@ -132,4 +119,31 @@ extern "C" __global__ void adamw_bf16(float* __restrict__ w, const float* __rest
     wi -= lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
     w[i] = wi;
     wb[i] = __float2bfloat16_rn(wi);
+}
+
+// Embedding backward planned on the host (andrea/engine/cupy_backend.upload_tokens): positions
+// sorted (stably) by token, seg[k]..seg[k+1] the positions of the k-th distinct token uniq[k],
+// count[0] distinct tokens. One block per distinct token sums its rows in position order:
+// deterministic, no atomics, no device sort and no host sync (a CUDA graph can hold it).
+extern "C" __global__ void embed_bwd_planned(const float* __restrict__ dout, const int* __restrict__ order,
+                                             const int* __restrict__ seg, const int* __restrict__ uniq,
+                                             const int* __restrict__ count, float* __restrict__ dwte, int C) {
+    int k = blockIdx.x;
+    if (k >= count[0]) return;
+    int p0 = seg[k], p1 = seg[k + 1];
+    float* dst = dwte + (long)uniq[k] * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float s = 0.f;
+        for (int p = p0; p < p1; p++) s += dout[(long)order[p] * C + c];
+        dst[c] += s;
+    }
+}
+
+// dwpe[t] += sum over the batch of dout[b, t], b in order
+extern "C" __global__ void embed_bwd_wpe(const float* __restrict__ dout, float* __restrict__ dwpe, int B, int T, int C) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)T * C) return;
+    float s = 0.f;
+    for (int b = 0; b < B; b++) s += dout[(long)b * T * C + i];
+    dwpe[i] += s;
 }

@@ -93,6 +93,44 @@ def test_layernorm_pair():
         assert rel(a, b) < 1e-5
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_fused_residual_layernorm_pairs(precision):
+    """residual add + LayerNorm in one kernel; LayerNorm backward with its parameter sums reduced
+    on the way and the residual gradient handed to the branch (residual_add_bwd fused)."""
+    gb.set_precision(precision)
+    dt, tol = (gb.BF16, 1e-2) if precision == "bf16" else (np.float32, 1e-5)
+    x, f, gam, bet, dout = r(B, T, d), r(B, T, d), r(d), r(d), r(B, T, d)
+    res_n, out_n = np.zeros((B, T, d), np.float32), np.zeros((B, T, d), np.float32)
+    m_n, s_n = np.zeros((B, T), np.float32), np.zeros((B, T), np.float32)
+    nb.add_layernorm_fwd(x, f, res_n, gam, bet, out_n, m_n, s_n)
+    dx_n, dg_n, db_n, br_n = np.ones((B, T, d), np.float32), np.zeros(d, np.float32), np.zeros(d, np.float32), np.zeros((B, T, d), np.float32)
+    nb.layernorm_bwd(dout, res_n, m_n, s_n, gam, dx_n, dg_n, db_n, branch=br_n)
+    res_g, out_g = cp.zeros((B, T, d), cp.float32), cp.zeros((B, T, d), dt)
+    m_g, s_g = cp.zeros((B, T), cp.float32), cp.zeros((B, T), cp.float32)
+    gb.add_layernorm_fwd(g(x), g(f), res_g, g(gam), g(bet), out_g, m_g, s_g)
+    dx_g, dg_g, db_g, br_g = cp.ones((B, T, d), cp.float32), cp.zeros(d, cp.float32), cp.zeros(d, cp.float32), cp.zeros((B, T, d), dt)
+    gb.layernorm_bwd(g(dout), res_g, m_g, s_g, g(gam), dx_g, dg_g, db_g, branch=br_g)
+    assert h(res_g).tobytes() == res_n.tobytes()  # the add is exact
+    for a_, b_, tol_ in ((out_g, out_n, tol), (m_g, m_n, 1e-5), (s_g, s_n, 1e-5), (dx_g, dx_n, 1e-5), (dg_g, dg_n, 1e-5),
+                         (db_g, db_n, 1e-5), (br_g, br_n, tol)):
+        assert rel(np.asarray(h(a_), np.float32), b_) < tol_
+
+
+def test_cuda_graph_replay_equals_eager_steps():
+    """bf16 training steps with forward + backward captured once as a CUDA graph and replayed give
+    the same bytes as the same steps run kernel by kernel (two micro-batches in the last step)."""
+    oc = OptimConfig(lr=1e-3, warmup_steps=1)
+    out = {}
+    for graphs in (False, True):
+        e = Engine(CFG, 4, 128, backend="cupy", seed=6, precision="bf16")
+        e.graphs = graphs
+        results = [train_step(e, [batch(40 + s)], s, oc) for s in range(3)]
+        results.append(train_step(e, [batch(50), batch(51)], 3, oc))
+        out[graphs] = (e.host(e.w).tobytes(), [r_.loss for r_ in results], [r_.grad_norm for r_ in results])
+    assert e._captured is not None and e._captured.graph is not None  # it really replayed a graph
+    assert out[True] == out[False]
+
+
 @pytest.mark.parametrize("impl", ["strip", "flash"])
 @pytest.mark.parametrize("head_dim", [32, 64])
 def test_attention_pair_matches_reference_without_a_TxT_matrix(head_dim, impl, monkeypatch):
@@ -117,9 +155,12 @@ def bf16_round(a):
     return np.asarray(a, np.float32).astype(gb.BF16).astype(np.float32)
 
 
+@pytest.mark.parametrize("variant", ["1", "2"])
 @pytest.mark.parametrize("head_dim,T_", [(32, 100), (64, 100), (64, 200), (16, 37)])
-def test_tensor_core_flash_attention_matches_reference(head_dim, T_):
-    """bf16 mode: the fused mma.sync kernels on a [B, T, 3, H, D] buffer, partial tiles included."""
+def test_tensor_core_flash_attention_matches_reference(head_dim, T_, variant, monkeypatch):
+    """bf16 mode: the fused mma.sync kernels on a [B, T, 3, H, D] buffer, partial tiles included;
+    variant 1 loads tiles synchronously, 2 double-buffers them with cp.async."""
+    monkeypatch.setattr(gb, "FLASH_VARIANT", variant)
     Hh = 2
     dd = Hh * head_dim
     qkv = bf16_round(r(B, T_, 3, Hh, head_dim))

@@ -18,6 +18,7 @@ Every reduction runs in a fixed order (no atomics), so results are deterministic
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 import os
@@ -101,16 +102,24 @@ def _scratch(key: str, shape: tuple, dtype) -> cp.ndarray:
     return cp.zeros(shape, dtype=dtype)
 
 
+def clear_caches() -> None:
+    """Drop every buffer the backend keeps between calls (scratch, bf16 weight copies, embedding
+    plans), e.g. between engines of different sizes in one process."""
+    _scratch.cache_clear()
+    _weights_bf16.clear()
+    _mirrors.clear()
+    _embed_plans.clear()
+
+
 def _blocks(n: int, threads: int = 256) -> int:
     return (n + threads - 1) // threads
 
 
-_CUDA_R_32F, _CUDA_R_16BF, _COMPUTE_32F, _GEMM_DEFAULT = 0, 14, 68, -1
+_CUDA_R_32F, _CUDA_R_16BF, _COMPUTE_32F, _GEMM_DEFAULT, _OP_N, _OP_T = 0, 14, 68, -1, 0, 1
 _ONE = np.ones(1, dtype=np.float32)
 _ZERO = np.zeros(1, dtype=np.float32)
 _weights_bf16: dict = {}  # bf16 copies of weights outside a registered buffer, made once per step
 _mirrors: list = []  # [fp32 flat weights, bf16 copy, stale?] for buffers registered by the engine
-_handle = None  # cuBLAS handle: CuPy's current one unless graph capture set its own (use_cublas_handle)
 
 
 def invalidate_weight_cache() -> None:
@@ -126,14 +135,19 @@ def register_weights(w) -> None:
     _mirrors.append([w, cp.empty(w.shape, dtype=BF16), True])
 
 
+def _refresh(mirror) -> None:
+    if mirror[2]:
+        w = mirror[0]
+        _k("elementwise", "to_bf16")((_blocks(w.size),), (256,), (w, mirror[1], np.int64(w.size)))
+        mirror[2] = False
+
+
 def _mirror_of(x):
     for mirror in _mirrors:
         w = mirror[0]
         off = (x.data.ptr - w.data.ptr) // 4
         if 0 <= off < w.size and x.dtype == w.dtype:
-            if mirror[2]:
-                _k("elementwise", "to_bf16")((_blocks(w.size),), (256,), (w, mirror[1], np.int64(w.size)))
-                mirror[2] = False
+            _refresh(mirror)
             return mirror[1][off:off + x.size].reshape(x.shape)
     return None
 
@@ -166,28 +180,71 @@ def _dtype_code(x):
     return _CUDA_R_16BF if x.dtype == BF16 else _CUDA_R_32F
 
 
-def use_cublas_handle(handle) -> None:
-    """Issue matrix products on this cuBLAS handle (None: CuPy's), e.g. one bound to a capture stream."""
-    global _handle
-    _handle = handle
+class _Cublas:
+    """cuBLAS through ctypes, on a handle of our own with its own workspace. CuPy's wrappers re-bind
+    their handle to the current stream on every call and refuse to while a stream is being captured;
+    this handle is re-bound only when the stream changes, so matrix products can sit in a CUDA graph."""
+
+    def __init__(self):
+        cp.cuda.device.get_cublas_handle()  # CuPy loads libcublas; use the very same library
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "/libcublas.so" in line}
+        if not paths:
+            raise RuntimeError("libcublas is not loaded in this process")
+        self.lib = lib = ctypes.CDLL(paths.pop())
+        vp, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+        lib.cublasGemmEx.argtypes = [vp, i32, i32, i32, i32, i32, vp, vp, i32, i32, vp, i32, i32, vp, vp, i32, i32, i32, i32]
+        lib.cublasGemmStridedBatchedEx.argtypes = [vp, i32, i32, i32, i32, i32, vp, vp, i32, i32, i64, vp, i32, i32, i64,
+                                                   vp, vp, i32, i32, i64, i32, i32, i32]
+        lib.cublasSetStream_v2.argtypes = [vp, vp]
+        lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
+        self.handle = vp()
+        self.check(lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate")
+        self.workspace = cp.empty(32 << 20, dtype=cp.uint8)  # fixed: a captured graph may use it
+        self.stream = None
+
+    @staticmethod
+    def check(status: int, what: str) -> None:
+        if status != 0:
+            raise RuntimeError(f"{what} failed with cuBLAS status {status}")
+
+    def bind(self) -> None:
+        ptr = cp.cuda.get_current_stream().ptr
+        if ptr != self.stream:
+            self.check(self.lib.cublasSetStream_v2(self.handle, ptr), "cublasSetStream")
+            # setting the stream resets the workspace to cuBLAS's own pool: give it ours again
+            self.check(self.lib.cublasSetWorkspace_v2(self.handle, self.workspace.data.ptr, self.workspace.nbytes),
+                       "cublasSetWorkspace")
+            self.stream = ptr
+
+    def gemm(self, *args) -> None:
+        self.bind()
+        self.check(self.lib.cublasGemmEx(self.handle, *args), "cublasGemmEx")
+
+    def gemm_batched(self, *args) -> None:
+        self.bind()
+        self.check(self.lib.cublasGemmStridedBatchedEx(self.handle, *args), "cublasGemmStridedBatchedEx")
 
 
-def _cublas():
-    return _handle if _handle is not None else cp.cuda.device.get_cublas_handle()
+@functools.lru_cache(maxsize=None)
+def _blas(device: int) -> _Cublas:
+    return _Cublas()
 
 
-def gemm(a, b, c, ta: bool = False, tb: bool = False, accumulate: bool = False, alpha: float = 1.0,
-         handle=None) -> None:
+def _gemm_call(*args) -> None:
+    _blas(cp.cuda.runtime.getDevice()).gemm(*args)
+
+
+def gemm(a, b, c, ta: bool = False, tb: bool = False, accumulate: bool = False, alpha: float = 1.0) -> None:
     """c (row-major [m, n], fp32 or bf16) = alpha · op(a) · op(b), or += with `accumulate`, through
     cublasGemmEx with fp32 accumulation. a, b, c may be strided row views (unit column stride).
     Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ."""
     m, n = c.shape
     k = a.shape[0] if ta else a.shape[1]
     al = _ONE if alpha == 1.0 else np.full(1, alpha, dtype=np.float32)
-    cp.cuda.cublas.gemmEx(
-        handle if handle is not None else _cublas(),
-        cp.cuda.cublas.CUBLAS_OP_T if tb else cp.cuda.cublas.CUBLAS_OP_N,
-        cp.cuda.cublas.CUBLAS_OP_T if ta else cp.cuda.cublas.CUBLAS_OP_N,
+    _gemm_call(
+        _OP_T if tb else _OP_N,
+        _OP_T if ta else _OP_N,
         n, m, k,
         al.ctypes.data,
         b.data.ptr, _dtype_code(b), _ld(b),
@@ -214,18 +271,41 @@ def embed_fwd(tokens, wte, wpe, out):
     _k("elementwise", "embed_fwd")((_blocks(n),), (256,), (tokens, wte, wpe, out, np.int32(B * T), np.int32(T), np.int32(C)))
 
 
+_embed_plans: dict = {}  # device token buffer -> (packed plan buffer, N), filled by upload_tokens
+
+
+def upload_tokens(host, dev) -> None:
+    """Copy a batch of token IDs into the device buffer `dev`, and plan the embedding backward on
+    the host while at it: positions sorted stably by token, the segment of each distinct token, and
+    their count. embed_bwd then needs no device sort and no host sync (so a graph can hold it)."""
+    flat = np.ascontiguousarray(host, dtype=np.int64).reshape(-1)
+    order = np.argsort(flat, kind="stable")
+    st = flat[order]
+    starts = np.flatnonzero(np.concatenate(([True], st[1:] != st[:-1])))
+    n = flat.size
+    packed = np.zeros(3 * n + 2, dtype=np.int32)  # order [n] | seg [n + 1] | uniq [n] | count [1]
+    packed[:n] = order
+    packed[n:n + starts.size] = starts
+    packed[n + starts.size] = n
+    packed[2 * n + 1:2 * n + 1 + starts.size] = st[starts]
+    packed[3 * n + 1] = starts.size
+    key = (dev.data.ptr, n)
+    if key not in _embed_plans:
+        _embed_plans[key] = cp.zeros(packed.size, dtype=cp.int32)
+    _embed_plans[key].set(packed)
+    dev.set(flat.astype(dev.dtype).reshape(dev.shape))
+
+
 def embed_bwd(dout, tokens, dwte, dwpe):
     B, T, C = dout.shape
-    dwpe[:T] += dout.sum(axis=0)
-    flat = tokens.reshape(-1).astype(cp.int64)
-    order = cp.argsort(flat)  # thrust's stable sort: equal tokens keep their positions' order
-    st = flat[order]
-    first = cp.concatenate([cp.ones(1, dtype=bool), st[1:] != st[:-1]])
-    starts = cp.nonzero(first)[0]
-    uniq = st[starts]
-    bounds = cp.concatenate([starts, cp.array([st.size], dtype=starts.dtype)]).astype(cp.int64)
-    n = int(uniq.size) * C
-    _k("elementwise", "embed_bwd_wte")((_blocks(n),), (256,), (dout, order, uniq.astype(cp.int64), bounds, dwte, np.int32(uniq.size), np.int32(C)))
+    _k("elementwise", "embed_bwd_wpe")((_blocks(T * C),), (256,), (dout, dwpe, np.int32(B), np.int32(T), np.int32(C)))
+    plan = _embed_plans.get((tokens.data.ptr, tokens.size))
+    if plan is None:  # tokens not uploaded through upload_tokens: plan on the host now
+        upload_tokens(cp.asnumpy(tokens), tokens)
+        plan = _embed_plans[(tokens.data.ptr, tokens.size)]
+    n = tokens.size
+    _k("elementwise", "embed_bwd_planned")((n,), (256,), (dout, plan[:n], plan[n:2 * n + 1], plan[2 * n + 1:3 * n + 1],
+                                                          plan[3 * n + 1:], dwte, np.int32(C)))
 
 
 # ----------------------------------------------------------------------------- layernorm
@@ -237,23 +317,32 @@ def layernorm_fwd(x, g, b, out, mean, rstd, eps=1e-5):
     _k("layernorm", "layernorm_fwd_bf16" if _fast(out) else "layernorm_fwd")((_blocks(N, 8),), (256,), (x, g, b, out, mean, rstd, np.int32(N), np.int32(C), np.float32(eps)))
 
 
-def _colsum_add(a2, out):
-    """out += a2.sum(axis=0), deterministically."""
-    N, C = a2.shape
-    rows = 64
-    chunks = (N + rows - 1) // rows
-    partial = _scratch("colsum", (chunks, C), cp.float32)
-    _k("layernorm", "colsum_partial")((_blocks(C), chunks), (256,), (a2, partial, np.int32(N), np.int32(C), np.int32(rows)))
-    _k("layernorm", "colsum_final_add")((_blocks(C),), (256,), (partial, out, np.int32(chunks), np.int32(C)))
-
-
-def layernorm_bwd(dout, x, mean, rstd, g, dx, dg, db):
+def add_layernorm_fwd(x, f, res, g, b, out, mean, rstd, eps=1e-5):
+    """res = x + f and out = LayerNorm(res) in one kernel."""
     C = x.shape[-1]
     N = x.size // C
-    dgx = _scratch("ln_dgx", (N, C), cp.float32)
-    _k("layernorm", "layernorm_bwd")((_blocks(N, 8),), (256,), (dout, x, mean, rstd, g, dx, dgx, np.int32(N), np.int32(C)))
-    _colsum_add(dgx, dg)
-    _colsum_add(dout.reshape(N, C), db)
+    _k("layernorm", "add_layernorm_fwd_bf16" if _fast(out) else "add_layernorm_fwd")(
+        (_blocks(N, 8),), (256,), (x, f, res, g, b, out, mean, rstd, np.int32(N), np.int32(C), np.float32(eps)))
+
+
+LN_ROWS, LN_WARPS = 32, 4  # rows per block and warps per block of the LayerNorm backward
+
+
+def layernorm_bwd(dout, x, mean, rstd, g, dx, dg, db, branch=None):
+    """dx += the input gradient, dγ and dβ += their gradients (per-block partials, then one ordered
+    sum); with `branch`, the updated dx is also written there (bf16 on the fast path)."""
+    C = x.shape[-1]
+    N = x.size // C
+    chunks = (N + LN_ROWS - 1) // LN_ROWS
+    partial = _scratch("ln_partial", (chunks, 2 * C), cp.float32)
+    fused_copy = branch is not None and branch.dtype == BF16
+    _k("layernorm", "layernorm_bwd_fused")(
+        (chunks,), (32 * LN_WARPS,),
+        (dout, x, mean, rstd, g, dx, branch if fused_copy else np.uint64(0), partial, np.int32(N), np.int32(C), np.int32(LN_ROWS)),
+        shared_mem=LN_WARPS * 2 * C * 4)
+    _k("layernorm", "ln_partials_final")((_blocks(2 * C),), (256,), (partial, dg, db, np.int32(chunks), np.int32(C)))
+    if branch is not None and not fused_copy:
+        branch[...] = dx
 
 
 # ----------------------------------------------------------------------------- attention
@@ -342,21 +431,27 @@ def attn_bwd(dy, qkv, y, lse, dqkv):
 # Tensor-core flash attention (bf16 mode): q, k, v in one [B, T, 3, H, D] bf16 buffer, y and dy
 # [B, T, H·D] bf16, lse [B, H, T] fp32; dq, dk, dv written into a buffer shaped like qkv.
 FLASH_TILE = 64
+# "2": tiles double-buffered with cp.async (the default); "1": synchronous tile loads
+FLASH_VARIANT = os.environ.get("ANDREA_FLASH_VARIANT", "2")
 
 
 def _flash_args(qkv):
     B, T, three, H, D = qkv.shape
-    if D % 16 or D > 128:
-        raise ValueError(f"head_dim {D}: the tensor-core attention needs a multiple of 16, at most 128")
+    if D % 16 or D > 64:
+        raise ValueError(f"head_dim {D}: the tensor-core attention needs a multiple of 16, at most 64")
     flat = qkv.reshape(-1)
     st = 3 * H * D
     return B, T, H, D, (flat, flat[H * D:], flat[2 * H * D:]), (np.int64(T * st), np.int64(st), np.int64(D))
 
 
+def _flash_name(kernel: str) -> str:
+    return kernel + ("2" if FLASH_VARIANT == "2" else "")
+
+
 def flash_attention_fwd(qkv, y, lse):
     B, T, H, D, (q, k, v), strides = _flash_args(qkv)
     grid = ((T + FLASH_TILE - 1) // FLASH_TILE, B * H)
-    _k("attention_mma", "flash_fwd", D)(grid, (128,), (q, k, v, y, lse, np.int32(H), np.int32(T), *strides,
+    _k("attention_mma", _flash_name("flash_fwd"), D)(grid, (128,), (q, k, v, y, lse, np.int32(H), np.int32(T), *strides,
                                                        np.float32(1.0 / math.sqrt(D))))
 
 
@@ -368,8 +463,8 @@ def flash_attention_bwd(dy, qkv, y, lse, dqkv):
     _k("attention_mma", "flash_delta", D)((_blocks(rows, 8),), (256,), (dy, y, delta, np.int32(B), np.int32(H), np.int32(T)))
     grid = ((T + FLASH_TILE - 1) // FLASH_TILE, B * H)
     scale = np.float32(1.0 / math.sqrt(D))
-    _k("attention_mma", "flash_bwd_dq", D)(grid, (128,), (q, k, v, dy, lse, delta, dq, np.int32(H), np.int32(T), *strides, scale))
-    _k("attention_mma", "flash_bwd_dkdv", D)(grid, (128,), (q, k, v, dy, lse, delta, dk, dv, np.int32(H), np.int32(T),
+    _k("attention_mma", _flash_name("flash_bwd_dq"), D)(grid, (128,), (q, k, v, dy, lse, delta, dq, np.int32(H), np.int32(T), *strides, scale))
+    _k("attention_mma", _flash_name("flash_bwd_dkdv"), D)(grid, (128,), (q, k, v, dy, lse, delta, dk, dv, np.int32(H), np.int32(T),
                                                             *strides, scale))
 
 
@@ -387,10 +482,9 @@ def bgemm(a, b, c, m, n, k, lda, ldb, ldc, sa, sb, sc, batch, ta=False, tb=False
     """Row-major batched C[i] (m×n, ldc) = op(A[i]) · op(B[i]) (+= with accumulate); element strides
     sa, sb, sc between the batch's matrices (0 repeats one matrix); fp32 accumulation."""
     dtype = _dtype_code(a)
-    cp.cuda.cublas.gemmStridedBatchedEx(
-        _cublas(),
-        cp.cuda.cublas.CUBLAS_OP_T if tb else cp.cuda.cublas.CUBLAS_OP_N,
-        cp.cuda.cublas.CUBLAS_OP_T if ta else cp.cuda.cublas.CUBLAS_OP_N,
+    _blas(cp.cuda.runtime.getDevice()).gemm_batched(
+        _OP_T if tb else _OP_N,
+        _OP_T if ta else _OP_N,
         n, m, k, _ONE.ctypes.data,
         b.data.ptr, dtype, ldb, sb,
         a.data.ptr, dtype, lda, sa,
@@ -475,12 +569,20 @@ def mlp_fwd(x, w1, w2, h, a, out):
     gemm(_operand(a.reshape(-1, M)), _operand(w2, weight=True), out.reshape(-1, d))
 
 
+def recomputes_gelu() -> bool:
+    """bf16 mode keeps only the MLP's pre-activation h: mlp_bwd recomputes a = gelu(h) into the
+    buffer it is given (the engine then allocates one, not one per layer: less memory than PyTorch)."""
+    return PRECISION == "bf16"
+
+
 def mlp_bwd(dout, x, h, a, w1, w2, dx, dw1, dw2):
     d = x.shape[-1]
     M = h.shape[-1]
+    fast = _fast(h)
+    if fast:
+        gelu(h, a)
     g = _operand(dout.reshape(-1, d))
     gemm(_operand(a.reshape(-1, M)), g, dw2, ta=True, accumulate=True)
-    fast = _fast(h)
     da = _scratch("mlp_da", (g.shape[0], M), BF16 if fast else cp.float32)
     gemm(g, _operand(w2, weight=True), da, tb=True)
     _k("elementwise", "gelu_bwd_bf16" if fast else "gelu_bwd")((_blocks(da.size),), (256,), (h, da, np.int64(da.size)))
@@ -514,7 +616,7 @@ def loss_fwd(x, w, targets, probs, losses):
         logits = probs.reshape(N, -1)
         gemm(_operand(x.reshape(-1, d)), _operand(w, weight=True), logits[:, :V], tb=True)
         _k("classifier", "softmax_xent_bf16")((N,), (256,), (logits, targets, losses, np.int32(V), np.int32(logits.shape[1])))
-        return float(losses.mean())
+        return None if cp.cuda.get_current_stream().is_capturing() else float(losses.mean())
     gemm(_operand(x.reshape(-1, d)), _operand(w, weight=True), probs.reshape(-1, V), tb=True)
     _k("classifier", "softmax_xent_fwd")((N,), (256,), (probs, targets, losses, np.int32(V)))
     return float(losses.mean())
@@ -552,21 +654,65 @@ def grad_scale(grads, scale):
     _k("elementwise", "grad_scale")((_blocks(grads.size),), (256,), (grads, np.float32(scale), np.int64(grads.size)))
 
 
-def adamw(w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step):
+DECAY_DTYPE = np.uint8  # the weight-decay mask as bytes (a quarter of an fp32 mask's memory)
+
+
+def adamw(w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale=1.0):
     _weights_bf16.clear()  # the weights change: copies not kept by the kernel below are stale
+    if decay.dtype != np.uint8:
+        decay = (decay != 0).astype(np.uint8)
     bc1 = 1 - beta1**step
     bc2 = 1 - beta2**step
     f = np.float32
+    hyper = (f(lr), f(beta1), f(beta2), f(eps), f(weight_decay), f(bc1), f(bc2), np.int64(w.size))
     mirror = next((mm for mm in _mirrors if mm[0] is w), None)
     if mirror is not None:  # update and refresh the bf16 copy in one pass
         mirror[2] = False
-        _k("elementwise", "adamw_bf16")(
-            (_blocks(w.size),), (256,),
-            (w, g, m, v, decay, mirror[1], f(lr), f(beta1), f(beta2), f(eps), f(weight_decay), f(bc1), f(bc2),
-             np.int64(w.size)),
-        )
-        return
-    _k("elementwise", "adamw")(
-        (_blocks(w.size),), (256,),
-        (w, g, m, v, decay, f(lr), f(beta1), f(beta2), f(eps), f(weight_decay), f(bc1), f(bc2), np.int64(w.size)),
-    )
+        _k("elementwise", "adamw_bf16")((_blocks(w.size),), (256,), (w, g, m, v, decay, mirror[1], f(gscale), *hyper))
+    else:
+        _k("elementwise", "adamw")((_blocks(w.size),), (256,), (w, g, m, v, decay, f(gscale), *hyper))
+
+
+# ----------------------------------------------------------------------------- CUDA graphs
+
+
+class CapturedPass:
+    """A function of the engine's fixed buffers (forward + backward of one micro-batch) recorded
+    once as a CUDA graph and replayed with one launch: no Python and no per-kernel launch cost in
+    the hot loop. Everything it runs must be allocation-free and host-sync-free once warm (the bf16
+    fast path is); the first call runs it eagerly to warm up (kernels compiled, scratch allocated),
+    then captures it on a side stream. Replays go to the current stream, after the token upload."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.graph = None
+
+    def __call__(self) -> None:
+        for mirror in _mirrors:  # weights loaded since the last optimizer step: refresh their bf16 copy
+            _refresh(mirror)
+        if self.graph is None:
+            self.fn()  # warm-up, eager
+            cp.cuda.get_current_stream().synchronize()
+            self.graph = self._capture()
+            return
+        self.graph.launch(cp.cuda.get_current_stream())
+
+    def _capture(self):
+        pool = cp.get_default_memory_pool()
+        used = pool.used_bytes()
+        stream = cp.cuda.Stream(non_blocking=True)
+        with stream:
+            stream.begin_capture()
+            try:
+                self.fn()
+            finally:
+                graph = stream.end_capture()  # also after a failure: never leave the stream capturing
+        if pool.used_bytes() != used:
+            raise RuntimeError("the captured pass allocated GPU memory; it cannot be replayed safely")
+        return graph
+
+
+def capture(fn) -> CapturedPass:
+    if PRECISION != "bf16":
+        raise ValueError("CUDA-graph capture needs the bf16 fast path (the fp32 path allocates temporaries)")
+    return CapturedPass(fn)

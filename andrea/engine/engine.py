@@ -10,6 +10,7 @@ reports this plan. A backend supplies the kernels (andrea/engine/numpy_backend.p
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,11 +77,15 @@ class Engine:
         self.g = xp.zeros_like(self.w)
         self.m = xp.zeros_like(self.w)
         self.v = xp.zeros_like(self.w)
-        self.decay = xp.asarray(decay_mask(self.layout, self.dtype))
+        self.decay = xp.asarray(decay_mask(self.layout, getattr(self.be, "DECAY_DTYPE", self.dtype)))
         self.P = views(self.w, self.layout)
         self.G = views(self.g, self.layout)
         self.adam_t = 0  # updates applied so far (bias correction)
         self._allocate()
+        # CUDA graphs: the bf16 GPU path replays forward + backward as one captured graph
+        self.graphs = bool(getattr(self.be, "capture", None)) and precision == "bf16" and \
+            os.environ.get("ANDREA_CUDA_GRAPHS", "1") != "0"
+        self._captured = None
 
     # -------------------------------------------------------------- buffers
     def _allocate(self) -> None:
@@ -88,6 +93,8 @@ class Engine:
         L, d, H, D, M, V = c.n_layer, c.d_model, c.n_head, c.head_dim, c.d_mlp, c.vocab_size
         xp = self.xp
         plan = getattr(self.be, "plan_buffer", None)  # a backend may store a buffer in another layout/dtype
+        # a backend that recomputes gelu(h) in the backward pass needs one buffer for it, not L
+        self._shared_gelu = getattr(self.be, "recomputes_gelu", lambda: False)()
 
         def z(name, *shape):
             shape, dtype = plan(name, shape, dt, H) if plan else (shape, dt)
@@ -99,7 +106,7 @@ class Engine:
                 "ln1": (L, B, T, d), "ln1_mean": (L, B, T), "ln1_rstd": (L, B, T),
                 "qkv": (L, 3, B, H, T, D), "att_y": (L, B, T, d), "att_lse": (L, B, H, T),
                 "ln2": (L, B, T, d), "ln2_mean": (L, B, T), "ln2_rstd": (L, B, T),
-                "mlp_h": (L, B, T, M), "mlp_a": (L, B, T, M),
+                "mlp_h": (L, B, T, M), "mlp_a": (1 if self._shared_gelu else L, B, T, M),
                 "lnf": (B, T, d), "lnf_mean": (B, T), "lnf_rstd": (B, T),
                 "probs": (B, T, V), "losses": (B, T),
             }.items()
@@ -130,9 +137,7 @@ class Engine:
         return ("wte" if self.cfg.tied_head else "head")
 
     # -------------------------------------------------------------- forward / backward
-    def forward(self, tokens, targets) -> float:
-        """Mean cross-entropy over B×T; per-position losses stay in acts['losses']."""
-        be, P, A, S = self.be, self.P, self.acts, self.scratch
+    def _upload(self, tokens, targets) -> None:
         tokens = np.asarray(tokens)
         targets = np.asarray(targets)
         if tokens.shape != (self.B, self.T) or targets.shape != (self.B, self.T):
@@ -141,23 +146,56 @@ class Engine:
             raise ValueError(f"token IDs must lie in 0..{self.cfg.vocab_size - 1}")
         if getattr(self.be, "PRECISION", self.precision) != self.precision:  # another engine in this process
             self.be.set_precision(self.precision)
-        self.tokens[...] = self.xp.asarray(tokens, dtype=self.tokens.dtype)
+        if hasattr(self.be, "upload_tokens"):  # the backend plans the embedding backward from them
+            self.be.upload_tokens(tokens, self.tokens)
+        else:
+            self.tokens[...] = self.xp.asarray(tokens, dtype=self.tokens.dtype)
         self.targets[...] = self.xp.asarray(targets, dtype=self.targets.dtype)
-        H = self.cfg.n_head
+
+    def forward(self, tokens, targets) -> float:
+        """Mean cross-entropy over B×T; per-position losses stay in acts['losses']."""
+        self._upload(tokens, targets)
+        return self._forward()
+
+    def forward_backward(self, tokens, targets) -> np.ndarray:
+        """One micro-batch: forward, then backward (gradients added into self.g). Returns the mean
+        loss of each batch row, on the host. With CUDA graphs the pass is one graph launch."""
+        self._upload(tokens, targets)
+        if self.graphs:
+            if self._captured is None:
+                self._captured = self.be.capture(self._forward_backward)
+            self._captured()
+        else:
+            self._forward_backward()
+        return self.row_losses()
+
+    def _forward_backward(self) -> None:
+        self._forward()
+        self.backward()
+
+    def _forward(self):
+        be, P, A, S = self.be, self.P, self.acts, self.scratch
+        H, L = self.cfg.n_head, self.cfg.n_layer
         res = A["res"]
+        ln = lambda l, n: P[f"h{l}.{n}"] if l < L else P[n.replace("ln1", "lnf")]  # noqa: E731
         be.embed_fwd(self.tokens, P["wte"], P["wpe"], res[0])
-        for l in range(self.cfg.n_layer):
+        be.layernorm_fwd(res[0], P["h0.ln1.g"], P["h0.ln1.b"], A["ln1"][0], A["ln1_mean"][0], A["ln1_rstd"][0], LN_EPS)
+        for l in range(L):
             p = lambda n: P[f"h{l}.{n}"]  # noqa: E731
-            be.layernorm_fwd(res[2 * l], p("ln1.g"), p("ln1.b"), A["ln1"][l], A["ln1_mean"][l], A["ln1_rstd"][l], LN_EPS)
             be.attn_qkv_fwd(A["ln1"][l], p("wq"), p("wk"), p("wv"), A["qkv"][l], H)
             be.attn_fwd(A["qkv"][l], A["att_y"][l], A["att_lse"][l])
             be.attn_out_fwd(A["att_y"][l], p("wo"), S["branch"])
-            be.residual_add(res[2 * l], S["branch"], res[2 * l + 1])
-            be.layernorm_fwd(res[2 * l + 1], p("ln2.g"), p("ln2.b"), A["ln2"][l], A["ln2_mean"][l], A["ln2_rstd"][l], LN_EPS)
-            be.mlp_fwd(A["ln2"][l], p("w1"), p("w2"), A["mlp_h"][l], A["mlp_a"][l], S["branch"])
-            be.residual_add(res[2 * l + 1], S["branch"], res[2 * l + 2])
-        be.layernorm_fwd(res[-1], P["lnf.g"], P["lnf.b"], A["lnf"], A["lnf_mean"], A["lnf_rstd"], LN_EPS)
+            # residual add + LN2, fused
+            be.add_layernorm_fwd(res[2 * l], S["branch"], res[2 * l + 1], p("ln2.g"), p("ln2.b"), A["ln2"][l],
+                                 A["ln2_mean"][l], A["ln2_rstd"][l], LN_EPS)
+            be.mlp_fwd(A["ln2"][l], p("w1"), p("w2"), A["mlp_h"][l], A["mlp_a"][self._gelu_slot(l)], S["branch"])
+            # residual add + the next LayerNorm (LN1 of the next layer, or LN_f), fused
+            nxt = (A["ln1"][l + 1], A["ln1_mean"][l + 1], A["ln1_rstd"][l + 1]) if l + 1 < L else (A["lnf"], A["lnf_mean"], A["lnf_rstd"])
+            be.add_layernorm_fwd(res[2 * l + 1], S["branch"], res[2 * l + 2], ln(l + 1, "ln1.g"), ln(l + 1, "ln1.b"), *nxt, LN_EPS)
         return be.loss_fwd(A["lnf"], P[self.head], self.targets, A["probs"], A["losses"])
+
+    def _gelu_slot(self, l: int) -> int:
+        return 0 if self._shared_gelu else l
 
     def backward(self, dloss: float = 1.0) -> None:
         """Gradients of the last forward's mean loss (times dloss), added into self.g."""
@@ -166,18 +204,19 @@ class Engine:
         d_res, d_branch, d_ln = S["d_res"], S["d_branch"], S["d_ln"]
         be.loss_bwd(A["lnf"], P[self.head], self.targets, A["probs"], d_ln, G[self.head], dloss)
         d_res[:] = 0
-        be.layernorm_bwd(d_ln, res[-1], A["lnf_mean"], A["lnf_rstd"], P["lnf.g"], d_res, G["lnf.g"], G["lnf.b"])
+        # each LayerNorm backward also hands the residual gradient to the branch below it (fused)
+        be.layernorm_bwd(d_ln, res[-1], A["lnf_mean"], A["lnf_rstd"], P["lnf.g"], d_res, G["lnf.g"], G["lnf.b"], branch=d_branch)
         for l in reversed(range(self.cfg.n_layer)):
             p = lambda n: P[f"h{l}.{n}"]  # noqa: E731
             g = lambda n: G[f"h{l}.{n}"]  # noqa: E731
-            be.residual_add_bwd(d_res, d_branch)  # MLP branch
-            be.mlp_bwd(d_branch, A["ln2"][l], A["mlp_h"][l], A["mlp_a"][l], p("w1"), p("w2"), d_ln, g("w1"), g("w2"))
-            be.layernorm_bwd(d_ln, res[2 * l + 1], A["ln2_mean"][l], A["ln2_rstd"][l], p("ln2.g"), d_res, g("ln2.g"), g("ln2.b"))
-            be.residual_add_bwd(d_res, d_branch)  # attention branch
+            be.mlp_bwd(d_branch, A["ln2"][l], A["mlp_h"][l], A["mlp_a"][self._gelu_slot(l)], p("w1"), p("w2"), d_ln, g("w1"), g("w2"))
+            be.layernorm_bwd(d_ln, res[2 * l + 1], A["ln2_mean"][l], A["ln2_rstd"][l], p("ln2.g"), d_res, g("ln2.g"), g("ln2.b"),
+                             branch=d_branch)
             be.attn_out_bwd(d_branch, A["att_y"][l], p("wo"), S["d_y"], g("wo"))
             be.attn_bwd(S["d_y"], A["qkv"][l], A["att_y"][l], A["att_lse"][l], S["d_qkv"])
             be.attn_qkv_bwd(S["d_qkv"], A["ln1"][l], p("wq"), p("wk"), p("wv"), d_ln, g("wq"), g("wk"), g("wv"))
-            be.layernorm_bwd(d_ln, res[2 * l], A["ln1_mean"][l], A["ln1_rstd"][l], p("ln1.g"), d_res, g("ln1.g"), g("ln1.b"))
+            be.layernorm_bwd(d_ln, res[2 * l], A["ln1_mean"][l], A["ln1_rstd"][l], p("ln1.g"), d_res, g("ln1.g"), g("ln1.b"),
+                             branch=d_branch if l > 0 else None)
         be.embed_bwd(d_res, self.tokens, G["wte"], G["wpe"])
 
     def row_losses(self) -> np.ndarray:
@@ -200,9 +239,10 @@ class Engine:
     def scale_grads(self, scale: float) -> None:
         self.be.grad_scale(self.g, scale)
 
-    def adamw(self, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float) -> None:
+    def adamw(self, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, gscale: float = 1.0) -> None:
+        """One AdamW update; the gradients are multiplied by gscale first (clipping, fused)."""
         self.adam_t += 1
-        self.be.adamw(self.w, self.g, self.m, self.v, self.decay, lr, beta1, beta2, eps, weight_decay, self.adam_t)
+        self.be.adamw(self.w, self.g, self.m, self.v, self.decay, lr, beta1, beta2, eps, weight_decay, self.adam_t, gscale)
 
     # -------------------------------------------------------------- state
     def load_state(self, weights, m=None, v=None, adam_t: int = 0) -> None:

@@ -53,8 +53,17 @@ def layernorm_fwd(x, g, b, out, mean, rstd, eps=1e-5):
     out += b
 
 
-def layernorm_bwd(dout, x, mean, rstd, g, dx, dg, db):
-    """dx += LayerNorm's input gradient (the residual stream sums into it); dγ, dβ += ."""
+def add_layernorm_fwd(x, f, res, g, b, out, mean, rstd, eps=1e-5):
+    """The residual add and the LayerNorm after it: res = x + f, out = LayerNorm(res). (One pair
+    of passes on the CPU; the GPU backend fuses them into one kernel.)"""
+    residual_add(x, f, res)
+    layernorm_fwd(res, g, b, out, mean, rstd, eps)
+
+
+def layernorm_bwd(dout, x, mean, rstd, g, dx, dg, db, branch=None):
+    """dx += LayerNorm's input gradient (the residual stream sums into it); dγ, dβ += . With
+    `branch`, the updated dx is also copied there (residual_add_bwd for the branch that
+    follows, fused)."""
     xhat = (x - mean[..., None]) * rstd[..., None]
     d = dout.shape[-1]
     dg += (dout * xhat).reshape(-1, d).sum(axis=0)
@@ -63,6 +72,8 @@ def layernorm_bwd(dout, x, mean, rstd, g, dx, dg, db):
     c1 = dxhat.mean(axis=-1, keepdims=True)
     c2 = (dxhat * xhat).mean(axis=-1, keepdims=True)
     dx += (dxhat - c1 - xhat * c2) * rstd[..., None]
+    if branch is not None:
+        residual_add_bwd(dx, branch)
 
 
 # ----------------------------------------------------------------------------- attention
@@ -265,9 +276,12 @@ def grad_scale(grads, scale):
     grads *= grads.dtype.type(scale)
 
 
-def adamw(w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step):
-    """One fused AdamW update over the flat buffers (step counts from 1). Decoupled weight decay
-    (w −= lr·wd·w, only where `decay` is 1), then the bias-corrected Adam step."""
+def adamw(w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale=1.0):
+    """One fused AdamW update over the flat buffers (step counts from 1). The gradients are first
+    multiplied by gscale (global clipping, folded in). Decoupled weight decay (w −= lr·wd·w, only
+    where `decay` is 1), then the bias-corrected Adam step."""
+    if gscale != 1.0:
+        grad_scale(g, gscale)
     tmp = g * (1 - beta1)
     m *= beta1
     m += tmp
