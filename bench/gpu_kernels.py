@@ -120,10 +120,10 @@ def time_torch(B, H, T, D):
 def gemm_table(gb, cp, B, cfg_name, d, M, V, reps=20):
     """Every matrix product of one ANDREA training step at these sizes, timed alone (bf16 operands)."""
     N, bf = B * 1024, gb.BF16
-    Vp = -(-V // 8) * 8
+    Vp = -(-V // gb.VOCAB_PAD) * gb.VOCAB_PAD
     z = lambda *s, dt=bf: cp.zeros(s, dt)  # noqa: E731
     x, w, wd = z(N, d), z(d, d), z(3 * d, d)
-    h, w1, w2, wte = z(N, M), z(d, M), z(M, d), z(V, d)
+    h, w1, w2, wte, wtep = z(N, M), z(d, M), z(M, d), z(V, d), z(Vp, d)
     logits = z(N, Vp)
     f32 = lambda *s: z(*s, dt=cp.float32)  # noqa: E731
     qkv = z(N, 3 * d)
@@ -132,8 +132,10 @@ def gemm_table(gb, cp, B, cfg_name, d, M, V, reps=20):
         ("attn out fwd", 1, 2 * N * d * d, lambda: gb.gemm(x, w, OUT["nd"])),
         ("mlp up fwd (bf16 out)", 1, 2 * N * d * M, lambda: gb.gemm(x, w1, h)),
         ("mlp down fwd", 1, 2 * N * M * d, lambda: gb.gemm(h, w2, OUT["nd"])),
-        ("logits (bf16 out)", 1 / 12, 2 * N * d * V, lambda: gb.gemm(x, wte, logits[:, :V], tb=True)),
-        ("logits dx", 1 / 12, 2 * N * d * V, lambda: gb.gemm(logits[:, :V], wte, OUT["nd"], alpha=0.5)),
+        ("logits, V unpadded (bf16 out)", 0, 2 * N * d * V, lambda: gb.gemm(x, wte, logits[:, :V], tb=True)),
+        ("logits dx, V unpadded", 0, 2 * N * d * V, lambda: gb.gemm(logits[:, :V], wte, OUT["nd"], alpha=0.5)),
+        ("logits, head padded to Vp (what runs)", 1 / 12, 2 * N * d * V, lambda: gb.gemm(x, wtep, logits, tb=True)),
+        ("logits dx, K padded to Vp (what runs)", 1 / 12, 2 * N * d * V, lambda: gb.gemm(logits, wtep, OUT["nd"], alpha=0.5)),
         ("logits dW (+=)", 1 / 12, 2 * N * d * V, lambda: gb.gemm(logits[:, :V], x, OUT["vd"], ta=True, accumulate=True)),
         ("mlp dW2 (+=)", 1, 2 * N * M * d, lambda: gb.gemm(h, x, OUT["md"], ta=True, accumulate=True)),
         ("mlp da (bf16 out)", 1, 2 * N * M * d, lambda: gb.gemm(x, w2, h, tb=True)),
@@ -157,16 +159,22 @@ def gemm_table(gb, cp, B, cfg_name, d, M, V, reps=20):
 
 
 OUT: dict = {}
-VARIANTS = ("1", "2")  # tensor-core flash attention: synchronous tile loads, cp.async double buffering
+VARIANTS = ("1", "3", "2")  # flash attention: synchronous loads; cp.async + 4 blocks/SM; cp.async (the default)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-gemm", action="store_true", help="skip the table of matrix products")
+    ap.add_argument("--once", action="store_true", help="one forward and backward at the ANDREA-120M B=8 shape, "
+                    "nothing else (for a profiler: ncu -k regex:flash python3 bench/gpu_kernels.py --once)")
     args = ap.parse_args()
     import cupy as cp
 
     from andrea.engine import cupy_backend as gb
+
+    if args.once:
+        time_ours(gb, cp, 8, 12, 1024, 64)
+        return
 
     rng = np.random.default_rng(0)
     print("correctness (bf16 inputs vs float64 reference; relative error)")

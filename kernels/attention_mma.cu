@@ -367,7 +367,8 @@ flash_bwd_dkdv(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf1
 // Pipelined variants (suffix 2): the next tile is fetched with cp.async into a second shared-memory
 // buffer while the tensor cores work on the current one (global-memory latency hidden even at two
 // or three blocks per SM); the block's own rows (q and dy, or k and v) go straight from global
-// memory into their fragment registers. Same arithmetic in the same order as above.
+// memory into their fragment registers; B fragments of the score products come through ldmatrix,
+// exponentials from ex2.approx, and masks are evaluated on edge tiles only.
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     unsigned addr;
@@ -388,6 +389,36 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Scores as in scores(), with the B fragments of two n8 tiles fetched by one ldmatrix (x4): a
+// quarter of the shared-memory instructions of four 32-bit reads per product.
+__device__ __forceinline__ void ldsm_x4(unsigned r[4], const bf16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void scores_ldsm(float s[NT][4], const unsigned a[KD][4], const bf16* tile, int lane) {
+    const int row = (lane / 16) * 8 + lane % 8, col = ((lane / 8) & 1) * 8;
+#pragma unroll
+    for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int kc = 0; kc < KD; kc++)
+#pragma unroll
+        for (int n = 0; n < NT; n += 2) {
+            unsigned b[4];
+            ldsm_x4(b, tile + (n * 8 + row) * LDR + kc * 16 + col);
+            mma(s[n], a[kc], b[0], b[1]);
+            mma(s[n + 1], a[kc], b[2], b[3]);
+        }
+}
+
+// 2^x on the special-function unit (relative error ~2^-22; exp2(-inf) = 0)
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 
 // rows [r0, r0 + TILE) of a [*, D] view into a row-major tile, asynchronously (rows >= T: zeros)
 __device__ __forceinline__ void async_rows(bf16* s, const bf16* src, long sT, int r0, int T) {
@@ -413,7 +444,11 @@ __device__ __forceinline__ void global_a(unsigned a[KD][4], const bf16* src, lon
     }
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
+#ifndef FLASH_MINB
+#define FLASH_MINB 1  // blocks per SM the forward and dQ kernels must fit (registers capped to match)
+#endif
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32, FLASH_MINB)
 flash_fwd2(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, bf16* __restrict__ y,
            float* __restrict__ lse, int H, int T, long sB, long sT, long sH, float scale) {
     __shared__ __align__(16) bf16 Ks[2][TILE * LDR];
@@ -449,7 +484,7 @@ flash_fwd2(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* _
         }
         __syncthreads();
         float s[NT][4];
-        scores(s, qf, Ks[cur], g, t);
+        scores_ldsm(s, qf, Ks[cur], lane);
         float mx0 = -INFINITY, mx1 = -INFINITY;
         const bool diag = j0 == q0;
 #pragma unroll
@@ -463,16 +498,16 @@ flash_fwd2(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* _
             mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
         }
         float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
-        float c0 = exp2f(m0 - mn0), c1 = exp2f(m1 - mn1);
+        float c0 = fast_exp2(m0 - mn0), c1 = fast_exp2(m1 - mn1);
         m0 = mn0;
         m1 = mn1;
         float ps0 = 0.f, ps1 = 0.f;
 #pragma unroll
         for (int n = 0; n < NT; n++) {
-            s[n][0] = exp2f(s[n][0] - mn0);
-            s[n][1] = exp2f(s[n][1] - mn0);
-            s[n][2] = exp2f(s[n][2] - mn1);
-            s[n][3] = exp2f(s[n][3] - mn1);
+            s[n][0] = fast_exp2(s[n][0] - mn0);
+            s[n][1] = fast_exp2(s[n][1] - mn0);
+            s[n][2] = fast_exp2(s[n][2] - mn1);
+            s[n][3] = fast_exp2(s[n][3] - mn1);
             ps0 += s[n][0] + s[n][1];
             ps1 += s[n][2] + s[n][3];
         }
@@ -498,7 +533,7 @@ flash_fwd2(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* _
     }
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
+extern "C" __global__ void __launch_bounds__(WARPS * 32, FLASH_MINB)
 flash_bwd_dq2(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
               const bf16* __restrict__ dy, const float* __restrict__ lse, const float* __restrict__ delta,
               bf16* __restrict__ dq, int H, int T, long sB, long sT, long sH, float scale) {
@@ -537,16 +572,16 @@ flash_bwd_dq2(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16
         }
         __syncthreads();
         float s[NT][4], dp[NT][4];
-        scores(s, qf, Ks[cur], g, t);
-        scores(dp, df, Vs[cur], g, t);
+        scores_ldsm(s, qf, Ks[cur], lane);
+        scores_ldsm(dp, df, Vs[cur], lane);
         const bool diag = j0 == q0;
 #pragma unroll
         for (int n = 0; n < NT; n++) {
             int j = j0 + n * 8 + 2 * t;
-            float p0 = (!diag || j <= i0) ? exp2f(s[n][0] * sl2 - L0) : 0.f;
-            float p1 = (!diag || j + 1 <= i0) ? exp2f(s[n][1] * sl2 - L0) : 0.f;
-            float p2 = (!diag || j <= i1) ? exp2f(s[n][2] * sl2 - L1) : 0.f;
-            float p3 = (!diag || j + 1 <= i1) ? exp2f(s[n][3] * sl2 - L1) : 0.f;
+            float p0 = (!diag || j <= i0) ? fast_exp2(s[n][0] * sl2 - L0) : 0.f;
+            float p1 = (!diag || j + 1 <= i0) ? fast_exp2(s[n][1] * sl2 - L0) : 0.f;
+            float p2 = (!diag || j <= i1) ? fast_exp2(s[n][2] * sl2 - L1) : 0.f;
+            float p3 = (!diag || j + 1 <= i1) ? fast_exp2(s[n][3] * sl2 - L1) : 0.f;
             s[n][0] = p0 * (dp[n][0] - d0);
             s[n][1] = p1 * (dp[n][1] - d0);
             s[n][2] = p2 * (dp[n][2] - d1);
@@ -607,19 +642,20 @@ flash_bwd_dkdv2(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf
         }
         __syncthreads();
         float s[NT][4], dp[NT][4];
-        scores(s, kf, Qs[cur], g, t);
-        scores(dp, vf, Ds[cur], g, t);
+        scores_ldsm(s, kf, Qs[cur], lane);
+        scores_ldsm(dp, vf, Ds[cur], lane);
         const float* L = Ls[cur];
         const float* E = Es[cur];
+        const bool edge = i0 == k0 || i0 + TILE > T;  // the diagonal tile, or queries past T
 #pragma unroll
         for (int n = 0; n < NT; n++) {
-            int c = n * 8 + 2 * t, i = i0 + c;
-            bool ok00 = i >= j0k && i < T, ok01 = i + 1 >= j0k && i + 1 < T;
-            bool ok10 = i >= j1k && i < T, ok11 = i + 1 >= j1k && i + 1 < T;
-            s[n][0] = ok00 ? exp2f(s[n][0] * sl2 - L[c] * LOG2E) : 0.f;
-            s[n][1] = ok01 ? exp2f(s[n][1] * sl2 - L[c + 1] * LOG2E) : 0.f;
-            s[n][2] = ok10 ? exp2f(s[n][2] * sl2 - L[c] * LOG2E) : 0.f;
-            s[n][3] = ok11 ? exp2f(s[n][3] * sl2 - L[c + 1] * LOG2E) : 0.f;
+            int c = n * 8 + 2 * t, i = i0 + c;  // query columns c, c + 1
+            bool ok00 = !edge || (i >= j0k && i < T), ok01 = !edge || (i + 1 >= j0k && i + 1 < T);
+            bool ok10 = !edge || (i >= j1k && i < T), ok11 = !edge || (i + 1 >= j1k && i + 1 < T);
+            s[n][0] = ok00 ? fast_exp2(s[n][0] * sl2 - L[c] * LOG2E) : 0.f;
+            s[n][1] = ok01 ? fast_exp2(s[n][1] * sl2 - L[c + 1] * LOG2E) : 0.f;
+            s[n][2] = ok10 ? fast_exp2(s[n][2] * sl2 - L[c] * LOG2E) : 0.f;
+            s[n][3] = ok11 ? fast_exp2(s[n][3] * sl2 - L[c + 1] * LOG2E) : 0.f;
             dp[n][0] = s[n][0] * (dp[n][0] - E[c]);
             dp[n][1] = s[n][1] * (dp[n][1] - E[c + 1]);
             dp[n][2] = s[n][2] * (dp[n][2] - E[c]);

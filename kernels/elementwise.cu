@@ -102,11 +102,20 @@ extern "C" __global__ void to_bf16(const float* __restrict__ x, __nv_bfloat16* _
     if (i < n) y[i] = __float2bfloat16_rn(x[i]);
 }
 
+// the bf16 copy of the weights has a zero gap of `gap` elements at `gap_at` (the head's padding rows)
+__device__ __forceinline__ long gapped(long i, long gap_at, long gap) { return i < gap_at ? i : i + gap; }
+
+extern "C" __global__ void to_bf16_gap(const float* __restrict__ x, __nv_bfloat16* __restrict__ y, long n, long gap_at,
+                                       long gap) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[gapped(i, gap_at, gap)] = __float2bfloat16_rn(x[i]);
+}
+
 // AdamW as above, also refreshing the bf16 copy of the weights that the matrix products read
 extern "C" __global__ void adamw_bf16(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ m,
                                       float* __restrict__ v, const unsigned char* __restrict__ decay,
-                                      __nv_bfloat16* __restrict__ wb, float gscale, float lr, float beta1, float beta2,
-                                      float eps, float wd, float bc1, float bc2, long n) {
+                                      __nv_bfloat16* __restrict__ wb, long gap_at, long gap, float gscale, float lr,
+                                      float beta1, float beta2, float eps, float wd, float bc1, float bc2, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float gi = g[i] * gscale;
@@ -118,7 +127,7 @@ extern "C" __global__ void adamw_bf16(float* __restrict__ w, const float* __rest
     wi -= lr * wd * decay[i] * wi;
     wi -= lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
     w[i] = wi;
-    wb[i] = __float2bfloat16_rn(wi);
+    wb[gapped(i, gap_at, gap)] = __float2bfloat16_rn(wi);
 }
 
 // Embedding backward planned on the host (andrea/engine/cupy_backend.upload_tokens): positions
@@ -146,4 +155,55 @@ extern "C" __global__ void embed_bwd_wpe(const float* __restrict__ dout, float* 
     float s = 0.f;
     for (int b = 0; b < B; b++) s += dout[(long)b * T * C + i];
     dwpe[i] += s;
+}
+
+// ---- vectorised bf16 GELU (8 elements per thread; n a multiple of 8), tanh on the SFU: the
+// approximation's error (~2^-11 relative) is below bf16's rounding of the result.
+__device__ __forceinline__ float tanh_approx(float x) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ void unpack8(uint4 u, float f[8]) {
+    const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = __bfloat1622float2(p[i]);
+        f[2 * i] = v.x;
+        f[2 * i + 1] = v.y;
+    }
+}
+
+__device__ __forceinline__ uint4 pack8(const float f[8]) {
+    uint4 u;
+    __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; i++) p[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    return u;
+}
+
+extern "C" __global__ void gelu_fwd_bf16x8(const uint4* __restrict__ h, uint4* __restrict__ a, long n8) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n8) return;
+    float x[8], y[8];
+    unpack8(h[i], x);
+#pragma unroll
+    for (int k = 0; k < 8; k++) y[k] = 0.5f * x[k] * (1.f + tanh_approx(GELU_C * (x[k] + 0.044715f * x[k] * x[k] * x[k])));
+    a[i] = pack8(y);
+}
+
+extern "C" __global__ void gelu_bwd_bf16x8(const uint4* __restrict__ h, uint4* __restrict__ da, long n8) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n8) return;
+    float x[8], g[8];
+    unpack8(h[i], x);
+    unpack8(da[i], g);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        float u = x[k] * x[k];
+        float t = tanh_approx(GELU_C * x[k] * (1.f + 0.044715f * u));
+        g[k] *= 0.5f * (1.f + t) + 0.5f * x[k] * (1.f - t * t) * GELU_C * (1.f + 3.f * 0.044715f * u);
+    }
+    da[i] = pack8(g);
 }

@@ -70,51 +70,54 @@ extern "C" __global__ void layernorm_fwd_bf16(const float* __restrict__ x, const
     layernorm_rows(x, g, b, out, mean, rstd, N, C, eps);
 }
 
-// LayerNorm backward: dx += (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) * rstd with
-// dxhat = dout * g, and the parameter gradients reduced on the way: a block of WARPS warps takes
-// `rows` consecutive rows; each warp accumulates dout * xhat and dout for its rows in its own
-// shared-memory slice; the block then writes one partial per column (warps added in order), and
-// ln_partials_final adds the blocks' partials in order. No N x C temporary, deterministic.
-// dx += ...; if dx_bf16 is given, the updated dx is also written there in bf16 (the residual
-// branch's gradient, the operand of the matrix products that follow).
-extern "C" __global__ void layernorm_bwd_fused(const float* __restrict__ dout, const float* __restrict__ x,
-                                               const float* __restrict__ mean, const float* __restrict__ rstd,
-                                               const float* __restrict__ g, float* __restrict__ dx,
-                                               __nv_bfloat16* __restrict__ dx_bf16, float* __restrict__ partial,
-                                               int N, int C, int rows) {
-    extern __shared__ float acc[];  // [warps][2][C]
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
-    float* mine = acc + warp * 2 * C;
-    for (int c = lane; c < 2 * C; c += 32) mine[c] = 0.f;
-    int r0 = blockIdx.x * rows, r1 = min(N, r0 + rows);
-    for (int row = r0 + warp; row < r1; row += nw) {
-        long off = (long)row * C;
-        float m = mean[row], r = rstd[row];
-        float s1 = 0.f, s2 = 0.f;
-        for (int c = lane; c < C; c += 32) {
-            float xh = (x[off + c] - m) * r;
-            float dxh = dout[off + c] * g[c];
-            s1 += dxh;
-            s2 += dxh * xh;
-        }
-        s1 = warp_sum(s1) / C;
-        s2 = warp_sum(s2) / C;
-        for (int c = lane; c < C; c += 32) {
-            float xh = (x[off + c] - m) * r;
-            float d = dout[off + c];
-            float v = dx[off + c] + (d * g[c] - s1 - xh * s2) * r;
-            dx[off + c] = v;
-            if (dx_bf16) dx_bf16[off + c] = __float2bfloat16_rn(v);
-            mine[c] += d * xh;
-            mine[C + c] += d;
-        }
+// LayerNorm backward, input gradient: one warp per row,
+//   dx += (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) * rstd,  dxhat = dout * g;
+// if dx_bf16 is given, the updated dx is also written there in bf16 (the residual branch's
+// gradient, the operand of the matrix products that follow: residual_add_bwd, fused).
+extern "C" __global__ void layernorm_bwd_dx(const float* __restrict__ dout, const float* __restrict__ x,
+                                            const float* __restrict__ mean, const float* __restrict__ rstd,
+                                            const float* __restrict__ g, float* __restrict__ dx,
+                                            __nv_bfloat16* __restrict__ dx_bf16, int N, int C) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= N) return;
+    long off = (long)row * C;
+    float m = mean[row], r = rstd[row];
+    float s1 = 0.f, s2 = 0.f;
+    for (int c = lane; c < C; c += 32) {
+        float xh = (x[off + c] - m) * r;
+        float dxh = dout[off + c] * g[c];
+        s1 += dxh;
+        s2 += dxh * xh;
     }
-    __syncthreads();
-    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
-        float s = 0.f;
-        for (int w = 0; w < nw; w++) s += acc[w * 2 * C + c];
-        partial[(long)blockIdx.x * 2 * C + c] = s;
+    s1 = warp_sum(s1) / C;
+    s2 = warp_sum(s2) / C;
+    for (int c = lane; c < C; c += 32) {
+        float xh = (x[off + c] - m) * r;
+        float v = dx[off + c] + (dout[off + c] * g[c] - s1 - xh * s2) * r;
+        dx[off + c] = v;
+        if (dx_bf16) dx_bf16[off + c] = __float2bfloat16_rn(v);
     }
+}
+
+// LayerNorm backward, parameter gradients: partial[chunk][c] = sum of dout * xhat over the chunk's
+// rows, partial[chunk][C + c] = sum of dout (rows in order; one thread per column, xhat recomputed
+// from x, mean, rstd). ln_partials_final adds the chunks in order: deterministic, no N x C temporary.
+extern "C" __global__ void layernorm_bwd_params(const float* __restrict__ dout, const float* __restrict__ x,
+                                                const float* __restrict__ mean, const float* __restrict__ rstd,
+                                                float* __restrict__ partial, int N, int C, int rows) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    int r0 = blockIdx.y * rows, r1 = min(N, r0 + rows);
+    float sg = 0.f, sb = 0.f;
+    for (int r = r0; r < r1; r++) {
+        long o = (long)r * C + c;
+        float d = dout[o];
+        sg += d * (x[o] - mean[r]) * rstd[r];
+        sb += d;
+    }
+    partial[(long)blockIdx.y * 2 * C + c] = sg;
+    partial[(long)blockIdx.y * 2 * C + C + c] = sb;
 }
 
 extern "C" __global__ void ln_partials_final(const float* __restrict__ partial, float* __restrict__ dg,
@@ -125,4 +128,113 @@ extern "C" __global__ void ln_partials_final(const float* __restrict__ partial, 
     for (int k = 0; k < chunks; k++) s += partial[(long)k * 2 * C + c];
     if (c < C) dg[c] += s;
     else db[c - C] += s;
+}
+
+// ---- vectorised row kernels (C a multiple of 4, at most 4 * 32 * LN_MAXV): a warp per row keeps
+// the row in registers as float4s, so it is read from memory once.
+#define LN_MAXV 12
+
+__device__ __forceinline__ float4 add4(float4 a, float4 b) { return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
+
+__device__ __forceinline__ void store4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
+__device__ __forceinline__ void store4(__nv_bfloat16* p, float4 v) {
+    __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    uint2 u = make_uint2(*reinterpret_cast<unsigned*>(&lo), *reinterpret_cast<unsigned*>(&hi));
+    *reinterpret_cast<uint2*>(p) = u;
+}
+
+// res = x + f; out = LayerNorm(res)
+template <typename Out>
+__device__ void add_layernorm_vec(const float* __restrict__ x, const float* __restrict__ f, float* __restrict__ res,
+                                  const float* __restrict__ g, const float* __restrict__ b, Out* __restrict__ out,
+                                  float* __restrict__ mean, float* __restrict__ rstd, int N, int C, float eps) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= N) return;
+    long off = (long)row * C;
+    const int nv = C / 4;
+    float4 v[LN_MAXV];
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < LN_MAXV; k++) {
+        int c = (lane + 32 * k) * 4;
+        if (c < C) {
+            float4 a = f ? add4(*reinterpret_cast<const float4*>(x + off + c), *reinterpret_cast<const float4*>(f + off + c))
+                         : *reinterpret_cast<const float4*>(x + off + c);
+            v[k] = a;
+            if (res) store4(res + off + c, a);
+            s += a.x + a.y + a.z + a.w;
+        }
+    }
+    float m = warp_sum(s) / C;
+    float q = 0.f;
+#pragma unroll
+    for (int k = 0; k < LN_MAXV; k++)
+        if ((lane + 32 * k) < nv) {
+            float4 a = v[k];
+            q += (a.x - m) * (a.x - m) + (a.y - m) * (a.y - m) + (a.z - m) * (a.z - m) + (a.w - m) * (a.w - m);
+        }
+    float r = rsqrtf(warp_sum(q) / C + eps);
+#pragma unroll
+    for (int k = 0; k < LN_MAXV; k++) {
+        int c = (lane + 32 * k) * 4;
+        if (c < C) {
+            float4 a = v[k], gg = *reinterpret_cast<const float4*>(g + c), bb = *reinterpret_cast<const float4*>(b + c);
+            store4(out + off + c, make_float4((a.x - m) * r * gg.x + bb.x, (a.y - m) * r * gg.y + bb.y,
+                                              (a.z - m) * r * gg.z + bb.z, (a.w - m) * r * gg.w + bb.w));
+        }
+    }
+    if (lane == 0) { mean[row] = m; rstd[row] = r; }
+}
+
+extern "C" __global__ void add_layernorm_fwd_vec(const float* x, const float* f, float* res, const float* g, const float* b,
+                                                 float* out, float* mean, float* rstd, int N, int C, float eps) {
+    add_layernorm_vec(x, f, res, g, b, out, mean, rstd, N, C, eps);
+}
+
+extern "C" __global__ void add_layernorm_fwd_vec_bf16(const float* x, const float* f, float* res, const float* g,
+                                                      const float* b, __nv_bfloat16* out, float* mean, float* rstd, int N,
+                                                      int C, float eps) {
+    add_layernorm_vec(x, f, res, g, b, out, mean, rstd, N, C, eps);
+}
+
+// layernorm_bwd_dx with the row's dout and x held in registers
+extern "C" __global__ void layernorm_bwd_dx_vec(const float* __restrict__ dout, const float* __restrict__ x,
+                                                const float* __restrict__ mean, const float* __restrict__ rstd,
+                                                const float* __restrict__ g, float* __restrict__ dx,
+                                                __nv_bfloat16* __restrict__ dx_bf16, int N, int C) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= N) return;
+    long off = (long)row * C;
+    float m = mean[row], r = rstd[row];
+    float4 xh[LN_MAXV], dh[LN_MAXV];  // xhat, dout * g
+    float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+    for (int k = 0; k < LN_MAXV; k++) {
+        int c = (lane + 32 * k) * 4;
+        if (c < C) {
+            float4 xv = *reinterpret_cast<const float4*>(x + off + c), dv = *reinterpret_cast<const float4*>(dout + off + c);
+            float4 gg = *reinterpret_cast<const float4*>(g + c);
+            xh[k] = make_float4((xv.x - m) * r, (xv.y - m) * r, (xv.z - m) * r, (xv.w - m) * r);
+            dh[k] = make_float4(dv.x * gg.x, dv.y * gg.y, dv.z * gg.z, dv.w * gg.w);
+            s1 += dh[k].x + dh[k].y + dh[k].z + dh[k].w;
+            s2 += dh[k].x * xh[k].x + dh[k].y * xh[k].y + dh[k].z * xh[k].z + dh[k].w * xh[k].w;
+        }
+    }
+    s1 = warp_sum(s1) / C;
+    s2 = warp_sum(s2) / C;
+#pragma unroll
+    for (int k = 0; k < LN_MAXV; k++) {
+        int c = (lane + 32 * k) * 4;
+        if (c < C) {
+            float4 o = *reinterpret_cast<const float4*>(dx + off + c);
+            o.x += (dh[k].x - s1 - xh[k].x * s2) * r;
+            o.y += (dh[k].y - s1 - xh[k].y * s2) * r;
+            o.z += (dh[k].z - s1 - xh[k].z * s2) * r;
+            o.w += (dh[k].w - s1 - xh[k].w * s2) * r;
+            store4(dx + off + c, o);
+            if (dx_bf16) store4(dx_bf16 + off + c, o);
+        }
+    }
 }

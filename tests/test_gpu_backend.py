@@ -116,6 +116,33 @@ def test_fused_residual_layernorm_pairs(precision):
         assert rel(np.asarray(h(a_), np.float32), b_) < tol_
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_row_kernels_at_widths_the_vector_kernels_do_not_take(precision):
+    """d_model not a multiple of 4, and a GELU size not a multiple of 8: the scalar kernels."""
+    gb.set_precision(precision)
+    dt, tol = (gb.BF16, 1e-2) if precision == "bf16" else (np.float32, 1e-5)
+    C = 130
+    x, f, gam, bet, dout = r(3, 5, C), r(3, 5, C), r(C), r(C), r(3, 5, C)
+    res_n, out_n, m_n, s_n = np.zeros_like(x), np.zeros_like(x), np.zeros((3, 5), np.float32), np.zeros((3, 5), np.float32)
+    nb.add_layernorm_fwd(x, f, res_n, gam, bet, out_n, m_n, s_n)
+    dx_n, dg_n, db_n = np.zeros_like(x), np.zeros(C, np.float32), np.zeros(C, np.float32)
+    nb.layernorm_bwd(dout, res_n, m_n, s_n, gam, dx_n, dg_n, db_n)
+    res_g, out_g = cp.zeros(x.shape, cp.float32), cp.zeros(x.shape, dt)
+    m_g, s_g = cp.zeros((3, 5), cp.float32), cp.zeros((3, 5), cp.float32)
+    gb.add_layernorm_fwd(g(x), g(f), res_g, g(gam), g(bet), out_g, m_g, s_g)
+    dx_g, dg_g, db_g = cp.zeros(x.shape, cp.float32), cp.zeros(C, cp.float32), cp.zeros(C, cp.float32)
+    gb.layernorm_bwd(g(dout), res_g, m_g, s_g, g(gam), dx_g, dg_g, db_g)
+    assert rel(np.asarray(h(out_g), np.float32), out_n) < tol
+    for a_, b_ in ((dx_g, dx_n), (dg_g, dg_n), (db_g, db_n)):
+        assert rel(h(a_), b_) < 1e-5
+    hh = bf16_round(r(7, 3))
+    a_n = np.zeros_like(hh)
+    nb.gelu(hh, a_n)
+    a_g = cp.zeros(hh.shape, dt)
+    gb.gelu(g(hh).astype(dt), a_g)
+    assert rel(np.asarray(h(a_g), np.float32), a_n) < tol
+
+
 def test_cuda_graph_replay_equals_eager_steps():
     """bf16 training steps with forward + backward captured once as a CUDA graph and replayed give
     the same bytes as the same steps run kernel by kernel (two micro-batches in the last step)."""
@@ -155,11 +182,11 @@ def bf16_round(a):
     return np.asarray(a, np.float32).astype(gb.BF16).astype(np.float32)
 
 
-@pytest.mark.parametrize("variant", ["1", "2"])
+@pytest.mark.parametrize("variant", ["1", "2", "3"])
 @pytest.mark.parametrize("head_dim,T_", [(32, 100), (64, 100), (64, 200), (16, 37)])
 def test_tensor_core_flash_attention_matches_reference(head_dim, T_, variant, monkeypatch):
     """bf16 mode: the fused mma.sync kernels on a [B, T, 3, H, D] buffer, partial tiles included;
-    variant 1 loads tiles synchronously, 2 double-buffers them with cp.async."""
+    variant 1 loads tiles synchronously, 2 double-buffers them with cp.async, 3 as 2 at 4 blocks/SM."""
     monkeypatch.setattr(gb, "FLASH_VARIANT", variant)
     Hh = 2
     dd = Hh * head_dim
@@ -190,15 +217,18 @@ def test_bf16_pairs_match_numpy():
     """bf16 mode on the buffers the engine plans for it (bf16 activations, [B, T, 3, H, D] q/k/v,
     padded bf16 logits, weights read from the bf16 copy AdamW keeps): each pair within 1e-2."""
     gb.set_precision("bf16")
-    shapes = {"wq": (d, d), "wk": (d, d), "wv": (d, d), "wo": (d, d), "w1": (d, M), "w2": (M, d), "wte": (V, d)}
+    # the head first, as in the model's layout: its bf16 copy is padded with zero rows, and every
+    # weight after it sits further on in the copy
+    shapes = {"wte": (V, d), "wq": (d, d), "wk": (d, d), "wv": (d, d), "wo": (d, d), "w1": (d, M), "w2": (M, d)}
     host = {k: r(*s, scale=0.1) for k, s in shapes.items()}
     flat = g(np.concatenate([bf16_round(host[k]).ravel() for k in shapes]))
-    gb.register_weights(flat)
     W, off = {}, 0
     for k, s in shapes.items():
         W[k] = flat[off:off + math.prod(s)].reshape(s)
         host[k] = bf16_round(host[k])
         off += math.prod(s)
+    gb.register_weights(flat, head=W["wte"])
+    assert gb._mirror_of(W["wte"], padded=True).shape == (-(-V // gb.VOCAB_PAD) * gb.VOCAB_PAD, d)
     bf = gb.BF16
     x = bf16_round(r(B, T, d))
     xb = g(x).astype(bf)
@@ -261,7 +291,7 @@ def test_bf16_pairs_match_numpy():
     ldx_n, ldw_n = np.zeros((B, T, d), np.float32), np.zeros((V, d), np.float32)
     nb.loss_bwd(x, host["wte"], tgt, probs_n, ldx_n, ldw_n, 0.5)
     shape, dtype = gb.plan_buffer("probs", (B, T, V), np.float32, H)
-    assert shape[-1] % 8 == 0 and dtype == bf
+    assert shape[-1] % gb.VOCAB_PAD == 0 and dtype == bf
     probs_g, losses_g = cp.zeros(shape, dtype), cp.zeros((B, T), cp.float32)
     loss_g = gb.loss_fwd(xb, W["wte"], g(tgt.astype(np.int32)), probs_g, losses_g)
     ldx_g, ldw_g = cp.zeros((B, T, d), cp.float32), cp.zeros((V, d), cp.float32)
@@ -272,7 +302,9 @@ def test_bf16_pairs_match_numpy():
     # AdamW refreshes the bf16 copy it serves to the matrix products
     grad, m_, v_ = cp.ones_like(flat), cp.zeros_like(flat), cp.zeros_like(flat)
     gb.adamw(flat, grad, m_, v_, cp.ones_like(flat), 1e-2, 0.9, 0.999, 1e-8, 0.0, 1)
-    assert h(gb._operand(W["wq"], weight=True)).tobytes() == h(W["wq"]).astype(bf).tobytes()
+    for k in shapes:
+        assert h(gb._operand(W[k], weight=True)).tobytes() == h(W[k]).astype(bf).tobytes(), k
+    assert not h(gb._mirror_of(W["wte"], padded=True)[V:]).astype(np.float32).any()  # the padding stays zero
 
 
 def test_matmul_pairs_and_classifier():

@@ -55,7 +55,7 @@ def plan_buffer(name: str, shape: tuple, dtype, n_head: int):
     """The engine's buffer `name` as this backend stores it: (shape, dtype). In bf16 mode the
     activations that feed matrix products are bf16, q/k/v are one [B, T, 3, H, D] buffer per layer
     (one GEMM writes it, attention reads it in place), and the logits' rows are padded to a
-    multiple of 8 elements (aligned rows for the tensor-core GEMMs)."""
+    multiple of VOCAB_PAD entries (aligned shapes for the tensor-core GEMMs)."""
     if PRECISION != "bf16":
         return shape, dtype
     if name in ("qkv", "d_qkv"):  # [..., 3, B, H, T, D] -> [..., B, T, 3, H, D]
@@ -63,7 +63,7 @@ def plan_buffer(name: str, shape: tuple, dtype, n_head: int):
         return (*lead, B, T, three, H, D), BF16
     if name == "probs":
         *lead, V = shape
-        return (*lead, -(-V // 8) * 8), BF16
+        return (*lead, -(-V // VOCAB_PAD) * VOCAB_PAD), BF16
     if name in BF16_BUFFERS:
         return shape, BF16
     return shape, dtype
@@ -82,18 +82,19 @@ def to_host(a):
 
 
 @functools.lru_cache(maxsize=None)
-def _module(name: str, head_dim: int | None = None) -> cp.RawModule:
+def _module(name: str, head_dim: int | None = None, defines: tuple = ()) -> cp.RawModule:
     path = KERNELS / f"{name}.cu"
     if not path.exists():
         raise FileNotFoundError(f"{path}: CUDA sources not found (set ANDREA_KERNELS to the kernels/ folder of a checkout)")
     opts = ("-std=c++17", f"-I{KERNELS}", "-lineinfo")
     if head_dim is not None:
         opts += (f"-DHEAD_DIM={head_dim}",)
+    opts += tuple(f"-D{d}" for d in defines)
     return cp.RawModule(code=path.read_text(), options=opts)
 
 
-def _k(module: str, kernel: str, head_dim: int | None = None):
-    return _module(module, head_dim).get_function(kernel)
+def _k(module: str, kernel: str, head_dim: int | None = None, defines: tuple = ()):
+    return _module(module, head_dim, defines).get_function(kernel)
 
 
 @functools.lru_cache(maxsize=None)
@@ -119,36 +120,73 @@ _CUDA_R_32F, _CUDA_R_16BF, _COMPUTE_32F, _GEMM_DEFAULT, _OP_N, _OP_T = 0, 14, 68
 _ONE = np.ones(1, dtype=np.float32)
 _ZERO = np.zeros(1, dtype=np.float32)
 _weights_bf16: dict = {}  # bf16 copies of weights outside a registered buffer, made once per step
-_mirrors: list = []  # [fp32 flat weights, bf16 copy, stale?] for buffers registered by the engine
+_mirrors: list = []  # _Mirror of each weight buffer registered by an engine
 
 
 def invalidate_weight_cache() -> None:
     """Forget the bf16 weight copies (after the weights change outside AdamW, e.g. a load)."""
     _weights_bf16.clear()
     for mirror in _mirrors:
-        mirror[2] = True
+        mirror.stale = True
 
 
-def register_weights(w) -> None:
-    """Keep a bf16 copy of the flat weight buffer `w` that AdamW refreshes as it updates w."""
-    _mirrors[:] = [m for m in _mirrors if m[0] is not w][-7:]  # bounded: older engines fall back to casts
-    _mirrors.append([w, cp.empty(w.shape, dtype=BF16), True])
+VOCAB_PAD = 64  # logits rows and the head's bf16 copy padded to this many vocabulary entries
 
 
-def _refresh(mirror) -> None:
-    if mirror[2]:
-        w = mirror[0]
-        _k("elementwise", "to_bf16")((_blocks(w.size),), (256,), (w, mirror[1], np.int64(w.size)))
-        mirror[2] = False
+class _Mirror:
+    """The bf16 copy of a flat fp32 weight buffer that the matrix products read, refreshed by the
+    AdamW kernel as it updates the weights. The output head's rows are followed by zero rows up to a
+    multiple of VOCAB_PAD (a gap in the copy: later weights sit `gap` elements further on), so the
+    vocabulary-sized products run on aligned shapes: with V = 8449 cuBLAS ran them at ~100 TFLOP/s."""
+
+    def __init__(self, w, head=None):
+        self.w = w
+        self.gap_at, self.gap = w.size, 0
+        self.head = None
+        if head is not None:  # (offset, rows, cols) of the head within w
+            off, rows, cols = head
+            padded = -(-rows // VOCAB_PAD) * VOCAB_PAD
+            self.head = (off, rows, cols, padded)
+            self.gap_at, self.gap = off + rows * cols, (padded - rows) * cols
+        self.bf16 = cp.zeros(w.size + self.gap, dtype=BF16)  # the gap stays zero
+        self.stale = True
+
+    def refresh(self) -> None:
+        if self.stale:
+            n = self.w.size
+            _k("elementwise", "to_bf16_gap")((_blocks(n),), (256,), (self.w, self.bf16, np.int64(n), np.int64(self.gap_at), np.int64(self.gap)))
+            self.stale = False
+
+    def view(self, x, padded: bool = False):
+        """x's bf16 copy (x a view into w), or None; with `padded`, the head with its zero rows."""
+        off = (x.data.ptr - self.w.data.ptr) // 4
+        if not (0 <= off < self.w.size and x.dtype == self.w.dtype):
+            return None
+        self.refresh()
+        if padded:
+            if self.head is None or off != self.head[0]:
+                return None
+            _, _, cols, rows = self.head
+            return self.bf16[off:off + rows * cols].reshape(rows, cols)
+        start = off + (self.gap if off >= self.gap_at else 0)
+        return self.bf16[start:start + x.size].reshape(x.shape)
 
 
-def _mirror_of(x):
+def register_weights(w, head=None) -> None:
+    """Keep a bf16 copy of the flat weight buffer `w` that AdamW refreshes as it updates w; `head`
+    (a view into w: the output head, [V, d]) gets zero rows up to a multiple of VOCAB_PAD."""
+    spec = None
+    if head is not None:
+        spec = ((head.data.ptr - w.data.ptr) // 4, head.shape[0], head.shape[1])
+    _mirrors[:] = [m for m in _mirrors if m.w is not w][-7:]  # bounded: older engines fall back to casts
+    _mirrors.append(_Mirror(w, spec))
+
+
+def _mirror_of(x, padded: bool = False):
     for mirror in _mirrors:
-        w = mirror[0]
-        off = (x.data.ptr - w.data.ptr) // 4
-        if 0 <= off < w.size and x.dtype == w.dtype:
-            _refresh(mirror)
-            return mirror[1][off:off + x.size].reshape(x.shape)
+        got = mirror.view(x, padded)
+        if got is not None:
+            return got
     return None
 
 
@@ -311,9 +349,21 @@ def embed_bwd(dout, tokens, dwte, dwpe):
 # ----------------------------------------------------------------------------- layernorm
 
 
+LN_MAXV = 12  # kernels/layernorm.cu: float4s per lane in the vectorised row kernels
+
+
+def _ln_vec(C: int) -> bool:
+    """The vectorised row kernels apply: rows of float4s that fit a warp's registers."""
+    return C % 4 == 0 and C <= 4 * 32 * LN_MAXV
+
+
 def layernorm_fwd(x, g, b, out, mean, rstd, eps=1e-5):
     C = x.shape[-1]
     N = x.size // C
+    if _ln_vec(C):
+        _k("layernorm", "add_layernorm_fwd_vec_bf16" if _fast(out) else "add_layernorm_fwd_vec")(
+            (_blocks(N, 8),), (256,), (x, np.uint64(0), np.uint64(0), g, b, out, mean, rstd, np.int32(N), np.int32(C), np.float32(eps)))
+        return
     _k("layernorm", "layernorm_fwd_bf16" if _fast(out) else "layernorm_fwd")((_blocks(N, 8),), (256,), (x, g, b, out, mean, rstd, np.int32(N), np.int32(C), np.float32(eps)))
 
 
@@ -321,25 +371,27 @@ def add_layernorm_fwd(x, f, res, g, b, out, mean, rstd, eps=1e-5):
     """res = x + f and out = LayerNorm(res) in one kernel."""
     C = x.shape[-1]
     N = x.size // C
-    _k("layernorm", "add_layernorm_fwd_bf16" if _fast(out) else "add_layernorm_fwd")(
+    vec = "_vec" if _ln_vec(C) else ""
+    _k("layernorm", f"add_layernorm_fwd{vec}_bf16" if _fast(out) else f"add_layernorm_fwd{vec}")(
         (_blocks(N, 8),), (256,), (x, f, res, g, b, out, mean, rstd, np.int32(N), np.int32(C), np.float32(eps)))
 
 
-LN_ROWS, LN_WARPS = 32, 4  # rows per block and warps per block of the LayerNorm backward
+LN_ROWS = 64  # rows per partial sum of the LayerNorm parameter gradients
 
 
 def layernorm_bwd(dout, x, mean, rstd, g, dx, dg, db, branch=None):
-    """dx += the input gradient, dγ and dβ += their gradients (per-block partials, then one ordered
-    sum); with `branch`, the updated dx is also written there (bf16 on the fast path)."""
+    """dx += the input gradient (one warp per row); dγ and dβ += their gradients (per-chunk column
+    partials, then one ordered sum); with `branch`, the updated dx is also written there (in the
+    same kernel when it is bf16)."""
     C = x.shape[-1]
     N = x.size // C
+    fused_copy = branch is not None and branch.dtype == BF16
+    _k("layernorm", "layernorm_bwd_dx_vec" if _ln_vec(C) else "layernorm_bwd_dx")((_blocks(N, 8),), (256,), (dout, x, mean, rstd, g, dx, branch if fused_copy else np.uint64(0),
+                                                                   np.int32(N), np.int32(C)))
     chunks = (N + LN_ROWS - 1) // LN_ROWS
     partial = _scratch("ln_partial", (chunks, 2 * C), cp.float32)
-    fused_copy = branch is not None and branch.dtype == BF16
-    _k("layernorm", "layernorm_bwd_fused")(
-        (chunks,), (32 * LN_WARPS,),
-        (dout, x, mean, rstd, g, dx, branch if fused_copy else np.uint64(0), partial, np.int32(N), np.int32(C), np.int32(LN_ROWS)),
-        shared_mem=LN_WARPS * 2 * C * 4)
+    _k("layernorm", "layernorm_bwd_params")((_blocks(C, 128), chunks), (128,), (dout, x, mean, rstd, partial, np.int32(N),
+                                                                                np.int32(C), np.int32(LN_ROWS)))
     _k("layernorm", "ln_partials_final")((_blocks(2 * C),), (256,), (partial, dg, db, np.int32(chunks), np.int32(C)))
     if branch is not None and not fused_copy:
         branch[...] = dx
@@ -431,7 +483,8 @@ def attn_bwd(dy, qkv, y, lse, dqkv):
 # Tensor-core flash attention (bf16 mode): q, k, v in one [B, T, 3, H, D] bf16 buffer, y and dy
 # [B, T, H·D] bf16, lse [B, H, T] fp32; dq, dk, dv written into a buffer shaped like qkv.
 FLASH_TILE = 64
-# "2": tiles double-buffered with cp.async (the default); "1": synchronous tile loads
+# "2": tiles double-buffered with cp.async (the default); "1": synchronous tile loads; "3": as 2,
+# with the forward and dQ kernels held to 128 registers so that four blocks share an SM
 FLASH_VARIANT = os.environ.get("ANDREA_FLASH_VARIANT", "2")
 
 
@@ -444,14 +497,16 @@ def _flash_args(qkv):
     return B, T, H, D, (flat, flat[H * D:], flat[2 * H * D:]), (np.int64(T * st), np.int64(st), np.int64(D))
 
 
-def _flash_name(kernel: str) -> str:
-    return kernel + ("2" if FLASH_VARIANT == "2" else "")
+def _flash(kernel: str, D: int):
+    if FLASH_VARIANT == "1":
+        return _k("attention_mma", kernel, D)
+    return _k("attention_mma", kernel + "2", D, ("FLASH_MINB=4",) if FLASH_VARIANT == "3" else ())
 
 
 def flash_attention_fwd(qkv, y, lse):
     B, T, H, D, (q, k, v), strides = _flash_args(qkv)
     grid = ((T + FLASH_TILE - 1) // FLASH_TILE, B * H)
-    _k("attention_mma", _flash_name("flash_fwd"), D)(grid, (128,), (q, k, v, y, lse, np.int32(H), np.int32(T), *strides,
+    _flash("flash_fwd", D)(grid, (128,), (q, k, v, y, lse, np.int32(H), np.int32(T), *strides,
                                                        np.float32(1.0 / math.sqrt(D))))
 
 
@@ -463,8 +518,8 @@ def flash_attention_bwd(dy, qkv, y, lse, dqkv):
     _k("attention_mma", "flash_delta", D)((_blocks(rows, 8),), (256,), (dy, y, delta, np.int32(B), np.int32(H), np.int32(T)))
     grid = ((T + FLASH_TILE - 1) // FLASH_TILE, B * H)
     scale = np.float32(1.0 / math.sqrt(D))
-    _k("attention_mma", _flash_name("flash_bwd_dq"), D)(grid, (128,), (q, k, v, dy, lse, delta, dq, np.int32(H), np.int32(T), *strides, scale))
-    _k("attention_mma", _flash_name("flash_bwd_dkdv"), D)(grid, (128,), (q, k, v, dy, lse, delta, dk, dv, np.int32(H), np.int32(T),
+    _flash("flash_bwd_dq", D)(grid, (128,), (q, k, v, dy, lse, delta, dq, np.int32(H), np.int32(T), *strides, scale))
+    _flash("flash_bwd_dkdv", D)(grid, (128,), (q, k, v, dy, lse, delta, dk, dv, np.int32(H), np.int32(T),
                                                             *strides, scale))
 
 
@@ -558,6 +613,9 @@ def attn_out_bwd(dout, y, wo, dy, dwo):
 
 
 def gelu(h, out):
+    if _fast(out) and out.size % 8 == 0:  # 8 bf16 per thread, tanh on the SFU
+        _k("elementwise", "gelu_fwd_bf16x8")((_blocks(h.size // 8),), (256,), (h, out, np.int64(h.size // 8)))
+        return
     _k("elementwise", "gelu_fwd_bf16" if _fast(out) else "gelu_fwd")((_blocks(h.size),), (256,), (h, out, np.int64(h.size)))
 
 
@@ -585,7 +643,10 @@ def mlp_bwd(dout, x, h, a, w1, w2, dx, dw1, dw2):
     gemm(_operand(a.reshape(-1, M)), g, dw2, ta=True, accumulate=True)
     da = _scratch("mlp_da", (g.shape[0], M), BF16 if fast else cp.float32)
     gemm(g, _operand(w2, weight=True), da, tb=True)
-    _k("elementwise", "gelu_bwd_bf16" if fast else "gelu_bwd")((_blocks(da.size),), (256,), (h, da, np.int64(da.size)))
+    if fast and da.size % 8 == 0:
+        _k("elementwise", "gelu_bwd_bf16x8")((_blocks(da.size // 8),), (256,), (h, da, np.int64(da.size // 8)))
+    else:
+        _k("elementwise", "gelu_bwd_bf16" if fast else "gelu_bwd")((_blocks(da.size),), (256,), (h, da, np.int64(da.size)))
     dap = _operand(da)
     gemm(_operand(x.reshape(-1, d)), dap, dw1, ta=True, accumulate=True)
     gemm(dap, _operand(w1, weight=True), dx.reshape(-1, d), tb=True)
@@ -614,7 +675,11 @@ def loss_fwd(x, w, targets, probs, losses):
     N = x.size // d
     if _fast(probs):  # bf16 logits, then loss and softmax - onehot in place in one kernel
         logits = probs.reshape(N, -1)
-        gemm(_operand(x.reshape(-1, d)), _operand(w, weight=True), logits[:, :V], tb=True)
+        wp = _mirror_of(w, padded=True)
+        if wp is not None and wp.shape[0] == logits.shape[1]:  # padded head: zero logits past V
+            gemm(_operand(x.reshape(-1, d)), wp, logits, tb=True)
+        else:
+            gemm(_operand(x.reshape(-1, d)), _operand(w, weight=True), logits[:, :V], tb=True)
         _k("classifier", "softmax_xent_bf16")((N,), (256,), (logits, targets, losses, np.int32(V), np.int32(logits.shape[1])))
         return None if cp.cuda.get_current_stream().is_capturing() else float(losses.mean())
     gemm(_operand(x.reshape(-1, d)), _operand(w, weight=True), probs.reshape(-1, V), tb=True)
@@ -627,9 +692,13 @@ def loss_bwd(x, w, targets, probs, dx, dw, dloss=1.0):
     V = w.shape[0]
     N = x.size // d
     if _fast(probs):  # probs holds softmax - onehot (loss_fwd); the 1/N and dloss go into alpha
-        dl = probs.reshape(N, -1)[:, :V]
-        gemm(dl, _operand(w, weight=True), dx.reshape(-1, d), alpha=dloss / N)
-        gemm(dl, _operand(x.reshape(-1, d)), dw, ta=True, accumulate=True, alpha=dloss / N)
+        dl = probs.reshape(N, -1)
+        wp = _mirror_of(w, padded=True)
+        if wp is not None and wp.shape[0] == dl.shape[1]:  # aligned K; the padded columns hold zeros
+            gemm(dl, wp, dx.reshape(-1, d), alpha=dloss / N)
+        else:
+            gemm(dl[:, :V], _operand(w, weight=True), dx.reshape(-1, d), alpha=dloss / N)
+        gemm(dl[:, :V], _operand(x.reshape(-1, d)), dw, ta=True, accumulate=True, alpha=dloss / N)
         return
     _k("classifier", "softmax_xent_bwd")((N,), (256,), (probs, targets, np.float32(dloss / N), np.int32(V)))
     dl = _operand(probs.reshape(-1, V))
@@ -665,10 +734,11 @@ def adamw(w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale=1
     bc2 = 1 - beta2**step
     f = np.float32
     hyper = (f(lr), f(beta1), f(beta2), f(eps), f(weight_decay), f(bc1), f(bc2), np.int64(w.size))
-    mirror = next((mm for mm in _mirrors if mm[0] is w), None)
+    mirror = next((mm for mm in _mirrors if mm.w is w), None)
     if mirror is not None:  # update and refresh the bf16 copy in one pass
-        mirror[2] = False
-        _k("elementwise", "adamw_bf16")((_blocks(w.size),), (256,), (w, g, m, v, decay, mirror[1], f(gscale), *hyper))
+        mirror.stale = False
+        _k("elementwise", "adamw_bf16")((_blocks(w.size),), (256,), (w, g, m, v, decay, mirror.bf16, np.int64(mirror.gap_at),
+                                                                     np.int64(mirror.gap), f(gscale), *hyper))
     else:
         _k("elementwise", "adamw")((_blocks(w.size),), (256,), (w, g, m, v, decay, f(gscale), *hyper))
 
@@ -689,7 +759,7 @@ class CapturedPass:
 
     def __call__(self) -> None:
         for mirror in _mirrors:  # weights loaded since the last optimizer step: refresh their bf16 copy
-            _refresh(mirror)
+            mirror.refresh()
         if self.graph is None:
             self.fn()  # warm-up, eager
             cp.cuda.get_current_stream().synchronize()

@@ -122,7 +122,7 @@ class Engine:
         self.tokens = xp.zeros((B, T), dtype=index)
         self.targets = xp.zeros((B, T), dtype=index)
         if hasattr(self.be, "register_weights"):  # e.g. a bf16 copy that AdamW keeps fresh
-            self.be.register_weights(self.w)
+            self.be.register_weights(self.w, head=self.P[self.head])
 
     def memory_plan(self) -> MemoryPlan:
         return MemoryPlan(
