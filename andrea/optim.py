@@ -2,7 +2,9 @@
 
 One step: n micro-batches (forward + backward, gradients adding up), scale by 1/n, global L2
 clipping at max_norm *before* AdamW touches m, v or the weights, AdamW with decoupled weight decay,
-zero the gradients. A non-finite loss or gradient norm skips the update and is counted; after
+zero the gradients. In fp16 the loss is scaled (the gradients come out multiplied by the engine's
+loss_scale, divided out in AdamW); an overflow skips the update and halves the scale, and the
+scale doubles again after a run of clean steps (dynamic loss scaling). A non-finite loss or gradient norm skips the update and is counted; after
 `max_nonfinite` in a row the step raises NonFiniteHalt, and the caller writes a checkpoint and
 stops.
 """
@@ -71,8 +73,16 @@ def train_step(engine, micro_batches, step: int, oc: OptimConfig, nonfinite: Non
     loss = float(np.mean(np.concatenate(rows)))
     if n > 1:
         engine.scale_grads(1.0 / n)
-    norm = engine.grad_norm()
+    scale = getattr(engine, "loss_scale", 1.0)  # fp16: the gradients come out multiplied by it
+    norm = engine.grad_norm() / scale
     lr = lr_at(step, oc)
+    fp16 = getattr(engine, "precision", "fp32") == "fp16"
+    if fp16 and math.isfinite(loss) and not math.isfinite(norm) and scale > 1.0:
+        # fp16 overflow in the scaled backward pass: skip this update and halve the scale (dynamic
+        # loss scaling); not a divergence, so it does not count towards the non-finite halt
+        engine.zero_grads()
+        engine.set_loss_scale(scale / 2)
+        return StepResult(step, loss, np.concatenate(rows), norm, lr, False, True)
     if not (math.isfinite(loss) and math.isfinite(norm)):
         engine.zero_grads()
         nonfinite.consecutive += 1
@@ -86,6 +96,8 @@ def train_step(engine, micro_batches, step: int, oc: OptimConfig, nonfinite: Non
         return StepResult(step, loss, np.concatenate(rows), norm, lr, False, True)
     nonfinite.consecutive = 0
     clipped = norm > oc.grad_clip
-    engine.adamw(lr, oc.beta1, oc.beta2, oc.eps, oc.weight_decay, gscale=oc.grad_clip / norm if clipped else 1.0)
+    engine.adamw(lr, oc.beta1, oc.beta2, oc.eps, oc.weight_decay, gscale=(oc.grad_clip / norm if clipped else 1.0) / scale)
+    if fp16:
+        engine.loss_scale_grow()
     engine.zero_grads()
     return StepResult(step, loss, np.concatenate(rows), norm, lr, clipped, False)

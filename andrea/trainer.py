@@ -209,6 +209,7 @@ class Trainer:
             "model": self.model_name,
             "n_params": n_params(self.cfg),
             "adam_t": self.engine.adam_t,
+            "loss_scale": {"scale": self.engine.loss_scale, "good_steps": self.engine.scale_good_steps},
             "rng": self.rng.bit_generator.state,
             "bandit": self.bandit.state(),
             "ema": self.ema,
@@ -257,6 +258,9 @@ class Trainer:
         if ck.step != st["step"]:
             raise RuntimeError(f"{st['checkpoint']}: holds step {ck.step}, state.json says {st['step']}")
         self.engine.load_state(ck.weights, ck.m, ck.v, adam_t=st["adam_t"])
+        if "loss_scale" in st:  # fp16 runs
+            self.engine.set_loss_scale(st["loss_scale"]["scale"])
+            self.engine.scale_good_steps = st["loss_scale"]["good_steps"]
         self.step = st["step"]
         self.rng.bit_generator.state = st["rng"]
         self.bandit.load_state(st["bandit"])

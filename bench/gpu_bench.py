@@ -1,12 +1,14 @@
 """ANDREA's CuPy engine vs PyTorch on one GPU, side by side in one run (issue: GPU backend).
 
 PyTorch runs the same architecture (bf16 autocast + torch.compile + scaled_dot_product_attention,
-fused AdamW, global clipping); ours runs the CuPy backend in fp32 and bf16. For each model and
+fused AdamW, global clipping); ours runs the CuPy backend in bf16 and fp16 (CUDA graphs), bf16
+without graphs, and fp32. All of a configuration's runners are built first, then timed in rounds,
+taking turns, and the median round counts (PyTorch alone varied by ±20 % between runs here). For each model and
 batch size: tokens/s, MFU (llm.c's formula: flops/token = 6·N + 6·L·d·T, against 989 TFLOP/s
 bf16), peak GPU memory, and the ratio ours/PyTorch. Prints a Markdown table and writes JSON.
 
     python3 bench/gpu_bench.py --out results.json
-    python3 bench/gpu_bench.py --models ANDREA-12M --batches 8 --steps 5
+    python3 bench/gpu_bench.py --models ANDREA-12M --batches 8 --precisions bf16 --rounds 5
 """
 
 from __future__ import annotations
@@ -31,72 +33,81 @@ MODELS = {  # the config/config.yaml table (read without the config machinery: t
 }
 
 
-def bench_ours(cfg, B, T, precision, steps, warmup):
-    """precision: fp32, bf16 (with CUDA graphs) or bf16-eager (kernel by kernel, no graphs)."""
-    import cupy as cp
+class Ours:
+    """Our engine at one precision: fp32, bf16 or fp16 (CUDA graphs), or bf16-eager (no graphs)."""
 
-    from andrea.engine import Engine
-    from andrea.engine import cupy_backend
-    from andrea.optim import OptimConfig, train_step
+    def __init__(self, cfg, B, T, precision, warmup):
+        import cupy as cp
 
-    cupy_backend.clear_caches()
-    pool = cp.get_default_memory_pool()
-    pool.free_all_blocks()
-    e = Engine(cfg, batch_size=B, seq_len=T, backend="cupy", precision=precision.split("-")[0])
-    e.graphs = e.graphs and not precision.endswith("-eager")
-    x = np.random.default_rng(0).integers(0, cfg.vocab_size, (B, T + 1))
-    batch = [(x[:, :-1], x[:, 1:])]
-    oc = OptimConfig(lr=3e-4, warmup_steps=1)
-    for s in range(warmup):
-        train_step(e, batch, s, oc)
-    cp.cuda.Device().synchronize()
-    t0 = time.perf_counter()
-    for s in range(steps):
-        train_step(e, batch, warmup + s, oc)
-    cp.cuda.Device().synchronize()
-    dt = (time.perf_counter() - t0) / steps
-    plan = e.memory_plan().total
-    peak = pool.total_bytes()
-    del e
-    cupy_backend.clear_caches()
-    pool.free_all_blocks()
-    return dt, peak, plan
+        from andrea.engine import Engine
+        from andrea.optim import OptimConfig, train_step
+
+        self.cp, self.train_step = cp, train_step
+        pool = cp.get_default_memory_pool()
+        before = pool.total_bytes()
+        self.e = Engine(cfg, batch_size=B, seq_len=T, backend="cupy", precision=precision.split("-")[0])
+        self.e.graphs = self.e.graphs and not precision.endswith("-eager")
+        x = np.random.default_rng(0).integers(0, cfg.vocab_size, (B, T + 1))
+        self.batch = [(x[:, :-1], x[:, 1:])]
+        self.oc = OptimConfig(lr=3e-4, warmup_steps=1)
+        self.step = 0
+        self.run(warmup)
+        self.peak = pool.total_bytes() - before  # what this engine added to CuPy's pool
+        self.plan = self.e.memory_plan().total
+
+    def run(self, steps):
+        for _ in range(steps):
+            self.train_step(self.e, self.batch, self.step, self.oc)
+            self.step += 1
+        self.cp.cuda.Device().synchronize()
 
 
-def bench_torch(cfg, B, T, steps, warmup):
-    import torch
+class Torch:
+    """The PyTorch reference: bf16 autocast + torch.compile + SDPA, fused AdamW, global clipping."""
 
-    from torch_reference import torch_model
+    def __init__(self, cfg, B, T, warmup):
+        import torch
 
-    torch.manual_seed(0)
-    dev = "cuda"
-    model = torch_model(cfg).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1, fused=True)
-    cmodel = torch.compile(model)
-    x = torch.randint(0, cfg.vocab_size, (B, T + 1), device=dev)
-    inp, tgt = x[:, :-1].contiguous(), x[:, 1:].contiguous()
+        from torch_reference import torch_model
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = cmodel(inp, tgt)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        torch.manual_seed(0)
+        self.torch = torch
+        model = torch_model(cfg).to("cuda")
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1, fused=True)
+        cmodel = torch.compile(model)
+        x = torch.randint(0, cfg.vocab_size, (B, T + 1), device="cuda")
+        inp, tgt = x[:, :-1].contiguous(), x[:, 1:].contiguous()
 
-    torch.cuda.reset_peak_memory_stats()
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    torch.cuda.synchronize()
-    dt = (time.perf_counter() - t0) / steps
-    peak = torch.cuda.max_memory_allocated()
-    del model, opt, cmodel
-    torch.cuda.empty_cache()
-    return dt, peak
+        def step():
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = cmodel(inp, tgt)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+
+        self.step_fn = step
+        torch.cuda.reset_peak_memory_stats()
+        self.run(warmup)
+        self.peak = torch.cuda.max_memory_allocated()
+        self.plan = None
+
+    def run(self, steps):
+        for _ in range(steps):
+            self.step_fn()
+        self.torch.cuda.synchronize()
+
+
+def timed_rounds(runners, steps, rounds):
+    """Seconds per step of each runner: `rounds` rounds, the runners taking turns (so that clock
+    and thermal drift hit all of them alike); the median round counts."""
+    times = {name: [] for name in runners}
+    for _ in range(rounds):
+        for name, r in runners.items():
+            t0 = time.perf_counter()
+            r.run(steps)
+            times[name].append((time.perf_counter() - t0) / steps)
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}, times
 
 
 def main() -> None:
@@ -104,13 +115,17 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=list(MODELS))
     ap.add_argument("--batches", nargs="+", type=int, default=[8, 32])
     ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--precisions", nargs="+", default=["bf16", "bf16-eager", "fp32"],
-                    help="bf16 (CUDA graphs), bf16-eager (no graphs), fp32")
+    ap.add_argument("--steps", type=int, default=10, help="steps per timed round")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds, the runners taking turns; the median counts")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--precisions", nargs="+", default=["bf16", "fp16", "bf16-eager", "fp32"],
+                    help="bf16 / fp16 (CUDA graphs), bf16-eager (no graphs), fp32")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    import cupy as cp
+
+    from andrea.engine import cupy_backend
 
     rows = []
     for name in args.models:
@@ -118,28 +133,40 @@ def main() -> None:
         for B in args.batches:
             tokens = B * args.seq
             fpt = flops_per_token(cfg)
-            row = {"model": name, "params": n_params(cfg), "B": B, "T": args.seq}
+            runners = {}
             if not args.no_torch:
-                dt, peak = bench_torch(cfg, B, args.seq, args.steps, args.warmup)
-                row["torch"] = {"tok_s": tokens / dt, "mfu": fpt * tokens / dt / PEAK, "peak_gib": peak / 2**30, "step_ms": dt * 1e3}
-                print(f"{name} B={B} PyTorch: {tokens / dt:,.0f} tok/s, MFU {fpt * tokens / dt / PEAK:.1%}, peak {peak / 2**30:.2f} GiB", flush=True)
+                runners["torch"] = Torch(cfg, B, args.seq, args.warmup)
             for prec in args.precisions:
-                dt, peak, plan = bench_ours(cfg, B, args.seq, prec, args.steps, args.warmup)
-                row[f"ours_{prec}"] = {"tok_s": tokens / dt, "mfu": fpt * tokens / dt / PEAK, "peak_gib": peak / 2**30,
-                                       "plan_gib": plan / 2**30, "step_ms": dt * 1e3}
-                print(f"{name} B={B} ours {prec}: {tokens / dt:,.0f} tok/s, MFU {fpt * tokens / dt / PEAK:.1%}, "
-                      f"pool {peak / 2**30:.2f} GiB (plan {plan / 2**30:.2f})", flush=True)
+                runners[f"ours_{prec}"] = Ours(cfg, B, args.seq, prec, args.warmup)
+            med, all_times = timed_rounds(runners, args.steps, args.rounds)
+            row = {"model": name, "params": n_params(cfg), "B": B, "T": args.seq}
+            for key, dt in med.items():
+                r = runners[key]
+                row[key] = {"tok_s": tokens / dt, "mfu": fpt * tokens / dt / PEAK, "peak_gib": r.peak / 2**30, "step_ms": dt * 1e3,
+                            "rounds_ms": [round(t * 1e3, 3) for t in all_times[key]]}
+                if r.plan is not None:
+                    row[key]["plan_gib"] = r.plan / 2**30
+                print(f"{name} B={B} {key}: {tokens / dt:,.0f} tok/s, MFU {fpt * tokens / dt / PEAK:.1%}, peak {r.peak / 2**30:.2f} GiB, "
+                      f"rounds {row[key]['rounds_ms']} ms", flush=True)
             rows.append(row)
+            del runners
+            cupy_backend.clear_caches()
+            cp.get_default_memory_pool().free_all_blocks()
+            if not args.no_torch:
+                import torch
+
+                torch.cuda.empty_cache()
 
     print()
-    print("| model | B×T | PyTorch tok/s (MFU, GiB) | ours bf16 tok/s (MFU, GiB) | bf16 no graphs | fp32 | bf16 / PyTorch |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | B×T | PyTorch tok/s (MFU, GiB) | ours bf16 tok/s (MFU, GiB) | ours fp16 | bf16 no graphs | fp32 | bf16 / PyTorch |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        t, b, be, f = r.get("torch"), r.get("ours_bf16"), r.get("ours_bf16-eager"), r.get("ours_fp32")
+        t, b = r.get("torch"), r.get("ours_bf16")
         cell = lambda x: f"{x['tok_s']:,.0f} ({x['mfu']:.1%}, {x['peak_gib']:.2f})" if x else "—"  # noqa: E731
-        ratio = f"{b['tok_s'] / t['tok_s']:.2f}" if (t and b) else "—"
         plain = lambda x: f"{x['tok_s']:,.0f}" if x else "—"  # noqa: E731
-        print(f"| {r['model']} | {r['B']}×{r['T']} | {cell(t)} | {cell(b)} | {plain(be)} | {plain(f)} | {ratio} |")
+        ratio = f"{b['tok_s'] / t['tok_s']:.2f}" if (t and b) else "—"
+        print(f"| {r['model']} | {r['B']}×{r['T']} | {cell(t)} | {cell(b)} | {plain(r.get('ours_fp16'))} | "
+              f"{plain(r.get('ours_bf16-eager'))} | {plain(r.get('ours_fp32'))} | {ratio} |")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=2))
 

@@ -1,4 +1,4 @@
-// Causal flash attention on tensor cores (bf16 operands, fp32 accumulation), forward and backward.
+// Causal flash attention on tensor cores (h16 operands, fp32 accumulation), forward and backward.
 //
 // FlashAttention-2's schedule with Hopper's warp-level MMA (inline PTX mma.sync.m16n8k16; NVRTC on
 // the device cannot include <mma.h>): a block of 4 warps owns 64 query rows (forward, dQ) or 64 key
@@ -15,8 +15,6 @@
 // Compiled with -DHEAD_DIM=<D>, D a multiple of 16, at most 64; strides multiples of 8. Tiles sit
 // row-major in shared memory (16-byte vector loads, rows padded so fragment reads hit distinct
 // banks); operands needed transposed come through ldmatrix .trans.
-#include <cuda_bf16.h>
-
 #include "common.cuh"
 
 #ifndef HEAD_DIM
@@ -28,7 +26,7 @@
 #endif
 #define TILE 64           // query rows per block, keys per tile (and the transpose for dK/dV)
 #define WARPS 4           // 16 rows each
-#define PAD 8             // bf16 elements of padding per shared-memory row: conflict-free fragments
+#define PAD 8             // 16-bit elements of padding per shared-memory row: conflict-free fragments
 #define LDR (D + PAD)     // row-major tile [TILE][D]
 #define NT (TILE / 8)     // n8 tiles of scores per warp row strip
 #define KD (D / 16)       // k16 chunks of the head dimension
@@ -36,28 +34,27 @@
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
-typedef __nv_bfloat16 bf16;
 
 __device__ __forceinline__ void mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
     asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "mma.sync.aligned.m16n8k16.row.col.f32." H16_PTX "." H16_PTX ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ unsigned pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half: element order
+    h16x2 v = pack_h16x2(lo, hi);  // .x (lo) in the low half: element order
     return *reinterpret_cast<unsigned*>(&v);
 }
 
-// 32-bit word holding elements (row, col) and (row, col + 1) of a bf16 tile with leading dim ld
-__device__ __forceinline__ unsigned word(const bf16* s, int ld, int row, int col) {
+// 32-bit word holding elements (row, col) and (row, col + 1) of a h16 tile with leading dim ld
+__device__ __forceinline__ unsigned word(const h16* s, int ld, int row, int col) {
     return *reinterpret_cast<const unsigned*>(s + row * ld + col);
 }
 
 // A fragment (16 x 16, row-major source) at rows r0.., cols c0..
-__device__ __forceinline__ void load_a(unsigned a[4], const bf16* s, int ld, int r0, int c0, int g, int t) {
+__device__ __forceinline__ void load_a(unsigned a[4], const h16* s, int ld, int r0, int c0, int g, int t) {
     a[0] = word(s, ld, r0 + g, c0 + 2 * t);
     a[1] = word(s, ld, r0 + g + 8, c0 + 2 * t);
     a[2] = word(s, ld, r0 + g, c0 + 8 + 2 * t);
@@ -73,7 +70,7 @@ __device__ __forceinline__ void acc_to_a(unsigned a[4], const float lo[4], const
 }
 
 // rows [r0, r0 + TILE) of a [*, D] view (row stride sT) into a row-major tile; rows >= T are zero.
-__device__ __forceinline__ void load_rows(bf16* s, const bf16* src, long sT, int r0, int T) {
+__device__ __forceinline__ void load_rows(h16* s, const h16* src, long sT, int r0, int T) {
     const int per_row = D / 8;  // 16-byte chunks
     for (int e = threadIdx.x; e < TILE * per_row; e += WARPS * 32) {
         int r = e / per_row, c = (e % per_row) * 8;
@@ -84,7 +81,7 @@ __device__ __forceinline__ void load_rows(bf16* s, const bf16* src, long sT, int
 }
 
 // scores of this warp's 16 rows against a 64-wide tile: s = A · tileᵀ, A given as fragments
-__device__ __forceinline__ void scores(float s[NT][4], const unsigned a[KD][4], const bf16* tile, int g, int t) {
+__device__ __forceinline__ void scores(float s[NT][4], const unsigned a[KD][4], const h16* tile, int g, int t) {
 #pragma unroll
     for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
@@ -94,9 +91,9 @@ __device__ __forceinline__ void scores(float s[NT][4], const unsigned a[KD][4], 
             mma(s[n], a[kc], word(tile, LDR, n * 8 + g, kc * 16 + 2 * t), word(tile, LDR, n * 8 + g, kc * 16 + 8 + 2 * t));
 }
 
-// Four 8 x 8 bf16 matrices from shared memory, transposed on the way (ldmatrix .trans): with lane
+// Four 8 x 8 h16 matrices from shared memory, transposed on the way (ldmatrix .trans): with lane
 // l pointing at row (l % 8) of matrix l / 8, register i holds the B fragment half of matrix i.
-__device__ __forceinline__ void ldsm_x4_t(unsigned r[4], const bf16* p) {
+__device__ __forceinline__ void ldsm_x4_t(unsigned r[4], const h16* p) {
     unsigned addr;
     asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(p));
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -106,7 +103,7 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned r[4], const bf16* p) {
 
 // acc[ND] += P · tile: P given as score accumulators [NT] (16 rows x TILE), tile row-major [TILE][D]
 // in shared memory (its rows are the k dimension, so the B fragments come through ldmatrix .trans)
-__device__ __forceinline__ void accumulate(float acc[ND][4], const float p[NT][4], const bf16* tile, int lane) {
+__device__ __forceinline__ void accumulate(float acc[ND][4], const float p[NT][4], const h16* tile, int lane) {
     const int kr = ((lane / 8) & 1) * 8 + lane % 8, nc = (lane / 16) * 8;
 #pragma unroll
     for (int kc = 0; kc < NT / 2; kc++) {
@@ -132,8 +129,8 @@ __device__ __forceinline__ float quad_sum(float v) {
     return v + __shfl_xor_sync(0xffffffff, v, 2);
 }
 
-// write a warp's 16 x D accumulator rows (times `mul`) as bf16 into a [*, D] view with row stride sT
-__device__ __forceinline__ void store_rows(bf16* dst, long sT, const float acc[ND][4], int r0, int T, float mul0,
+// write a warp's 16 x D accumulator rows (times `mul`) as h16 into a [*, D] view with row stride sT
+__device__ __forceinline__ void store_rows(h16* dst, long sT, const float acc[ND][4], int r0, int T, float mul0,
                                            float mul1, int g, int t) {
 #pragma unroll
     for (int n = 0; n < ND; n++) {
@@ -145,11 +142,11 @@ __device__ __forceinline__ void store_rows(bf16* dst, long sT, const float acc[N
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
-flash_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, bf16* __restrict__ y,
+flash_fwd(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __restrict__ v, h16* __restrict__ y,
           float* __restrict__ lse, int H, int T, long sB, long sT, long sH, float scale) {
-    __shared__ __align__(16) bf16 Qs[TILE * LDR];
-    __shared__ __align__(16) bf16 Ks[TILE * LDR];
-    __shared__ __align__(16) bf16 Vs[TILE * LDR];
+    __shared__ __align__(16) h16 Qs[TILE * LDR];
+    __shared__ __align__(16) h16 Ks[TILE * LDR];
+    __shared__ __align__(16) h16 Vs[TILE * LDR];
     const int qb = gridDim.x - 1 - blockIdx.x;  // longest rows first
     const int bh = blockIdx.y, b = bh / H, h = bh % H;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -223,7 +220,7 @@ flash_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __
 }
 
 // delta[b, h, i] = sum_d dy[b, i, h, d] * y[b, i, h, d]: one warp per row, fp32 sums
-extern "C" __global__ void flash_delta(const bf16* __restrict__ dy, const bf16* __restrict__ y,
+extern "C" __global__ void flash_delta(const h16* __restrict__ dy, const h16* __restrict__ y,
                                        float* __restrict__ delta, int B, int H, int T) {
     long row = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;  // over (b, i, h)
     int lane = threadIdx.x % 32;
@@ -231,21 +228,21 @@ extern "C" __global__ void flash_delta(const bf16* __restrict__ dy, const bf16* 
     int h = row % H;
     long bi = row / H;
     int i = bi % T, b = bi / T;
-    const bf16* a = dy + row * D;
-    const bf16* c = y + row * D;
+    const h16* a = dy + row * D;
+    const h16* c = y + row * D;
     float s = 0.f;
-    for (int d = lane; d < D; d += 32) s += __bfloat162float(a[d]) * __bfloat162float(c[d]);
+    for (int d = lane; d < D; d += 32) s += from_h16(a[d]) * from_h16(c[d]);
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffff, s, o);
     if (lane == 0) delta[((long)b * H + h) * T + i] = s;
 }
 
 // dq_i = scale * sum_{j <= i} P_ij (dP_ij - delta_i) k_j,  dP = dy · vᵀ, P = exp(scale q·k - lse)
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
-flash_bwd_dq(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
-             const bf16* __restrict__ dy, const float* __restrict__ lse, const float* __restrict__ delta,
-             bf16* __restrict__ dq, int H, int T, long sB, long sT, long sH, float scale) {
-    __shared__ __align__(16) bf16 Ks[TILE * LDR];
-    __shared__ __align__(16) bf16 Vs[TILE * LDR];
+flash_bwd_dq(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __restrict__ v,
+             const h16* __restrict__ dy, const float* __restrict__ lse, const float* __restrict__ delta,
+             h16* __restrict__ dq, int H, int T, long sB, long sT, long sH, float scale) {
+    __shared__ __align__(16) h16 Ks[TILE * LDR];
+    __shared__ __align__(16) h16 Vs[TILE * LDR];
     const int qb = gridDim.x - 1 - blockIdx.x;
     const int bh = blockIdx.y, b = bh / H, h = bh % H;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -298,11 +295,11 @@ flash_bwd_dq(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16*
 // For the 64 keys of a block: dv_j = sum_{i >= j} P_ij dy_i, dk_j = scale * sum_{i >= j} dS_ij q_i,
 // computed transposed (keys as rows): Sᵀ = k · qᵀ, dPᵀ = v · dyᵀ.
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
-flash_bwd_dkdv(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
-               const bf16* __restrict__ dy, const float* __restrict__ lse, const float* __restrict__ delta,
-               bf16* __restrict__ dk, bf16* __restrict__ dv, int H, int T, long sB, long sT, long sH, float scale) {
-    __shared__ __align__(16) bf16 Qs[TILE * LDR];
-    __shared__ __align__(16) bf16 Ds[TILE * LDR];
+flash_bwd_dkdv(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __restrict__ v,
+               const h16* __restrict__ dy, const float* __restrict__ lse, const float* __restrict__ delta,
+               h16* __restrict__ dk, h16* __restrict__ dv, int H, int T, long sB, long sT, long sH, float scale) {
+    __shared__ __align__(16) h16 Qs[TILE * LDR];
+    __shared__ __align__(16) h16 Ds[TILE * LDR];
     __shared__ float Ls[TILE], Es[TILE];
     const int bh = blockIdx.y, b = bh / H, h = bh % H;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -310,7 +307,7 @@ flash_bwd_dkdv(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf1
     const int k0 = blockIdx.x * TILE, r0 = warp * 16;  // the first keys see the most queries: launched first
     const float sl2 = scale * LOG2E;
     const long yT = (long)H * D;
-    const bf16* dyb = dy + (long)b * T * yT + h * D;
+    const h16* dyb = dy + (long)b * T * yT + h * D;
 
     load_rows(Qs, k + base, sT, k0, T);  // staging for k and v
     load_rows(Ds, v + base, sT, k0, T);
@@ -392,13 +389,13 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 // Scores as in scores(), with the B fragments of two n8 tiles fetched by one ldmatrix (x4): a
 // quarter of the shared-memory instructions of four 32-bit reads per product.
-__device__ __forceinline__ void ldsm_x4(unsigned r[4], const bf16* p) {
+__device__ __forceinline__ void ldsm_x4(unsigned r[4], const h16* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem_addr(p)));
 }
 
-__device__ __forceinline__ void scores_ldsm(float s[NT][4], const unsigned a[KD][4], const bf16* tile, int lane) {
+__device__ __forceinline__ void scores_ldsm(float s[NT][4], const unsigned a[KD][4], const h16* tile, int lane) {
     const int row = (lane / 16) * 8 + lane % 8, col = ((lane / 8) & 1) * 8;
 #pragma unroll
     for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
@@ -421,7 +418,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 
 // rows [r0, r0 + TILE) of a [*, D] view into a row-major tile, asynchronously (rows >= T: zeros)
-__device__ __forceinline__ void async_rows(bf16* s, const bf16* src, long sT, int r0, int T) {
+__device__ __forceinline__ void async_rows(h16* s, const h16* src, long sT, int r0, int T) {
     const int per_row = D / 8;
     for (int e = threadIdx.x; e < TILE * per_row; e += WARPS * 32) {
         int r = e / per_row, c = (e % per_row) * 8;
@@ -431,7 +428,7 @@ __device__ __forceinline__ void async_rows(bf16* s, const bf16* src, long sT, in
 }
 
 // the A fragments of a warp's 16 rows straight from global memory (rows >= T: zeros)
-__device__ __forceinline__ void global_a(unsigned a[KD][4], const bf16* src, long sT, int r0, int T, int g, int t) {
+__device__ __forceinline__ void global_a(unsigned a[KD][4], const h16* src, long sT, int r0, int T, int g, int t) {
     const unsigned* p0 = reinterpret_cast<const unsigned*>(src + (r0 + g) * sT);
     const unsigned* p1 = reinterpret_cast<const unsigned*>(src + (r0 + g + 8) * sT);
     bool ok0 = r0 + g < T, ok1 = r0 + g + 8 < T;
@@ -449,10 +446,10 @@ __device__ __forceinline__ void global_a(unsigned a[KD][4], const bf16* src, lon
 #endif
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, FLASH_MINB)
-flash_fwd2(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, bf16* __restrict__ y,
+flash_fwd2(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __restrict__ v, h16* __restrict__ y,
            float* __restrict__ lse, int H, int T, long sB, long sT, long sH, float scale) {
-    __shared__ __align__(16) bf16 Ks[2][TILE * LDR];
-    __shared__ __align__(16) bf16 Vs[2][TILE * LDR];
+    __shared__ __align__(16) h16 Ks[2][TILE * LDR];
+    __shared__ __align__(16) h16 Vs[2][TILE * LDR];
     const int qb = gridDim.x - 1 - blockIdx.x;  // longest rows first
     const int bh = blockIdx.y, b = bh / H, h = bh % H;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -534,11 +531,11 @@ flash_fwd2(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* _
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, FLASH_MINB)
-flash_bwd_dq2(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
-              const bf16* __restrict__ dy, const float* __restrict__ lse, const float* __restrict__ delta,
-              bf16* __restrict__ dq, int H, int T, long sB, long sT, long sH, float scale) {
-    __shared__ __align__(16) bf16 Ks[2][TILE * LDR];
-    __shared__ __align__(16) bf16 Vs[2][TILE * LDR];
+flash_bwd_dq2(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __restrict__ v,
+              const h16* __restrict__ dy, const float* __restrict__ lse, const float* __restrict__ delta,
+              h16* __restrict__ dq, int H, int T, long sB, long sT, long sH, float scale) {
+    __shared__ __align__(16) h16 Ks[2][TILE * LDR];
+    __shared__ __align__(16) h16 Vs[2][TILE * LDR];
     const int qb = gridDim.x - 1 - blockIdx.x;
     const int bh = blockIdx.y, b = bh / H, h = bh % H;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -594,11 +591,11 @@ flash_bwd_dq2(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
-flash_bwd_dkdv2(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
-                const bf16* __restrict__ dy, const float* __restrict__ lse, const float* __restrict__ delta,
-                bf16* __restrict__ dk, bf16* __restrict__ dv, int H, int T, long sB, long sT, long sH, float scale) {
-    __shared__ __align__(16) bf16 Qs[2][TILE * LDR];
-    __shared__ __align__(16) bf16 Ds[2][TILE * LDR];
+flash_bwd_dkdv2(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __restrict__ v,
+                const h16* __restrict__ dy, const float* __restrict__ lse, const float* __restrict__ delta,
+                h16* __restrict__ dk, h16* __restrict__ dv, int H, int T, long sB, long sT, long sH, float scale) {
+    __shared__ __align__(16) h16 Qs[2][TILE * LDR];
+    __shared__ __align__(16) h16 Ds[2][TILE * LDR];
     __shared__ float Ls[2][TILE], Es[2][TILE];
     const int bh = blockIdx.y, b = bh / H, h = bh % H;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -606,7 +603,7 @@ flash_bwd_dkdv2(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf
     const int k0 = blockIdx.x * TILE, r0 = warp * 16;  // the first keys see the most queries: launched first
     const float sl2 = scale * LOG2E;
     const long yT = (long)H * D;
-    const bf16* dyb = dy + (long)b * T * yT + h * D;
+    const h16* dyb = dy + (long)b * T * yT + h * D;
     const float* lseb = lse + (long)bh * T;
     const float* deltab = delta + (long)bh * T;
 

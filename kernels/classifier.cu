@@ -54,24 +54,26 @@ extern "C" __global__ void softmax_xent_bwd(float* __restrict__ probs, const int
     }
 }
 
-// bf16 mode, forward and gradient in one pass over the logits: each row's loss, and the row
-// overwritten in place by softmax - onehot (unscaled: the backward matrix products apply
-// dloss / N as their alpha). Rows have `ld` elements, the first V used. No fp32 probabilities.
-extern "C" __global__ void softmax_xent_bf16(__nv_bfloat16* __restrict__ logits, const int* __restrict__ targets,
-                                             float* __restrict__ losses, int V, int ld) {
+// 16-bit modes, forward and gradient in one pass over the logits: each row's loss, and the row
+// overwritten in place by (softmax - onehot) times the loss scale (fp16 loss scaling; 1 in bf16
+// mode; the backward matrix products apply dloss / N as their alpha). Rows have `ld` elements, the
+// first V used. No fp32 probabilities.
+extern "C" __global__ void softmax_xent_h16(h16* __restrict__ logits, const int* __restrict__ targets,
+                                            float* __restrict__ losses, const float* __restrict__ loss_scale, int V,
+                                            int ld) {
     __shared__ float sh[32];
-    __nv_bfloat16* row = logits + (long)blockIdx.x * ld;
+    h16* row = logits + (long)blockIdx.x * ld;
     float mx = -INFINITY;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, __bfloat162float(row[j]));
+    for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, from_h16(row[j]));
     mx = block_reduce(mx, true, sh);
     float s = 0.f;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(__bfloat162float(row[j]) - mx);
+    for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(from_h16(row[j]) - mx);
     s = block_reduce(s, false, sh);
     int t = targets[blockIdx.x];
-    float zt = __bfloat162float(row[t]);
+    float zt = from_h16(row[t]);
     __syncthreads();  // every thread has read row[t] before it is overwritten
-    float inv = 1.f / s;
+    float inv = 1.f / s, ls = loss_scale[0];
     for (int j = threadIdx.x; j < V; j += blockDim.x)
-        row[j] = __float2bfloat16_rn(expf(__bfloat162float(row[j]) - mx) * inv - (j == t ? 1.f : 0.f));
+        row[j] = to_h16((expf(from_h16(row[j]) - mx) * inv - (j == t ? 1.f : 0.f)) * ls);
     if (threadIdx.x == 0) losses[blockIdx.x] = mx + logf(s) - zt;
 }

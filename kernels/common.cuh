@@ -1,8 +1,28 @@
-// Shared helpers for ANDREA's kernels (fp32 or bf16 storage; deterministic reductions: fixed
+// Shared helpers for ANDREA's kernels (fp32 or 16-bit storage; deterministic reductions: fixed
 // order, no atomics).
 #pragma once
 
+// The 16-bit type of the fast path: bf16, or fp16 when compiled with -DANDREA_FP16 (the fp16
+// mode, with loss scaling). Kernels use h16 and these conversions; H16_PTX names it for mma.sync.
+#ifdef ANDREA_FP16
+#include <cuda_fp16.h>
+typedef __half h16;
+typedef __half2 h16x2;
+#define H16_PTX "f16"
+__device__ __forceinline__ h16 to_h16(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ float from_h16(h16 v) { return __half2float(v); }
+__device__ __forceinline__ h16x2 pack_h16x2(float lo, float hi) { return __floats2half2_rn(lo, hi); }
+__device__ __forceinline__ float2 unpack_h16x2(h16x2 v) { return __half22float2(v); }
+#else
 #include <cuda_bf16.h>
+typedef __nv_bfloat16 h16;
+typedef __nv_bfloat162 h16x2;
+#define H16_PTX "bf16"
+__device__ __forceinline__ h16 to_h16(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ float from_h16(h16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ h16x2 pack_h16x2(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
+__device__ __forceinline__ float2 unpack_h16x2(h16x2 v) { return __bfloat1622float2(v); }
+#endif
 
 #ifndef INFINITY  // NVRTC has no <math.h>
 #define INFINITY __int_as_float(0x7f800000)
@@ -15,4 +35,4 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 template <typename T> __device__ __forceinline__ T to_out(float v);
 template <> __device__ __forceinline__ float to_out<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 to_out<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ h16 to_out<h16>(float v) { return to_h16(v); }

@@ -77,44 +77,44 @@ extern "C" __global__ void adamw(float* __restrict__ w, const float* __restrict_
     w[i] = wi;
 }
 
-// ---- bf16 mode: activations feeding matrix products are stored in bf16 (fp32 arithmetic) ----
+// ---- 16-bit modes: activations feeding matrix products are stored in bf16 or fp16 (fp32 arithmetic) ----
 
-extern "C" __global__ void gelu_fwd_bf16(const __nv_bfloat16* __restrict__ h, __nv_bfloat16* __restrict__ a, long n) {
+extern "C" __global__ void gelu_fwd_h16(const h16* __restrict__ h, h16* __restrict__ a, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float x = __bfloat162float(h[i]);
-    a[i] = __float2bfloat16_rn(0.5f * x * (1.f + tanhf(GELU_C * (x + 0.044715f * x * x * x))));
+    float x = from_h16(h[i]);
+    a[i] = to_h16(0.5f * x * (1.f + tanhf(GELU_C * (x + 0.044715f * x * x * x))));
 }
 
-// da *= gelu'(h), in place, bf16
-extern "C" __global__ void gelu_bwd_bf16(const __nv_bfloat16* __restrict__ h, __nv_bfloat16* __restrict__ da, long n) {
+// da *= gelu'(h), in place, 16-bit
+extern "C" __global__ void gelu_bwd_h16(const h16* __restrict__ h, h16* __restrict__ da, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float x = __bfloat162float(h[i]);
+    float x = from_h16(h[i]);
     float u = x * x;
     float t = tanhf(GELU_C * x * (1.f + 0.044715f * u));
     float d = 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * GELU_C * (1.f + 3.f * 0.044715f * u);
-    da[i] = __float2bfloat16_rn(__bfloat162float(da[i]) * d);
+    da[i] = to_h16(from_h16(da[i]) * d);
 }
 
-extern "C" __global__ void to_bf16(const float* __restrict__ x, __nv_bfloat16* __restrict__ y, long n) {
+extern "C" __global__ void cast_h16(const float* __restrict__ x, h16* __restrict__ y, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = __float2bfloat16_rn(x[i]);
+    if (i < n) y[i] = to_h16(x[i]);
 }
 
-// the bf16 copy of the weights has a zero gap of `gap` elements at `gap_at` (the head's padding rows)
+// the 16-bit copy of the weights has a zero gap of `gap` elements at `gap_at` (the head's padding rows)
 __device__ __forceinline__ long gapped(long i, long gap_at, long gap) { return i < gap_at ? i : i + gap; }
 
-extern "C" __global__ void to_bf16_gap(const float* __restrict__ x, __nv_bfloat16* __restrict__ y, long n, long gap_at,
+extern "C" __global__ void cast_h16_gap(const float* __restrict__ x, h16* __restrict__ y, long n, long gap_at,
                                        long gap) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[gapped(i, gap_at, gap)] = __float2bfloat16_rn(x[i]);
+    if (i < n) y[gapped(i, gap_at, gap)] = to_h16(x[i]);
 }
 
-// AdamW as above, also refreshing the bf16 copy of the weights that the matrix products read
-extern "C" __global__ void adamw_bf16(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ m,
+// AdamW as above, also refreshing the 16-bit copy of the weights that the matrix products read
+extern "C" __global__ void adamw_h16(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ m,
                                       float* __restrict__ v, const unsigned char* __restrict__ decay,
-                                      __nv_bfloat16* __restrict__ wb, long gap_at, long gap, float gscale, float lr,
+                                      h16* __restrict__ wb, long gap_at, long gap, float gscale, float lr,
                                       float beta1, float beta2, float eps, float wd, float bc1, float bc2, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -127,7 +127,7 @@ extern "C" __global__ void adamw_bf16(float* __restrict__ w, const float* __rest
     wi -= lr * wd * decay[i] * wi;
     wi -= lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
     w[i] = wi;
-    wb[gapped(i, gap_at, gap)] = __float2bfloat16_rn(wi);
+    wb[gapped(i, gap_at, gap)] = to_h16(wi);
 }
 
 // Embedding backward planned on the host (andrea/engine/cupy_backend.upload_tokens): positions
@@ -157,8 +157,8 @@ extern "C" __global__ void embed_bwd_wpe(const float* __restrict__ dout, float* 
     dwpe[i] += s;
 }
 
-// ---- vectorised bf16 GELU (8 elements per thread; n a multiple of 8), tanh on the SFU: the
-// approximation's error (~2^-11 relative) is below bf16's rounding of the result.
+// ---- vectorised 16-bit GELU (8 elements per thread; n a multiple of 8), tanh on the SFU: the
+// approximation's error (~2^-11 relative) is below the 16-bit rounding of the result.
 __device__ __forceinline__ float tanh_approx(float x) {
     float y;
     asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -166,10 +166,10 @@ __device__ __forceinline__ float tanh_approx(float x) {
 }
 
 __device__ __forceinline__ void unpack8(uint4 u, float f[8]) {
-    const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&u);
+    const h16x2* p = reinterpret_cast<const h16x2*>(&u);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        float2 v = __bfloat1622float2(p[i]);
+        float2 v = unpack_h16x2(p[i]);
         f[2 * i] = v.x;
         f[2 * i + 1] = v.y;
     }
@@ -177,13 +177,13 @@ __device__ __forceinline__ void unpack8(uint4 u, float f[8]) {
 
 __device__ __forceinline__ uint4 pack8(const float f[8]) {
     uint4 u;
-    __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(&u);
+    h16x2* p = reinterpret_cast<h16x2*>(&u);
 #pragma unroll
-    for (int i = 0; i < 4; i++) p[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    for (int i = 0; i < 4; i++) p[i] = pack_h16x2(f[2 * i], f[2 * i + 1]);
     return u;
 }
 
-extern "C" __global__ void gelu_fwd_bf16x8(const uint4* __restrict__ h, uint4* __restrict__ a, long n8) {
+extern "C" __global__ void gelu_fwd_h16x8(const uint4* __restrict__ h, uint4* __restrict__ a, long n8) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n8) return;
     float x[8], y[8];
@@ -193,7 +193,7 @@ extern "C" __global__ void gelu_fwd_bf16x8(const uint4* __restrict__ h, uint4* _
     a[i] = pack8(y);
 }
 
-extern "C" __global__ void gelu_bwd_bf16x8(const uint4* __restrict__ h, uint4* __restrict__ da, long n8) {
+extern "C" __global__ void gelu_bwd_h16x8(const uint4* __restrict__ h, uint4* __restrict__ da, long n8) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n8) return;
     float x[8], g[8];

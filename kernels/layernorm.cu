@@ -28,7 +28,7 @@ extern "C" __global__ void layernorm_fwd(const float* __restrict__ x, const floa
 }
 
 // out_res = x + f (the residual add), then LayerNorm of it, in one pass: the sum is normalised
-// from registers instead of being read back. Output fp32 or bf16.
+// from registers instead of being read back. Output fp32 or 16-bit.
 template <typename Out>
 __device__ void add_layernorm_rows(const float* __restrict__ x, const float* __restrict__ f, float* __restrict__ res,
                                    const float* __restrict__ g, const float* __restrict__ b, Out* __restrict__ out,
@@ -56,15 +56,15 @@ extern "C" __global__ void add_layernorm_fwd(const float* x, const float* f, flo
     add_layernorm_rows(x, f, res, g, b, out, mean, rstd, N, C, eps);
 }
 
-extern "C" __global__ void add_layernorm_fwd_bf16(const float* x, const float* f, float* res, const float* g,
-                                                  const float* b, __nv_bfloat16* out, float* mean, float* rstd, int N,
+extern "C" __global__ void add_layernorm_fwd_h16(const float* x, const float* f, float* res, const float* g,
+                                                  const float* b, h16* out, float* mean, float* rstd, int N,
                                                   int C, float eps) {
     add_layernorm_rows(x, f, res, g, b, out, mean, rstd, N, C, eps);
 }
 
-// the same, output in bf16 (the next matrix product's operand in bf16 mode)
-extern "C" __global__ void layernorm_fwd_bf16(const float* __restrict__ x, const float* __restrict__ g,
-                                              const float* __restrict__ b, __nv_bfloat16* __restrict__ out,
+// the same, output in 16 bits (the next matrix product's operand in the bf16 and fp16 modes)
+extern "C" __global__ void layernorm_fwd_h16(const float* __restrict__ x, const float* __restrict__ g,
+                                              const float* __restrict__ b, h16* __restrict__ out,
                                               float* __restrict__ mean, float* __restrict__ rstd,
                                               int N, int C, float eps) {
     layernorm_rows(x, g, b, out, mean, rstd, N, C, eps);
@@ -72,12 +72,12 @@ extern "C" __global__ void layernorm_fwd_bf16(const float* __restrict__ x, const
 
 // LayerNorm backward, input gradient: one warp per row,
 //   dx += (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) * rstd,  dxhat = dout * g;
-// if dx_bf16 is given, the updated dx is also written there in bf16 (the residual branch's
+// if dx_h16 is given, the updated dx is also written there in 16 bits (the residual branch's
 // gradient, the operand of the matrix products that follow: residual_add_bwd, fused).
 extern "C" __global__ void layernorm_bwd_dx(const float* __restrict__ dout, const float* __restrict__ x,
                                             const float* __restrict__ mean, const float* __restrict__ rstd,
                                             const float* __restrict__ g, float* __restrict__ dx,
-                                            __nv_bfloat16* __restrict__ dx_bf16, int N, int C) {
+                                            h16* __restrict__ dx_h16, int N, int C) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= N) return;
@@ -96,7 +96,7 @@ extern "C" __global__ void layernorm_bwd_dx(const float* __restrict__ dout, cons
         float xh = (x[off + c] - m) * r;
         float v = dx[off + c] + (dout[off + c] * g[c] - s1 - xh * s2) * r;
         dx[off + c] = v;
-        if (dx_bf16) dx_bf16[off + c] = __float2bfloat16_rn(v);
+        if (dx_h16) dx_h16[off + c] = to_h16(v);
     }
 }
 
@@ -137,8 +137,8 @@ extern "C" __global__ void ln_partials_final(const float* __restrict__ partial, 
 __device__ __forceinline__ float4 add4(float4 a, float4 b) { return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
 
 __device__ __forceinline__ void store4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
-__device__ __forceinline__ void store4(__nv_bfloat16* p, float4 v) {
-    __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+__device__ __forceinline__ void store4(h16* p, float4 v) {
+    h16x2 lo = pack_h16x2(v.x, v.y), hi = pack_h16x2(v.z, v.w);
     uint2 u = make_uint2(*reinterpret_cast<unsigned*>(&lo), *reinterpret_cast<unsigned*>(&hi));
     *reinterpret_cast<uint2*>(p) = u;
 }
@@ -192,8 +192,8 @@ extern "C" __global__ void add_layernorm_fwd_vec(const float* x, const float* f,
     add_layernorm_vec(x, f, res, g, b, out, mean, rstd, N, C, eps);
 }
 
-extern "C" __global__ void add_layernorm_fwd_vec_bf16(const float* x, const float* f, float* res, const float* g,
-                                                      const float* b, __nv_bfloat16* out, float* mean, float* rstd, int N,
+extern "C" __global__ void add_layernorm_fwd_vec_h16(const float* x, const float* f, float* res, const float* g,
+                                                      const float* b, h16* out, float* mean, float* rstd, int N,
                                                       int C, float eps) {
     add_layernorm_vec(x, f, res, g, b, out, mean, rstd, N, C, eps);
 }
@@ -202,7 +202,7 @@ extern "C" __global__ void add_layernorm_fwd_vec_bf16(const float* x, const floa
 extern "C" __global__ void layernorm_bwd_dx_vec(const float* __restrict__ dout, const float* __restrict__ x,
                                                 const float* __restrict__ mean, const float* __restrict__ rstd,
                                                 const float* __restrict__ g, float* __restrict__ dx,
-                                                __nv_bfloat16* __restrict__ dx_bf16, int N, int C) {
+                                                h16* __restrict__ dx_h16, int N, int C) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= N) return;
@@ -234,7 +234,7 @@ extern "C" __global__ void layernorm_bwd_dx_vec(const float* __restrict__ dout, 
             o.z += (dh[k].z - s1 - xh[k].z * s2) * r;
             o.w += (dh[k].w - s1 - xh[k].w * s2) * r;
             store4(dx + off + c, o);
-            if (dx_bf16) store4(dx_bf16 + off + c, o);
+            if (dx_h16) store4(dx_h16 + off + c, o);
         }
     }
 }

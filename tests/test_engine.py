@@ -329,6 +329,35 @@ def test_non_finite_steps_are_skipped_counted_and_halt():
     assert counter.total == 3 and counter.steps == [1, 2, 3]
 
 
+def test_fp16_loss_scaling_unscales_skips_overflows_and_grows(monkeypatch):
+    """The loss-scaling bookkeeping of an fp16 engine, on the NumPy backend: gradients that come
+    out multiplied by the scale give the same update as unscaled ones; an overflow skips the step,
+    halves the scale and does not count towards the non-finite halt; clean steps grow it back."""
+    from andrea.engine.engine import LOSS_SCALE_WINDOW
+
+    oc = OptimConfig(lr=1e-3, warmup_steps=1)
+    ref, e = make_engine("float32", seed=3), make_engine("float32", seed=3)
+    e.precision = "fp16"
+    e.set_loss_scale(8.0)
+
+    def scaled(inputs, targets):  # what the fp16 GPU path does: the gradients times the scale
+        e.forward(inputs, targets)
+        e.backward(dloss=e.loss_scale)
+        return e.row_losses()
+
+    e.forward_backward = scaled
+    r_ref, r_e = train_step(ref, [batch(2, 0)], 0, oc), train_step(e, [batch(2, 0)], 0, oc)
+    assert e.w.tobytes() == ref.w.tobytes() and r_e.grad_norm == r_ref.grad_norm  # powers of two: exact
+    counter, w = NonFiniteCounter(), e.w.copy()
+    monkeypatch.setattr(e, "grad_norm", lambda: math.inf)
+    res = train_step(e, [batch(2, 1)], 1, oc, counter)
+    assert res.skipped and e.loss_scale == 4.0 and counter.total == 0 and np.array_equal(e.w, w)
+    monkeypatch.undo()
+    e.scale_good_steps = LOSS_SCALE_WINDOW - 1
+    train_step(e, [batch(2, 2)], 2, oc)
+    assert e.loss_scale == 8.0 and e.scale_good_steps == 0
+
+
 def test_bad_batches_are_refused():
     e = make_engine()
     with pytest.raises(ValueError, match="batch must be"):

@@ -135,7 +135,7 @@ def test_row_kernels_at_widths_the_vector_kernels_do_not_take(precision):
     assert rel(np.asarray(h(out_g), np.float32), out_n) < tol
     for a_, b_ in ((dx_g, dx_n), (dg_g, dg_n), (db_g, db_n)):
         assert rel(h(a_), b_) < 1e-5
-    hh = bf16_round(r(7, 3))
+    hh = round16(r(7, 3))
     a_n = np.zeros_like(hh)
     nb.gelu(hh, a_n)
     a_g = cp.zeros(hh.shape, dt)
@@ -178,34 +178,37 @@ def test_attention_pair_matches_reference_without_a_TxT_matrix(head_dim, impl, m
         assert rel(h(dq_g[i]), dq_n[i]) < 1e-5, "qkv"[i]
 
 
-def bf16_round(a):
-    return np.asarray(a, np.float32).astype(gb.BF16).astype(np.float32)
+def round16(a, dtype=None):
+    """a rounded to the 16-bit type (bf16 unless given), back in float32."""
+    return np.asarray(a, np.float32).astype(dtype or gb.BF16).astype(np.float32)
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
 @pytest.mark.parametrize("variant", ["1", "2", "3"])
 @pytest.mark.parametrize("head_dim,T_", [(32, 100), (64, 100), (64, 200), (16, 37)])
-def test_tensor_core_flash_attention_matches_reference(head_dim, T_, variant, monkeypatch):
+def test_tensor_core_flash_attention_matches_reference(head_dim, T_, variant, precision, monkeypatch):
     """bf16 mode: the fused mma.sync kernels on a [B, T, 3, H, D] buffer, partial tiles included;
     variant 1 loads tiles synchronously, 2 double-buffers them with cp.async, 3 as 2 at 4 blocks/SM."""
     monkeypatch.setattr(gb, "FLASH_VARIANT", variant)
+    gb.set_precision(precision)
+    hd = gb._half()
     Hh = 2
     dd = Hh * head_dim
-    qkv = bf16_round(r(B, T_, 3, Hh, head_dim))
-    dy = bf16_round(r(B, T_, dd))
+    qkv = round16(r(B, T_, 3, Hh, head_dim), hd)
+    dy = round16(r(B, T_, dd), hd)
     ref_qkv = np.ascontiguousarray(qkv.transpose(2, 0, 3, 1, 4))  # [3, B, H, T, D] for NumPy
     y_n, lse_n = np.zeros((B, T_, dd), np.float32), np.zeros((B, Hh, T_), np.float32)
     nb.attn_fwd(ref_qkv, y_n, lse_n)
     dq_n = np.zeros_like(ref_qkv)
     nb.attn_bwd(dy, ref_qkv, y_n, lse_n, dq_n)
-    gb.set_precision("bf16")
-    q_g = g(qkv).astype(gb.BF16)
-    y_g, lse_g = cp.zeros((B, T_, dd), gb.BF16), cp.zeros((B, Hh, T_), cp.float32)
+    q_g = g(qkv).astype(hd)
+    y_g, lse_g = cp.zeros((B, T_, dd), hd), cp.zeros((B, Hh, T_), cp.float32)
     gb.attn_fwd(q_g, y_g, lse_g)
     assert rel(h(y_g).astype(np.float32), y_n) < 1e-2 and rel(h(lse_g), lse_n) < 1e-3
     runs = []
     for _ in range(2):
         d_g = cp.zeros_like(q_g)
-        gb.attn_bwd(g(dy).astype(gb.BF16), q_g, y_g, lse_g, d_g)
+        gb.attn_bwd(g(dy).astype(hd), q_g, y_g, lse_g, d_g)
         runs.append(h(d_g))
     assert runs[0].tobytes() == runs[1].tobytes()  # deterministic
     got = runs[0].astype(np.float32).transpose(2, 0, 3, 1, 4)
@@ -213,24 +216,26 @@ def test_tensor_core_flash_attention_matches_reference(head_dim, T_, variant, mo
         assert rel(got[i], dq_n[i]) < 1e-2, "qkv"[i]
 
 
-def test_bf16_pairs_match_numpy():
-    """bf16 mode on the buffers the engine plans for it (bf16 activations, [B, T, 3, H, D] q/k/v,
-    padded bf16 logits, weights read from the bf16 copy AdamW keeps): each pair within 1e-2."""
-    gb.set_precision("bf16")
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_16bit_pairs_match_numpy(precision):
+    """bf16 and fp16 modes on the buffers the engine plans for them (16-bit activations,
+    [B, T, 3, H, D] q/k/v, padded 16-bit logits, weights read from the 16-bit copy AdamW keeps):
+    each pair within 1e-2."""
+    gb.set_precision(precision)
+    bf = gb._half()
     # the head first, as in the model's layout: its bf16 copy is padded with zero rows, and every
     # weight after it sits further on in the copy
     shapes = {"wte": (V, d), "wq": (d, d), "wk": (d, d), "wv": (d, d), "wo": (d, d), "w1": (d, M), "w2": (M, d)}
     host = {k: r(*s, scale=0.1) for k, s in shapes.items()}
-    flat = g(np.concatenate([bf16_round(host[k]).ravel() for k in shapes]))
+    flat = g(np.concatenate([round16(host[k], bf).ravel() for k in shapes]))
     W, off = {}, 0
     for k, s in shapes.items():
         W[k] = flat[off:off + math.prod(s)].reshape(s)
-        host[k] = bf16_round(host[k])
+        host[k] = round16(host[k], bf)
         off += math.prod(s)
     gb.register_weights(flat, head=W["wte"])
     assert gb._mirror_of(W["wte"], padded=True).shape == (-(-V // gb.VOCAB_PAD) * gb.VOCAB_PAD, d)
-    bf = gb.BF16
-    x = bf16_round(r(B, T, d))
+    x = round16(r(B, T, d), bf)
     xb = g(x).astype(bf)
 
     def close(got, want, what):
@@ -249,7 +254,7 @@ def test_bf16_pairs_match_numpy():
     qkv_g = cp.zeros((B, T, 3, H, D), bf)
     gb.attn_qkv_fwd(xb, W["wq"], W["wk"], W["wv"], qkv_g, H)
     close(cp.ascontiguousarray(qkv_g.transpose(2, 0, 3, 1, 4)), qkv_n, "qkv")
-    dqkv = bf16_round(r(B, T, 3, H, D))
+    dqkv = round16(r(B, T, 3, H, D), bf)
     dx_n, dws_n = np.zeros((B, T, d), np.float32), [np.zeros((d, d), np.float32) for _ in range(3)]
     nb.attn_qkv_bwd(np.ascontiguousarray(dqkv.transpose(2, 0, 3, 1, 4)), x, host["wq"], host["wk"], host["wv"], dx_n, *dws_n)
     grads = cp.zeros(3 * d * d, cp.float32)
@@ -260,7 +265,7 @@ def test_bf16_pairs_match_numpy():
     for i in range(3):
         close(dws_g[i], dws_n[i], f"qkv dw{i}")
     # output projection, MLP (bf16 hidden and GELU output), residual gradient cast
-    go = bf16_round(r(B, T, d))
+    go = round16(r(B, T, d), bf)
     o_n, dy_n, dwo_n = np.zeros((B, T, d), np.float32), np.zeros((B, T, d), np.float32), np.zeros((d, d), np.float32)
     nb.attn_out_fwd(x, host["wo"], o_n)
     nb.attn_out_bwd(go, x, host["wo"], dy_n, dwo_n)
@@ -417,6 +422,27 @@ def test_bf16_step_is_close_and_deterministic():
     e.forward(inputs, targets)
     e.backward()
     assert rel(e.host(e.g), ref.g) < 1e-2
+
+
+def test_fp16_step_with_loss_scaling_matches_fp32():
+    """fp16 mode: the classifier's gradient is multiplied by the loss scale on the device, the
+    gradients come out scaled by it, and a few optimizer steps (graph replays) stay finite and
+    byte-identical between two runs."""
+    inputs, targets = batch(3)
+    ref = Engine(CFG, 4, 128, seed=4)
+    ref.forward(inputs, targets)
+    ref.backward()
+    e = Engine(CFG, 4, 128, backend="cupy", seed=4, precision="fp16")
+    assert e.loss_scale == 2.0**15 and e.acts["qkv"].dtype == np.float16
+    e.forward_backward(inputs, targets)
+    assert rel(e.host(e.g) / e.loss_scale, ref.g) < 1e-2
+    runs = []
+    for _ in range(2):
+        e = Engine(CFG, 4, 128, backend="cupy", seed=4, precision="fp16")
+        res = [train_step(e, [batch(10 + step)], step, OptimConfig(lr=1e-3, warmup_steps=1)) for step in range(4)]
+        assert all(math.isfinite(r_.loss) and not r_.skipped for r_ in res)
+        runs.append(e.host(e.w).tobytes())
+    assert runs[0] == runs[1]
 
 
 def test_bf16_engine_plans_bf16_activations():

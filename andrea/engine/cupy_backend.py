@@ -9,7 +9,10 @@ Precision:
 - "bf16": fp32 master weights, gradients, m and v, and an fp32 residual stream; every activation
   that feeds a matrix product (LayerNorm outputs, q/k/v, attention output, MLP hidden and GELU
   output, logits and their gradient) is stored in bf16 by the kernel that produces it, so no pass
-  casts operands. A bf16 copy of the weights is refreshed by the AdamW kernel. Attention is the
+  casts operands. A bf16 copy of the weights is refreshed by the AdamW kernel.
+- "fp16": the same with fp16 for bf16 (the kernels are compiled with -DANDREA_FP16), and the
+  loss scaled (set_loss_scale) so that small gradients survive fp16's range; the optimizer step
+  unscales (andrea/optim.py: dynamic loss scaling). Attention is the
   fused tensor-core flash kernel (kernels/attention_mma.cu); q, k, v live in one [B, T, 3, H, D]
   buffer written by one strided-batched GEMM. Matrix products accumulate in fp32 and write fp32
   straight into the gradients (beta = 1).
@@ -31,6 +34,7 @@ xp = cp
 INDEX_DTYPE = np.int32
 KERNELS = Path(os.environ.get("ANDREA_KERNELS", Path(__file__).resolve().parents[2] / "kernels"))
 PRECISION = "fp32"
+FP16 = np.dtype(np.float16)
 try:  # CuPy 14 computes on bfloat16 arrays whose dtype comes from ml_dtypes
     import ml_dtypes
 
@@ -41,40 +45,51 @@ except ImportError:  # pragma: no cover - depends on the CuPy build
 
 def set_precision(precision: str) -> None:
     global PRECISION
-    if precision not in ("fp32", "bf16"):
-        raise ValueError(f"precision {precision!r}: the CuPy backend supports fp32 and bf16")
+    if precision not in ("fp32", "bf16", "fp16"):
+        raise ValueError(f"precision {precision!r}: the CuPy backend supports fp32, bf16 and fp16")
     if precision == "bf16" and BF16 is None:
         raise RuntimeError("bf16 needs ml_dtypes (pip install ml_dtypes) with CuPy >= 14")
-    _weights_bf16.clear()
-    if precision != PRECISION:
-        invalidate_weight_cache()
+    _weights_h16.clear()
+    changed = precision != PRECISION
     PRECISION = precision
+    if changed:
+        for mirror in _mirrors:  # the 16-bit copies change type with the mode
+            mirror.retype()
+
+
+def _half():
+    """The 16-bit activation dtype of the current mode (bf16 unless in fp16 mode)."""
+    return FP16 if PRECISION == "fp16" else BF16
+
+
+def _defines() -> tuple:
+    return ("ANDREA_FP16",) if PRECISION == "fp16" else ()
 
 
 def plan_buffer(name: str, shape: tuple, dtype, n_head: int):
-    """The engine's buffer `name` as this backend stores it: (shape, dtype). In bf16 mode the
-    activations that feed matrix products are bf16, q/k/v are one [B, T, 3, H, D] buffer per layer
+    """The engine's buffer `name` as this backend stores it: (shape, dtype). In the 16-bit modes the
+    activations that feed matrix products are 16-bit, q/k/v are one [B, T, 3, H, D] buffer per layer
     (one GEMM writes it, attention reads it in place), and the logits' rows are padded to a
     multiple of VOCAB_PAD entries (aligned shapes for the tensor-core GEMMs)."""
-    if PRECISION != "bf16":
+    if PRECISION == "fp32":
         return shape, dtype
     if name in ("qkv", "d_qkv"):  # [..., 3, B, H, T, D] -> [..., B, T, 3, H, D]
         *lead, three, B, H, T, D = shape
-        return (*lead, B, T, three, H, D), BF16
+        return (*lead, B, T, three, H, D), _half()
     if name == "probs":
         *lead, V = shape
-        return (*lead, -(-V // VOCAB_PAD) * VOCAB_PAD), BF16
-    if name in BF16_BUFFERS:
-        return shape, BF16
+        return (*lead, -(-V // VOCAB_PAD) * VOCAB_PAD), _half()
+    if name in H16_BUFFERS:
+        return shape, _half()
     return shape, dtype
 
 
-BF16_BUFFERS = {"ln1", "ln2", "lnf", "att_y", "mlp_h", "mlp_a", "d_y", "d_branch"}
+H16_BUFFERS = {"ln1", "ln2", "lnf", "att_y", "mlp_h", "mlp_a", "d_y", "d_branch"}
 
 
 def _fast(a) -> bool:
-    """On the bf16 fast path (buffers planned by plan_buffer in bf16 mode)?"""
-    return a.dtype == BF16
+    """On the 16-bit fast path (buffers planned by plan_buffer in the bf16 or fp16 mode)?"""
+    return a.dtype == BF16 or a.dtype == FP16
 
 
 def to_host(a):
@@ -94,20 +109,27 @@ def _module(name: str, head_dim: int | None = None, defines: tuple = ()) -> cp.R
 
 
 def _k(module: str, kernel: str, head_dim: int | None = None, defines: tuple = ()):
-    return _module(module, head_dim, defines).get_function(kernel)
+    """A kernel of kernels/<module>.cu, built for the current mode (16-bit type bf16 or fp16)."""
+    return _module(module, head_dim, defines + _defines()).get_function(kernel)
 
 
-@functools.lru_cache(maxsize=None)
+_SCRATCH: dict = {}
+
+
 def _scratch(key: str, shape: tuple, dtype) -> cp.ndarray:
     """Buffers the kernels need besides the engine's, allocated once per shape."""
-    return cp.zeros(shape, dtype=dtype)
+    k = (key, shape, np.dtype(dtype))
+    if k not in _SCRATCH:
+        _SCRATCH[k] = cp.zeros(shape, dtype=dtype)
+    return _SCRATCH[k]
 
 
 def clear_caches() -> None:
-    """Drop every buffer the backend keeps between calls (scratch, bf16 weight copies, embedding
-    plans), e.g. between engines of different sizes in one process."""
-    _scratch.cache_clear()
-    _weights_bf16.clear()
+    """Drop every buffer the backend keeps between calls (scratch, 16-bit weight copies, embedding
+    plans), e.g. between engines of different sizes in one process. (A captured pass keeps what it
+    uses alive itself.)"""
+    _SCRATCH.clear()
+    _weights_h16.clear()
     _mirrors.clear()
     _embed_plans.clear()
 
@@ -116,25 +138,25 @@ def _blocks(n: int, threads: int = 256) -> int:
     return (n + threads - 1) // threads
 
 
-_CUDA_R_32F, _CUDA_R_16BF, _COMPUTE_32F, _GEMM_DEFAULT, _OP_N, _OP_T = 0, 14, 68, -1, 0, 1
+_CUDA_R_32F, _CUDA_R_16F, _CUDA_R_16BF, _COMPUTE_32F, _GEMM_DEFAULT, _OP_N, _OP_T = 0, 2, 14, 68, -1, 0, 1
 _ONE = np.ones(1, dtype=np.float32)
 _ZERO = np.zeros(1, dtype=np.float32)
-_weights_bf16: dict = {}  # bf16 copies of weights outside a registered buffer, made once per step
+_weights_h16: dict = {}  # 16-bit copies of weights outside a registered buffer, made once per step
 _mirrors: list = []  # _Mirror of each weight buffer registered by an engine
 
 
 def invalidate_weight_cache() -> None:
-    """Forget the bf16 weight copies (after the weights change outside AdamW, e.g. a load)."""
-    _weights_bf16.clear()
+    """Forget the 16-bit weight copies (after the weights change outside AdamW, e.g. a load)."""
+    _weights_h16.clear()
     for mirror in _mirrors:
         mirror.stale = True
 
 
-VOCAB_PAD = 64  # logits rows and the head's bf16 copy padded to this many vocabulary entries
+VOCAB_PAD = 64  # logits rows and the head's 16-bit copy padded to this many vocabulary entries
 
 
 class _Mirror:
-    """The bf16 copy of a flat fp32 weight buffer that the matrix products read, refreshed by the
+    """The 16-bit copy of a flat fp32 weight buffer that the matrix products read, refreshed by the
     AdamW kernel as it updates the weights. The output head's rows are followed by zero rows up to a
     multiple of VOCAB_PAD (a gap in the copy: later weights sit `gap` elements further on), so the
     vocabulary-sized products run on aligned shapes: with V = 8449 cuBLAS ran them at ~100 TFLOP/s."""
@@ -148,17 +170,21 @@ class _Mirror:
             padded = -(-rows // VOCAB_PAD) * VOCAB_PAD
             self.head = (off, rows, cols, padded)
             self.gap_at, self.gap = off + rows * cols, (padded - rows) * cols
-        self.bf16 = cp.zeros(w.size + self.gap, dtype=BF16)  # the gap stays zero
+        self.retype()
+
+    def retype(self) -> None:
+        self.copy = cp.zeros(self.w.size + self.gap, dtype=_half())  # the gap stays zero
         self.stale = True
 
     def refresh(self) -> None:
         if self.stale:
             n = self.w.size
-            _k("elementwise", "to_bf16_gap")((_blocks(n),), (256,), (self.w, self.bf16, np.int64(n), np.int64(self.gap_at), np.int64(self.gap)))
+            _k("elementwise", "cast_h16_gap")((_blocks(n),), (256,), (self.w, self.copy, np.int64(n), np.int64(self.gap_at),
+                                                             np.int64(self.gap)))
             self.stale = False
 
     def view(self, x, padded: bool = False):
-        """x's bf16 copy (x a view into w), or None; with `padded`, the head with its zero rows."""
+        """x's 16-bit copy (x a view into w), or None; with `padded`, the head with its zero rows."""
         off = (x.data.ptr - self.w.data.ptr) // 4
         if not (0 <= off < self.w.size and x.dtype == self.w.dtype):
             return None
@@ -167,13 +193,13 @@ class _Mirror:
             if self.head is None or off != self.head[0]:
                 return None
             _, _, cols, rows = self.head
-            return self.bf16[off:off + rows * cols].reshape(rows, cols)
+            return self.copy[off:off + rows * cols].reshape(rows, cols)
         start = off + (self.gap if off >= self.gap_at else 0)
-        return self.bf16[start:start + x.size].reshape(x.shape)
+        return self.copy[start:start + x.size].reshape(x.shape)
 
 
 def register_weights(w, head=None) -> None:
-    """Keep a bf16 copy of the flat weight buffer `w` that AdamW refreshes as it updates w; `head`
+    """Keep a 16-bit copy of the flat weight buffer `w` that AdamW refreshes as it updates w; `head`
     (a view into w: the output head, [V, d]) gets zero rows up to a multiple of VOCAB_PAD."""
     spec = None
     if head is not None:
@@ -191,20 +217,20 @@ def _mirror_of(x, padded: bool = False):
 
 
 def _operand(x, weight: bool = False):
-    """A matrix-product operand in the compute precision. bf16 arrays pass through; in bf16 mode
-    weights come from their bf16 copy, other fp32 arrays are cast (not on the bf16 fast path)."""
-    if PRECISION != "bf16" or x.dtype == BF16:
+    """A matrix-product operand in the compute precision. 16-bit arrays pass through; in the 16-bit
+    modes weights come from their 16-bit copy, other fp32 arrays are cast (not on the fast path)."""
+    if PRECISION == "fp32" or _fast(x):
         return x if _ld(x) is not None else cp.ascontiguousarray(x)
     if weight:
         mirrored = _mirror_of(x)
         if mirrored is not None:
             return mirrored
         key = (x.data.ptr, x.shape)
-        cached = _weights_bf16.get(key)
+        cached = _weights_h16.get(key)
         if cached is None:
-            cached = _weights_bf16[key] = cp.ascontiguousarray(x).astype(BF16)
+            cached = _weights_h16[key] = cp.ascontiguousarray(x).astype(_half())
         return cached
-    return cp.ascontiguousarray(x).astype(BF16)
+    return cp.ascontiguousarray(x).astype(_half())
 
 
 def _ld(x):
@@ -215,7 +241,7 @@ def _ld(x):
 
 
 def _dtype_code(x):
-    return _CUDA_R_16BF if x.dtype == BF16 else _CUDA_R_32F
+    return _CUDA_R_16BF if x.dtype == BF16 else _CUDA_R_16F if x.dtype == FP16 else _CUDA_R_32F
 
 
 class _Cublas:
@@ -274,7 +300,7 @@ def _gemm_call(*args) -> None:
 
 
 def gemm(a, b, c, ta: bool = False, tb: bool = False, accumulate: bool = False, alpha: float = 1.0) -> None:
-    """c (row-major [m, n], fp32 or bf16) = alpha · op(a) · op(b), or += with `accumulate`, through
+    """c (row-major [m, n], fp32, bf16 or fp16) = alpha · op(a) · op(b), or += with `accumulate`, through
     cublasGemmEx with fp32 accumulation. a, b, c may be strided row views (unit column stride).
     Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ."""
     m, n = c.shape
@@ -361,10 +387,10 @@ def layernorm_fwd(x, g, b, out, mean, rstd, eps=1e-5):
     C = x.shape[-1]
     N = x.size // C
     if _ln_vec(C):
-        _k("layernorm", "add_layernorm_fwd_vec_bf16" if _fast(out) else "add_layernorm_fwd_vec")(
+        _k("layernorm", "add_layernorm_fwd_vec_h16" if _fast(out) else "add_layernorm_fwd_vec")(
             (_blocks(N, 8),), (256,), (x, np.uint64(0), np.uint64(0), g, b, out, mean, rstd, np.int32(N), np.int32(C), np.float32(eps)))
         return
-    _k("layernorm", "layernorm_fwd_bf16" if _fast(out) else "layernorm_fwd")((_blocks(N, 8),), (256,), (x, g, b, out, mean, rstd, np.int32(N), np.int32(C), np.float32(eps)))
+    _k("layernorm", "layernorm_fwd_h16" if _fast(out) else "layernorm_fwd")((_blocks(N, 8),), (256,), (x, g, b, out, mean, rstd, np.int32(N), np.int32(C), np.float32(eps)))
 
 
 def add_layernorm_fwd(x, f, res, g, b, out, mean, rstd, eps=1e-5):
@@ -372,7 +398,7 @@ def add_layernorm_fwd(x, f, res, g, b, out, mean, rstd, eps=1e-5):
     C = x.shape[-1]
     N = x.size // C
     vec = "_vec" if _ln_vec(C) else ""
-    _k("layernorm", f"add_layernorm_fwd{vec}_bf16" if _fast(out) else f"add_layernorm_fwd{vec}")(
+    _k("layernorm", f"add_layernorm_fwd{vec}_h16" if _fast(out) else f"add_layernorm_fwd{vec}")(
         (_blocks(N, 8),), (256,), (x, f, res, g, b, out, mean, rstd, np.int32(N), np.int32(C), np.float32(eps)))
 
 
@@ -382,10 +408,10 @@ LN_ROWS = 64  # rows per partial sum of the LayerNorm parameter gradients
 def layernorm_bwd(dout, x, mean, rstd, g, dx, dg, db, branch=None):
     """dx += the input gradient (one warp per row); dγ and dβ += their gradients (per-chunk column
     partials, then one ordered sum); with `branch`, the updated dx is also written there (in the
-    same kernel when it is bf16)."""
+    same kernel when it is 16-bit)."""
     C = x.shape[-1]
     N = x.size // C
-    fused_copy = branch is not None and branch.dtype == BF16
+    fused_copy = branch is not None and _fast(branch)
     _k("layernorm", "layernorm_bwd_dx_vec" if _ln_vec(C) else "layernorm_bwd_dx")((_blocks(N, 8),), (256,), (dout, x, mean, rstd, g, dx, branch if fused_copy else np.uint64(0),
                                                                    np.int32(N), np.int32(C)))
     chunks = (N + LN_ROWS - 1) // LN_ROWS
@@ -480,8 +506,8 @@ def attn_bwd(dy, qkv, y, lse, dqkv):
     _k("attention", "attn_bwd_dv", D)(grid, (64,), (q, k, dy, lse, delta, dqkv[2], np.int32(H), np.int32(T), scale))
 
 
-# Tensor-core flash attention (bf16 mode): q, k, v in one [B, T, 3, H, D] bf16 buffer, y and dy
-# [B, T, H·D] bf16, lse [B, H, T] fp32; dq, dk, dv written into a buffer shaped like qkv.
+# Tensor-core flash attention (16-bit modes): q, k, v in one [B, T, 3, H, D] 16-bit buffer, y and
+# dy [B, T, H·D] 16-bit, lse [B, H, T] fp32; dq, dk, dv written into a buffer shaped like qkv.
 FLASH_TILE = 64
 # "2": tiles double-buffered with cp.async (the default); "1": synchronous tile loads; "3": as 2,
 # with the forward and dQ kernels held to 128 registers so that four blocks share an SM
@@ -613,10 +639,10 @@ def attn_out_bwd(dout, y, wo, dy, dwo):
 
 
 def gelu(h, out):
-    if _fast(out) and out.size % 8 == 0:  # 8 bf16 per thread, tanh on the SFU
-        _k("elementwise", "gelu_fwd_bf16x8")((_blocks(h.size // 8),), (256,), (h, out, np.int64(h.size // 8)))
+    if _fast(out) and out.size % 8 == 0:  # 8 elements per thread, tanh on the SFU
+        _k("elementwise", "gelu_fwd_h16x8")((_blocks(h.size // 8),), (256,), (h, out, np.int64(h.size // 8)))
         return
-    _k("elementwise", "gelu_fwd_bf16" if _fast(out) else "gelu_fwd")((_blocks(h.size),), (256,), (h, out, np.int64(h.size)))
+    _k("elementwise", "gelu_fwd_h16" if _fast(out) else "gelu_fwd")((_blocks(h.size),), (256,), (h, out, np.int64(h.size)))
 
 
 def mlp_fwd(x, w1, w2, h, a, out):
@@ -628,9 +654,9 @@ def mlp_fwd(x, w1, w2, h, a, out):
 
 
 def recomputes_gelu() -> bool:
-    """bf16 mode keeps only the MLP's pre-activation h: mlp_bwd recomputes a = gelu(h) into the
+    """The 16-bit modes keep only the MLP's pre-activation h: mlp_bwd recomputes a = gelu(h) into the
     buffer it is given (the engine then allocates one, not one per layer: less memory than PyTorch)."""
-    return PRECISION == "bf16"
+    return PRECISION != "fp32"
 
 
 def mlp_bwd(dout, x, h, a, w1, w2, dx, dw1, dw2):
@@ -641,12 +667,12 @@ def mlp_bwd(dout, x, h, a, w1, w2, dx, dw1, dw2):
         gelu(h, a)
     g = _operand(dout.reshape(-1, d))
     gemm(_operand(a.reshape(-1, M)), g, dw2, ta=True, accumulate=True)
-    da = _scratch("mlp_da", (g.shape[0], M), BF16 if fast else cp.float32)
+    da = _scratch("mlp_da", (g.shape[0], M), h.dtype if fast else cp.float32)
     gemm(g, _operand(w2, weight=True), da, tb=True)
     if fast and da.size % 8 == 0:
-        _k("elementwise", "gelu_bwd_bf16x8")((_blocks(da.size // 8),), (256,), (h, da, np.int64(da.size // 8)))
+        _k("elementwise", "gelu_bwd_h16x8")((_blocks(da.size // 8),), (256,), (h, da, np.int64(da.size // 8)))
     else:
-        _k("elementwise", "gelu_bwd_bf16" if fast else "gelu_bwd")((_blocks(da.size),), (256,), (h, da, np.int64(da.size)))
+        _k("elementwise", "gelu_bwd_h16" if fast else "gelu_bwd")((_blocks(da.size),), (256,), (h, da, np.int64(da.size)))
     dap = _operand(da)
     gemm(_operand(x.reshape(-1, d)), dap, dw1, ta=True, accumulate=True)
     gemm(dap, _operand(w1, weight=True), dx.reshape(-1, d), tb=True)
@@ -660,8 +686,8 @@ def residual_add(x, f, out):
 
 
 def residual_add_bwd(dout, df):
-    if _fast(df):  # the branch's gradient as the bf16 operand of its matrix products
-        _k("elementwise", "to_bf16")((_blocks(df.size),), (256,), (dout, df, np.int64(df.size)))
+    if _fast(df):  # the branch's gradient as the 16-bit operand of its matrix products
+        _k("elementwise", "cast_h16")((_blocks(df.size),), (256,), (dout, df, np.int64(df.size)))
     else:
         df[...] = dout
 
@@ -673,18 +699,40 @@ def loss_fwd(x, w, targets, probs, losses):
     d = x.shape[-1]
     V = w.shape[0]
     N = x.size // d
-    if _fast(probs):  # bf16 logits, then loss and softmax - onehot in place in one kernel
+    if _fast(probs):  # 16-bit logits, then loss and (softmax - onehot) · loss scale in place, one kernel
         logits = probs.reshape(N, -1)
         wp = _mirror_of(w, padded=True)
         if wp is not None and wp.shape[0] == logits.shape[1]:  # padded head: zero logits past V
             gemm(_operand(x.reshape(-1, d)), wp, logits, tb=True)
         else:
             gemm(_operand(x.reshape(-1, d)), _operand(w, weight=True), logits[:, :V], tb=True)
-        _k("classifier", "softmax_xent_bf16")((N,), (256,), (logits, targets, losses, np.int32(V), np.int32(logits.shape[1])))
+        _k("classifier", "softmax_xent_h16")((N,), (256,), (logits, targets, losses, _loss_scale_buffer(), np.int32(V),
+                                                            np.int32(logits.shape[1])))
         return None if cp.cuda.get_current_stream().is_capturing() else float(losses.mean())
     gemm(_operand(x.reshape(-1, d)), _operand(w, weight=True), probs.reshape(-1, V), tb=True)
     _k("classifier", "softmax_xent_fwd")((N,), (256,), (probs, targets, losses, np.int32(V)))
     return float(losses.mean())
+
+
+@functools.lru_cache(maxsize=None)
+def _loss_scale_device(device: int):
+    return cp.ones(1, dtype=cp.float32)
+
+
+def _loss_scale_buffer():
+    """The loss scale on the device (read by the classifier kernel, so a captured graph follows
+    changes of the scale without being captured again)."""
+    return _loss_scale_device(cp.cuda.runtime.getDevice())
+
+
+_loss_scale_now = [1.0]
+
+
+def set_loss_scale(scale: float) -> None:
+    """Gradients of the 16-bit fast path come out multiplied by `scale` (fp16 loss scaling)."""
+    if scale != _loss_scale_now[0]:
+        _loss_scale_buffer().fill(scale)
+        _loss_scale_now[0] = scale
 
 
 def loss_bwd(x, w, targets, probs, dx, dw, dloss=1.0):
@@ -727,7 +775,7 @@ DECAY_DTYPE = np.uint8  # the weight-decay mask as bytes (a quarter of an fp32 m
 
 
 def adamw(w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale=1.0):
-    _weights_bf16.clear()  # the weights change: copies not kept by the kernel below are stale
+    _weights_h16.clear()  # the weights change: copies not kept by the kernel below are stale
     if decay.dtype != np.uint8:
         decay = (decay != 0).astype(np.uint8)
     bc1 = 1 - beta1**step
@@ -735,9 +783,9 @@ def adamw(w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale=1
     f = np.float32
     hyper = (f(lr), f(beta1), f(beta2), f(eps), f(weight_decay), f(bc1), f(bc2), np.int64(w.size))
     mirror = next((mm for mm in _mirrors if mm.w is w), None)
-    if mirror is not None:  # update and refresh the bf16 copy in one pass
+    if mirror is not None:  # update and refresh the 16-bit copy in one pass
         mirror.stale = False
-        _k("elementwise", "adamw_bf16")((_blocks(w.size),), (256,), (w, g, m, v, decay, mirror.bf16, np.int64(mirror.gap_at),
+        _k("elementwise", "adamw_h16")((_blocks(w.size),), (256,), (w, g, m, v, decay, mirror.copy, np.int64(mirror.gap_at),
                                                                      np.int64(mirror.gap), f(gscale), *hyper))
     else:
         _k("elementwise", "adamw")((_blocks(w.size),), (256,), (w, g, m, v, decay, f(gscale), *hyper))
@@ -749,7 +797,7 @@ def adamw(w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale=1
 class CapturedPass:
     """A function of the engine's fixed buffers (forward + backward of one micro-batch) recorded
     once as a CUDA graph and replayed with one launch: no Python and no per-kernel launch cost in
-    the hot loop. Everything it runs must be allocation-free and host-sync-free once warm (the bf16
+    the hot loop. Everything it runs must be allocation-free and host-sync-free once warm (the 16-bit
     fast path is); the first call runs it eagerly to warm up (kernels compiled, scratch allocated),
     then captures it on a side stream. Replays go to the current stream, after the token upload."""
 
@@ -758,7 +806,7 @@ class CapturedPass:
         self.graph = None
 
     def __call__(self) -> None:
-        for mirror in _mirrors:  # weights loaded since the last optimizer step: refresh their bf16 copy
+        for mirror in _mirrors:  # weights loaded since the last optimizer step: refresh their 16-bit copy
             mirror.refresh()
         if self.graph is None:
             self.fn()  # warm-up, eager
@@ -779,10 +827,12 @@ class CapturedPass:
                 graph = stream.end_capture()  # also after a failure: never leave the stream capturing
         if pool.used_bytes() != used:
             raise RuntimeError("the captured pass allocated GPU memory; it cannot be replayed safely")
+        # the graph writes into these: keep them alive as long as it lives (even past clear_caches)
+        self.keep = (list(_SCRATCH.values()), list(_mirrors), list(_embed_plans.values()), _loss_scale_buffer())
         return graph
 
 
 def capture(fn) -> CapturedPass:
-    if PRECISION != "bf16":
-        raise ValueError("CUDA-graph capture needs the bf16 fast path (the fp32 path allocates temporaries)")
+    if PRECISION == "fp32":
+        raise ValueError("CUDA-graph capture needs the 16-bit fast path (the fp32 path allocates temporaries)")
     return CapturedPass(fn)

@@ -17,6 +17,9 @@ import numpy as np
 
 from andrea.model import LN_EPS, ModelConfig, decay_mask, init_weights, n_params, param_layout, views
 
+LOSS_SCALE_MAX = 2.0**15
+LOSS_SCALE_WINDOW = 200
+
 BACKENDS = {"numpy": "andrea.engine.numpy_backend", "cupy": "andrea.engine.cupy_backend"}
 
 
@@ -86,6 +89,11 @@ class Engine:
         self.graphs = bool(getattr(self.be, "capture", None)) and precision == "bf16" and \
             os.environ.get("ANDREA_CUDA_GRAPHS", "1") != "0"
         self._captured = None
+        # fp16 loss scaling (decision): start at 2^15, the largest at which the classifier's scaled
+        # gradient (|softmax - onehot| <= 1) still fits fp16; halve on overflow (andrea/optim.py),
+        # double after LOSS_SCALE_WINDOW clean steps, never above the start
+        self.loss_scale = LOSS_SCALE_MAX if precision == "fp16" else 1.0
+        self.scale_good_steps = 0
 
     # -------------------------------------------------------------- buffers
     def _allocate(self) -> None:
@@ -146,6 +154,8 @@ class Engine:
             raise ValueError(f"token IDs must lie in 0..{self.cfg.vocab_size - 1}")
         if getattr(self.be, "PRECISION", self.precision) != self.precision:  # another engine in this process
             self.be.set_precision(self.precision)
+        if hasattr(self.be, "set_loss_scale"):  # the device copy is the backend's: other engines may have set it
+            self.be.set_loss_scale(self.loss_scale)
         if hasattr(self.be, "upload_tokens"):  # the backend plans the embedding backward from them
             self.be.upload_tokens(tokens, self.tokens)
         else:
@@ -243,6 +253,16 @@ class Engine:
         """One AdamW update; the gradients are multiplied by gscale first (clipping, fused)."""
         self.adam_t += 1
         self.be.adamw(self.w, self.g, self.m, self.v, self.decay, lr, beta1, beta2, eps, weight_decay, self.adam_t, gscale)
+
+    def set_loss_scale(self, scale: float) -> None:
+        self.loss_scale = float(scale)
+        self.scale_good_steps = 0
+
+    def loss_scale_grow(self) -> None:
+        """After a clean optimizer step: count it, and double the scale after a window of them."""
+        self.scale_good_steps += 1
+        if self.scale_good_steps >= LOSS_SCALE_WINDOW and self.loss_scale < LOSS_SCALE_MAX:
+            self.set_loss_scale(min(LOSS_SCALE_MAX, self.loss_scale * 2))
 
     # -------------------------------------------------------------- state
     def load_state(self, weights, m=None, v=None, adam_t: int = 0) -> None:
