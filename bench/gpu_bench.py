@@ -3,9 +3,10 @@
 PyTorch runs the same architecture (bf16 autocast + torch.compile + scaled_dot_product_attention,
 fused AdamW, global clipping); ours runs the CuPy backend in bf16 and fp16 (CUDA graphs), bf16
 without graphs, and fp32. All of a configuration's runners are built first, then timed in rounds,
-taking turns, and the median round counts (PyTorch alone varied by ±20 % between runs here). For each model and
-batch size: tokens/s, MFU (llm.c's formula: flops/token = 6·N + 6·L·d·T, against 989 TFLOP/s
-bf16), peak GPU memory, and the ratio ours/PyTorch. Prints a Markdown table and writes JSON.
+taking turns, and the median round counts (PyTorch alone varied by ±20 % between runs here). For
+each model and batch size: tokens/s, MFU (llm.c's formula: flops/token = 6·N + 6·L·d·T, against
+989 TFLOP/s bf16), peak GPU memory (PyTorch: max_memory_allocated; ours: the highest in-use figure
+of CuPy's pool, tracked by an allocator wrapper), and the ratio ours/PyTorch. Prints a Markdown table, writes JSON.
 
     python3 bench/gpu_bench.py --out results.json
     python3 bench/gpu_bench.py --models ANDREA-12M --batches 8 --precisions bf16 --rounds 5
@@ -14,6 +15,7 @@ bf16), peak GPU memory, and the ratio ours/PyTorch. Prints a Markdown table and 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -33,6 +35,29 @@ MODELS = {  # the config/config.yaml table (read without the config machinery: t
 }
 
 
+class PeakTracker:
+    """CuPy's pool reports what is in use now, not its peak: this allocator wraps the pool and
+    records the highest in-use figure after every allocation."""
+
+    def __init__(self):
+        self.pool, self.peak = None, 0
+
+    def start(self, pool):
+        import cupy as cp
+
+        if self.pool is None:
+            cp.cuda.set_allocator(self.malloc)
+        self.pool, self.peak = pool, pool.used_bytes()
+
+    def malloc(self, nbytes):
+        mem = self.pool.malloc(nbytes)
+        self.peak = max(self.peak, self.pool.used_bytes())
+        return mem
+
+
+PEAK_TRACKER = PeakTracker()
+
+
 class Ours:
     """Our engine at one precision: fp32, bf16 or fp16 (CUDA graphs), or bf16-eager (no graphs)."""
 
@@ -44,7 +69,9 @@ class Ours:
 
         self.cp, self.train_step = cp, train_step
         pool = cp.get_default_memory_pool()
-        before = pool.total_bytes()
+        gc.collect()  # engines of the previous configuration hold reference cycles (captured graphs)
+        before = pool.used_bytes()
+        PEAK_TRACKER.start(pool)
         self.e = Engine(cfg, batch_size=B, seq_len=T, backend="cupy", precision=precision.split("-")[0])
         self.e.graphs = self.e.graphs and not precision.endswith("-eager")
         x = np.random.default_rng(0).integers(0, cfg.vocab_size, (B, T + 1))
@@ -52,7 +79,10 @@ class Ours:
         self.oc = OptimConfig(lr=3e-4, warmup_steps=1)
         self.step = 0
         self.run(warmup)
-        self.peak = pool.total_bytes() - before  # what this engine added to CuPy's pool
+        # the most GPU memory in use while this engine was built and warmed up (steps allocate the
+        # same every time), beyond what was in use before; scratch shared with an engine built
+        # before it is not counted
+        self.peak = PEAK_TRACKER.peak - before
         self.plan = self.e.memory_plan().total
 
     def run(self, steps):
@@ -150,6 +180,7 @@ def main() -> None:
                       f"rounds {row[key]['rounds_ms']} ms", flush=True)
             rows.append(row)
             del runners
+            gc.collect()
             cupy_backend.clear_caches()
             cp.get_default_memory_pool().free_all_blocks()
             if not args.no_torch:

@@ -85,8 +85,8 @@ class Engine:
         self.G = views(self.g, self.layout)
         self.adam_t = 0  # updates applied so far (bias correction)
         self._allocate()
-        # CUDA graphs: the bf16 GPU path replays forward + backward as one captured graph
-        self.graphs = bool(getattr(self.be, "capture", None)) and precision == "bf16" and \
+        # CUDA graphs: the 16-bit GPU paths replay forward + backward as one captured graph
+        self.graphs = bool(getattr(self.be, "capture", None)) and precision in ("bf16", "fp16") and \
             os.environ.get("ANDREA_CUDA_GRAPHS", "1") != "0"
         self._captured = None
         # fp16 loss scaling (decision): start at 2^15, the largest at which the classifier's scaled
@@ -208,7 +208,8 @@ class Engine:
         return 0 if self._shared_gelu else l
 
     def backward(self, dloss: float = 1.0) -> None:
-        """Gradients of the last forward's mean loss (times dloss), added into self.g."""
+        """Gradients of the last forward's mean loss (times dloss, and times loss_scale in fp16),
+        added into self.g."""
         be, P, G, A, S = self.be, self.P, self.G, self.acts, self.scratch
         res = A["res"]
         d_res, d_branch, d_ln = S["d_res"], S["d_branch"], S["d_ln"]
