@@ -126,8 +126,8 @@ def _scratch(key: str, shape: tuple, dtype) -> cp.ndarray:
 
 def clear_caches() -> None:
     """Drop every buffer the backend keeps between calls (scratch, 16-bit weight copies, embedding
-    plans), e.g. between engines of different sizes in one process. (A captured pass keeps what it
-    uses alive itself.)"""
+    plans), e.g. between engines of different sizes in one process; engines still in use must not
+    train on after it (AdamW would no longer refresh their weight copies)."""
     _SCRATCH.clear()
     _weights_h16.clear()
     _mirrors.clear()
@@ -204,7 +204,9 @@ def register_weights(w, head=None) -> None:
     spec = None
     if head is not None:
         spec = ((head.data.ptr - w.data.ptr) // 4, head.shape[0], head.shape[1])
-    _mirrors[:] = [m for m in _mirrors if m.w is not w][-7:]  # bounded: older engines fall back to casts
+    # kept until clear_caches(): dropping a live engine's copy would leave its captured graph reading
+    # weights that AdamW no longer refreshes
+    _mirrors[:] = [m for m in _mirrors if m.w is not w]
     _mirrors.append(_Mirror(w, spec))
 
 
