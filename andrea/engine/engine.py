@@ -4,7 +4,10 @@
 Weights, gradients and Adam's m and v are one flat buffer each, in the parameter order of
 andrea/model.py (so a checkpoint is three contiguous copies). Activations saved for the backward
 pass and the scratch it needs are allocated here, from the config, before step 1; the engine
-reports this plan. A backend supplies the kernels (andrea/engine/numpy_backend.py today).
+reports this plan. A backend supplies the kernels: andrea/engine/numpy_backend.py (the reference,
+any CPU) or andrea/engine/cupy_backend.py (NVIDIA GPUs), which may store a buffer in its own
+layout and type (plan_buffer), fuse neighbouring steps (residual add + LayerNorm) and replay
+forward + backward as one CUDA graph (capture).
 """
 
 from __future__ import annotations
