@@ -2,11 +2,11 @@
 
 One step: n micro-batches (forward + backward, gradients adding up), scale by 1/n, global L2
 clipping at max_norm *before* AdamW touches m, v or the weights, AdamW with decoupled weight decay,
-zero the gradients. In fp16 the loss is scaled (the gradients come out multiplied by the engine's
-loss_scale, divided out in AdamW); an overflow skips the update and halves the scale, and the
-scale doubles again after a run of clean steps (dynamic loss scaling). A non-finite loss or gradient norm skips the update and is counted; after
+zero the gradients. A non-finite loss or gradient norm skips the update and is counted; after
 `max_nonfinite` in a row the step raises NonFiniteHalt, and the caller writes a checkpoint and
-stops.
+stops. In fp16 the loss is scaled (the gradients come out multiplied by the engine's loss_scale,
+divided out in AdamW); an overflow skips the update and halves the scale without counting as a
+non-finite step, and the scale doubles again after a run of clean steps (dynamic loss scaling).
 """
 
 from __future__ import annotations
@@ -70,19 +70,20 @@ def train_step(engine, micro_batches, step: int, oc: OptimConfig, nonfinite: Non
     rows = []
     for inputs, targets in micro_batches:
         rows.append(np.asarray(engine.forward_backward(inputs, targets)).copy())
-    loss = float(np.mean(np.concatenate(rows)))
+    rows = np.concatenate(rows)
+    loss = float(np.mean(rows))
     if n > 1:
         engine.scale_grads(1.0 / n)
-    scale = getattr(engine, "loss_scale", 1.0)  # fp16: the gradients come out multiplied by it
+    scale = engine.loss_scale  # 1 except in fp16, where the gradients come out multiplied by it
     norm = engine.grad_norm() / scale
     lr = lr_at(step, oc)
-    fp16 = getattr(engine, "precision", "fp32") == "fp16"
+    fp16 = engine.precision == "fp16"
     if fp16 and math.isfinite(loss) and not math.isfinite(norm) and scale > 1.0:
         # fp16 overflow in the scaled backward pass: skip this update and halve the scale (dynamic
         # loss scaling); not a divergence, so it does not count towards the non-finite halt
         engine.zero_grads()
         engine.set_loss_scale(scale / 2)
-        return StepResult(step, loss, np.concatenate(rows), norm, lr, False, True)
+        return StepResult(step, loss, rows, norm, lr, False, True)
     if not (math.isfinite(loss) and math.isfinite(norm)):
         engine.zero_grads()
         nonfinite.consecutive += 1
@@ -93,11 +94,11 @@ def train_step(engine, micro_batches, step: int, oc: OptimConfig, nonfinite: Non
                 f"step {step}: {nonfinite.consecutive} consecutive steps with a non-finite loss or gradient "
                 f"norm (loss {loss}, norm {norm}); halting. Lower the learning rate or check the data."
             )
-        return StepResult(step, loss, np.concatenate(rows), norm, lr, False, True)
+        return StepResult(step, loss, rows, norm, lr, False, True)
     nonfinite.consecutive = 0
     clipped = norm > oc.grad_clip
     engine.adamw(lr, oc.beta1, oc.beta2, oc.eps, oc.weight_decay, gscale=(oc.grad_clip / norm if clipped else 1.0) / scale)
     if fp16:
         engine.loss_scale_grow()
     engine.zero_grads()
-    return StepResult(step, loss, np.concatenate(rows), norm, lr, clipped, False)
+    return StepResult(step, loss, rows, norm, lr, clipped, False)

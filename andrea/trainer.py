@@ -258,7 +258,7 @@ class Trainer:
         if ck.step != st["step"]:
             raise RuntimeError(f"{st['checkpoint']}: holds step {ck.step}, state.json says {st['step']}")
         self.engine.load_state(ck.weights, ck.m, ck.v, adam_t=st["adam_t"])
-        if "loss_scale" in st:  # fp16 runs
+        if "loss_scale" in st:  # absent from state files written before fp16 existed
             self.engine.set_loss_scale(st["loss_scale"]["scale"])
             self.engine.scale_good_steps = st["loss_scale"]["good_steps"]
         self.step = st["step"]
