@@ -3,7 +3,8 @@
 Output directory (results/<model>/audit/):
     samples.jsonl      every sample: domain, prompt, text, built-in scores, external verdict
     scores.parquet     the same scores as a table
-    perplexity.json    perplexity on held-out documents, per source and overall
+    heldout.json       loss (nats/token), bits per byte and perplexity on held-out documents, per
+                       source and overall (every source that has held-out documents)
     report.md          summary, plots, best and worst samples
     report.html        the same, self-contained (plots embedded)
     plots/*.png
@@ -23,7 +24,8 @@ import numpy as np
 import pandas as pd
 
 from andrea.io import read_jsonl
-from andrea.judges import ExternalJudge, builtin_scores, perplexity
+from andrea.evaluation import heldout_report
+from andrea.judges import ExternalJudge, builtin_scores
 from andrea.sampling import chat_prompt, generate, load_model
 from andrea.shards import Shard
 from andrea.tokenizer import BOS
@@ -39,7 +41,9 @@ def plots(run_dir: Path | None, df: pd.DataFrame, out: Path) -> dict[str, Path]:
 
     out.mkdir(parents=True, exist_ok=True)
     made = {}
-    loss = read_jsonl(run_dir / "loss.jsonl") if run_dir else []
+    records = read_jsonl(run_dir / "loss.jsonl") if run_dir else []
+    loss = [r for r in records if r.get("kind", "train") == "train"]
+    evals = [r for r in records if r.get("kind") == "eval" and r.get("bpb") is not None]
     if loss:
         fig, ax = plt.subplots(figsize=(7, 3.2))
         steps = [r["step"] for r in loss]
@@ -51,6 +55,19 @@ def plots(run_dir: Path | None, df: pd.DataFrame, out: Path) -> dict[str, Path]:
         fig.savefig(out / "loss.png", dpi=110)
         plt.close(fig)
         made["Training loss"] = out / "loss.png"
+    if evals:
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        steps = [r["step"] for r in evals]
+        for src in sorted({s for r in evals for s in r["sources"]}):
+            ys = [r["sources"].get(src, {}).get("bpb") for r in evals]
+            ax.plot(steps, [np.nan if y is None else y for y in ys], lw=1.0, label=src)
+        ax.plot(steps, [r["bpb"] for r in evals], color="black", lw=2.2, label="all sources")
+        ax.set_xlabel("step"), ax.set_ylabel("bits per byte"), ax.set_title("Validation (held-out documents)")
+        ax.legend(fontsize=6, ncol=2)
+        fig.tight_layout()
+        fig.savefig(out / "validation.png", dpi=110)
+        plt.close(fig)
+        made["Validation bits per byte"] = out / "validation.png"
     samples = read_jsonl(run_dir / "samples.jsonl") if run_dir else []
     if samples:
         fig, ax = plt.subplots(figsize=(7, 3.0))
@@ -112,21 +129,27 @@ def run_audit(ckpt_dir: str | Path, shards_json: str | Path, acfg: dict, heldout
 
     meta = json.loads((Path(shards_json)).read_text())
     shards = {s: Shard(meta["shard_dir"], s, tokenizer_hash=meta["tokenizer_hash"]) for s, c in meta["sources"].items() if c["n_docs"]}
-    ppl = perplexity(lm.model, shards, heldout_every, acfg["perplexity_docs"], min(acfg["perplexity_seq_len"], lm.cfg.context - 1))
+    seq_len = lm.meta.get("train", {}).get("seq_len") or lm.cfg.context
+    ppl = heldout_report(lm.cfg, lm.weights, lm.tokenizer.token_bytes, shards, heldout_every, seq_len, acfg["heldout_tokens"],
+                         backend=acfg.get("backend", "auto"), precision=lm.meta.get("precision", "auto"))
+    log.info("held-out: %s nats/token, %s bits/byte, perplexity %s over %d sources (%s)", ppl["overall"]["loss"],
+             ppl["overall"]["bpb"], ppl["overall"]["perplexity"], len(ppl["per_source"]), ppl["backend"])
 
     df = pd.DataFrame(rows)
     with open(tmp / "samples.jsonl", "w", encoding="utf-8") as fh:
         for r in rows:
             fh.write(json.dumps(r, ensure_ascii=False) + "\n")
     df.to_parquet(tmp / "scores.parquet", index=False)
-    (tmp / "perplexity.json").write_text(json.dumps(ppl, indent=2))
+    (tmp / "heldout.json").write_text(json.dumps(ppl, indent=2))
     run_dir = Path(lm.meta["run_dir"]) if lm.meta.get("run_dir") and Path(lm.meta["run_dir"]).exists() else None
     figs = plots(run_dir, df, tmp / "plots")
     summary = {
         "model": lm.meta["model"],
         "step": lm.step,
         "samples": len(rows),
-        "perplexity": ppl["overall"],
+        "heldout_loss": ppl["overall"]["loss"],
+        "heldout_bits_per_byte": ppl["overall"]["bpb"],
+        "perplexity": ppl["overall"]["perplexity"],
         "mean_coherence": round(float(df["coherence"].mean()), 2),
         "external_judge": ("not run: no endpoint configured (set "
                            f"{acfg['judge']['base_url_env']} and {acfg['judge']['model_env']})") if judge is None else
@@ -150,7 +173,10 @@ def write_reports(d: Path, summary: dict, df: pd.DataFrame, ppl: dict, figs: dic
     md = [f"# Audit of {summary['model']} at step {summary['step']}", ""]
     md += ["| | |", "|---|---|"] + [f"| {k.replace('_', ' ')} | {v} |" for k, v in summary.items() if k not in ("model", "step")]
     md += ["", "## Per domain (means of the built-in judges)", "", by_domain.to_markdown() if _has_tabulate() else by_domain.to_string(), ""]
-    md += ["## Perplexity on held-out documents", ""] + [f"- {s}: {v['perplexity']} ({v['tokens']} tokens)" for s, v in ppl["per_source"].items()] + [""]
+    md += ["## Held-out documents (never trained on)", "", "| source | nats/token | bits/byte | perplexity | tokens |", "|---|---|---|---|---|"]
+    md += [f"| {s} | {v['loss']} | {v['bpb']} | {v['perplexity']} | {v['tokens']} |" for s, v in ppl["per_source"].items()]
+    md += [f"| **all** | {ppl['overall']['loss']} | {ppl['overall']['bpb']} | {ppl['overall']['perplexity']} | {ppl['overall']['tokens']} |", ""]
+    md += [f"- {s}: no held-out score ({why})" for s, why in ppl["without_heldout"].items()] + [""]
     for title, path in figs.items():
         md += [f"## {title}", "", f"![{title}](plots/{path.name})", ""]
     for title, part in (("Best samples", best), ("Worst samples", worst)):
@@ -167,8 +193,12 @@ def write_reports(d: Path, summary: dict, df: pd.DataFrame, ppl: dict, figs: dic
              "pre{white-space:pre-wrap;background:#f6f6f6;padding:.6em}img{max-width:100%}</style></head><body>",
              f"<h1>Audit of {e(summary['model'])} at step {summary['step']}</h1><table>"]
     parts += [f"<tr><th>{e(k.replace('_', ' '))}</th><td>{e(str(v))}</td></tr>" for k, v in summary.items() if k not in ("model", "step")]
-    parts += ["</table><h2>Per domain (means of the built-in judges)</h2>", by_domain.to_html(), "<h2>Perplexity on held-out documents</h2><ul>"]
-    parts += [f"<li>{e(s)}: {v['perplexity']} ({v['tokens']} tokens)</li>" for s, v in ppl["per_source"].items()] + ["</ul>"]
+    parts += ["</table><h2>Per domain (means of the built-in judges)</h2>", by_domain.to_html(),
+              "<h2>Held-out documents (never trained on)</h2><table><tr><th>source</th><th>nats/token</th><th>bits/byte</th>"
+              "<th>perplexity</th><th>tokens</th></tr>"]
+    rows_ = list(ppl["per_source"].items()) + [("all", ppl["overall"])]
+    parts += [f"<tr><td>{e(s)}</td><td>{v['loss']}</td><td>{v['bpb']}</td><td>{v['perplexity']}</td><td>{v['tokens']}</td></tr>" for s, v in rows_]
+    parts += ["</table><ul>"] + [f"<li>{e(s)}: no held-out score ({e(why)})</li>" for s, why in ppl["without_heldout"].items()] + ["</ul>"]
     for title, path in figs.items():
         b64 = base64.b64encode(path.read_bytes()).decode("ascii")
         parts += [f"<h2>{e(title)}</h2><img class='plot' alt='{e(title)}' src='data:image/png;base64,{b64}'>"]

@@ -175,7 +175,7 @@ def cmd_train(args) -> int:
         cfg.setdefault("train", {})
         cfg["train"][args.model] = {**cfg["train"].get(args.model, {}), **overrides}
     shards = args.shards or results / args.model / "shards.json"
-    run_dir = args.run_dir or results / args.model / "runs" / run_key(cfg, args.model, shards)
+    run_dir = args.run_dir or results / args.model / "runs" / run_key(cfg, args.model)
     trainer = Trainer(cfg, args.model, shards, run_dir, force=args.force)
     try:
         result = trainer.run(out_dir=args.out)

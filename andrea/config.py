@@ -108,6 +108,50 @@ def load_config(path: str | Path, overrides: dict | None = None) -> dict:
     return validate_config(raw, source=str(path))
 
 
+# Training settings (SPEC §3.3, §6): these defaults < config train.defaults < train.<model>.
+TRAIN_DEFAULTS = {
+    "backend": "auto",  # CuPy when a CUDA GPU is usable, else NumPy (andrea.engine.resolve_backend)
+    "precision": "auto",  # bf16 on CuPy, fp32 on NumPy
+    "batch_size": 8,
+    "grad_accum": 1,
+    "seq_len": None,  # the model's context
+    "max_steps": 200_000,
+    "lr": 3e-4,
+    "min_lr_ratio": 0.1,
+    "warmup_steps": 2000,
+    "weight_decay": 0.1,
+    "beta1": 0.9,
+    "beta2": 0.999,
+    "grad_clip": 1.0,
+    "max_nonfinite": 5,
+    "checkpoint_every": 100,
+    "keep_checkpoints": 3,
+    "sample_every": 100,
+    "sample_tokens": 420,
+    "sample_prompt": "> Tell me about the sea.\n\n< ",
+    "sample_temperature": 0.8,
+    "coherence_halt_below": 30,
+    "coherence_patience": 5,
+    "eval_every": 250,
+    "eval_tokens": 16384,  # per source, from its held-out documents
+    "prefetch": True,
+    "record_batches": 0,
+    "seed": 0,
+    "max_cpu_hours": 12,
+    "curriculum": {},
+}
+
+
+def train_settings(config: dict, model: str) -> dict:
+    """A model's effective training settings: TRAIN_DEFAULTS < train.defaults < train.<model>, with
+    the top-level curriculum section merged under the model's curriculum overrides."""
+    tcfg = config.get("train", {})
+    s = deep_merge(TRAIN_DEFAULTS, tcfg.get("defaults", {}))
+    s = deep_merge(s, tcfg.get(model, {}))
+    s["curriculum"] = deep_merge(config["curriculum"], s.get("curriculum", {}))
+    return s
+
+
 def deep_merge(base: dict, extra: dict) -> dict:
     out = copy.deepcopy(base)
     for k, v in extra.items():

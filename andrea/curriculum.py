@@ -18,8 +18,10 @@ background weight for the other active arms; then
 
 During the curriculum warm-up only the warm-up sources are active (weight 0 for the others,
 floors notwithstanding). Within a source, documents are visited in a seeded random order, a new
-order each epoch; the cursor is part of the state. The whole state serialises to JSON and back
-exactly. Every `heldout_every`-th document of a source is never drawn: the audit measures
+order each epoch; the cursor is part of the state. Drawing a row costs O(1) in the size of the
+source: the epoch's order is a permutation computed once when the epoch starts (from the seed and
+the epoch number, so it is rebuilt, not stored, on resume), and coverage is a running count. The
+whole state serialises to JSON and back exactly. Every `heldout_every`-th document of a source is never drawn: the audit measures
 perplexity on those.
 """
 
@@ -45,10 +47,14 @@ class Arm:
     cursor: int = 0  # position in this epoch's document order
     epoch: int = 0  # document-order epoch (reshuffled each pass)
     seen: np.ndarray = field(default=None, repr=False)  # bool per document
+    n_seen: int = 0  # seen.sum(), kept as a running count
+    order: np.ndarray = field(default=None, repr=False)  # this epoch's document order (a cache)
+    order_epoch: int = -1  # the epoch `order` belongs to
 
     def __post_init__(self):
         if self.seen is None:
             self.seen = np.zeros(self.n_docs, dtype=bool)
+        self.n_seen = int(self.seen.sum())
 
     @property
     def mean_reward(self) -> float:
@@ -65,7 +71,7 @@ class Arm:
 
     @property
     def coverage(self) -> float:
-        return float(self.seen.sum()) / self.n_train if self.n_train else 1.0
+        return self.n_seen / self.n_train if self.n_train else 1.0
 
 
 def coverage_bonus(coverage: float, strength: float = 0.3) -> float:
@@ -138,9 +144,13 @@ class Bandit:
             total = sum(w.values())
         self.weights = {k: v / total for k, v in w.items()}
 
+    def replans_at(self, step: int) -> bool:
+        """Whether `step` starts a new phase (its weights then depend on the losses before it)."""
+        return step >= self.phase_end or step == self.c["warmup_steps"]
+
     def maybe_replan(self, step: int) -> bool:
         """Re-plan when a phase ends, or when the warm-up ends (the active set changes)."""
-        if step >= self.phase_end or step == self.c["warmup_steps"]:
+        if self.replans_at(step):
             self.replan(step)
             return True
         return False
@@ -154,7 +164,11 @@ class Bandit:
         return [(names[i], self._next_doc(names[i])) for i in picks]
 
     def _order(self, a: Arm) -> np.ndarray:
-        return np.random.default_rng([self.seed, a.epoch, sum(map(ord, a.name)), len(a.name)]).permutation(a.n_docs)
+        """The epoch's document order: built once per epoch (O(n_docs) every n_docs draws)."""
+        if a.order_epoch != a.epoch:
+            a.order = np.random.default_rng([self.seed, a.epoch, sum(map(ord, a.name)), len(a.name)]).permutation(a.n_docs)
+            a.order_epoch = a.epoch
+        return a.order
 
     def _next_doc(self, name: str) -> int:
         a = self.arms[name]
@@ -166,6 +180,10 @@ class Bandit:
             a.cursor += 1
             if not a.is_heldout(doc):
                 return doc
+
+    def cursors(self) -> dict:
+        """Where each source's document order stands (what drawing rows advances)."""
+        return {k: (a.cursor, a.epoch) for k, a in self.arms.items()}
 
     # ------------------------------------------------------------------ feedback
     def observe(self, name: str, doc: int, loss: float) -> float:
@@ -180,7 +198,9 @@ class Bandit:
         a.pulls += 1
         a.lifetime_pulls += 1
         a.reward_sum += reward
-        a.seen[doc] = True
+        if not a.seen[doc]:
+            a.seen[doc] = True
+            a.n_seen += 1
         self.total_pulls += 1
         return reward
 
@@ -222,4 +242,5 @@ class Bandit:
             a.lifetime_pulls, a.cursor, a.epoch = s["lifetime_pulls"], s["cursor"], s["epoch"]
             bits = np.frombuffer(base64.b64decode(s["seen"]), dtype=np.uint8)
             a.seen = np.unpackbits(bits)[: a.n_docs].astype(bool)
+            a.n_seen = int(a.seen.sum())
         self.apply_policy()

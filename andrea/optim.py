@@ -63,13 +63,15 @@ class NonFiniteCounter:
 
 
 def train_step(engine, micro_batches, step: int, oc: OptimConfig, nonfinite: NonFiniteCounter | None = None) -> StepResult:
-    """One optimizer step over `micro_batches` (a list of (inputs, targets) arrays [B, T])."""
+    """One optimizer step over `micro_batches`: a list of (inputs, targets) arrays [B, T], or of
+    batches already prepared by engine.prepare (the trainer prepares them in the background)."""
     nonfinite = nonfinite if nonfinite is not None else NonFiniteCounter()
     n = len(micro_batches)
     engine.zero_grads()
     rows = []
-    for inputs, targets in micro_batches:
-        rows.append(np.asarray(engine.forward_backward(inputs, targets)).copy())
+    for mb in micro_batches:
+        args = mb if isinstance(mb, tuple) else (mb,)
+        rows.append(np.asarray(engine.forward_backward(*args)).copy())
     rows = np.concatenate(rows)
     loss = float(np.mean(rows))
     if n > 1:

@@ -124,6 +124,7 @@ def chat_prompt(text: str, mcfg: dict | None = None) -> str:
 class LoadedModel:
     cfg: ModelConfig
     model: InferenceModel
+    weights: np.ndarray  # the flat weights (andrea/model.py layout)
     tokenizer: HarrisTokenizer
     step: int
     meta: dict
@@ -141,4 +142,4 @@ def load_model(ckpt: str | Path) -> LoadedModel:
     cfg = ModelConfig(**meta["model_config"])
     ck = read_weights(bin_path, expected_n_params=n_params(cfg))
     tok = HarrisTokenizer.load(meta["segments"])
-    return LoadedModel(cfg, InferenceModel(cfg, ck.weights), tok, ck.step, meta)
+    return LoadedModel(cfg, InferenceModel(cfg, ck.weights), ck.weights, tok, ck.step, meta)

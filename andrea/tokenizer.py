@@ -93,6 +93,11 @@ class HarrisTokenizer:
         self._splitter = re.compile("(" + _trie_pattern(self.segments) + ")") if self.segments else None
 
     @property
+    def token_bytes(self) -> np.ndarray:
+        """UTF-8 bytes each ID stands for (1 for a byte, 0 for BOS): bits-per-byte's denominator."""
+        return np.array([len(b) for b in self._bytes], dtype=np.int64)
+
+    @property
     def hash(self) -> str:
         """Identity of the vocabulary: changes whenever any ID would mean something else."""
         return tokenizer_hash(self.segments, self.vocab_size)

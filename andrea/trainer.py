@@ -1,19 +1,31 @@
 """The trainer ("proxy", SPEC §6): turns the engine into a run a person can start, watch, stop,
 resume and trust.
 
-Run directory (results/<model>/runs/<key>/, key = architecture + tokenizer; it survives
-Snakemake's removal of incomplete outputs):
+Run directory (results/<model>/runs/<key>/; the key hashes everything the weights depend on except
+max_steps and the bandit's floors and caps: andrea/versions.py train_run_key):
     checkpoints/step_NNNNNN.bin   every `checkpoint_every` steps; the last `keep_checkpoints` kept
-    best.bin, final.bin           lowest smoothed loss so far; the end of the run
-    state.json                    step, bandit, RNG, data cursors, schedule, smoothing, counters,
-                                  and which checkpoint it belongs to (written right after it)
-    loss.jsonl                    one line per step, continuous across resumes
+    checkpoints/step_NNNNNN.json  the run state belonging to that checkpoint (and its SHA-256)
+    state.json                    a copy of the newest checkpoint's state
+    best.bin                      the weights of the best validation loss (m and v zero: for
+                                  inference and the audit; resuming uses the step checkpoints)
+    final.bin                     the end of the run
+    loss.jsonl                    one line per step, and one `"kind": "eval"` line per validation;
+                                  continuous across resumes
     samples.jsonl                 every coherence sample with its score
     plan.json                     what the run is: model, memory plan, backend, tokens/step, ETA
+    train.log                     the trainer's log, every attempt appended
+    parity/                       with `record_batches: N`: the initial weights and the first N
+                                  batches, for bench/loss_parity.py
+
+The step loop keeps the device busy: the next batch is drawn, cut from the shards and prepared for
+the engine in a background thread while the current step runs (andrea/batches.py); loss records
+and checkpoints are written by background threads too (a checkpoint's host copy is taken at its
+step, so what is written is exactly that step).
 
 Signals: SIGTERM (and SIGINT, Ctrl-C) finishes the current step, writes a checkpoint and exits 0;
-SIGUSR1 writes a checkpoint and carries on. A run started again resumes from the newest checkpoint and its state
-and follows the same trajectory bit for bit (same backend and precision).
+SIGUSR1 writes a checkpoint and carries on. A run started again resumes from the newest intact
+checkpoint and its state (a damaged newest one is reported and skipped) and follows the same
+trajectory bit for bit (same backend and precision).
 """
 
 from __future__ import annotations
@@ -27,53 +39,31 @@ import os
 import shutil
 import signal
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from andrea.checkpoint import read_checkpoint, write_checkpoint
+from andrea.batches import BatchStream
+from andrea.checkpoint import HEADER, CheckpointError, read_checkpoint, write_checkpoint
 from andrea.coherence import coherence_score
-from andrea.config import deep_merge
+from andrea.config import TRAIN_DEFAULTS, train_settings  # noqa: F401  (re-exported: the settings' home)
 from andrea.curriculum import Bandit
-from andrea.engine import Engine
+from andrea.engine import Engine, resolve_backend
+from andrea.evaluation import build_eval_set, evaluate
 from andrea.io import atomic_path, read_jsonl, write_json_atomic, write_text_atomic
 from andrea.model import ModelConfig, flops_per_token, n_params
 from andrea.optim import NonFiniteCounter, NonFiniteHalt, OptimConfig, train_step
 from andrea.sampling import InferenceModel, generate
 from andrea.shards import Shard
 from andrea.tokenizer import BOS, HarrisTokenizer
+from andrea.versions import train_run_key, train_version
 
 log = logging.getLogger("andrea.trainer")
 
-TRAIN_DEFAULTS = {
-    "backend": "numpy",
-    "precision": "fp32",
-    "batch_size": 8,
-    "grad_accum": 1,
-    "seq_len": None,  # the model's context
-    "max_steps": 200_000,
-    "lr": 3e-4,
-    "min_lr_ratio": 0.1,
-    "warmup_steps": 2000,
-    "weight_decay": 0.1,
-    "beta1": 0.9,
-    "beta2": 0.999,
-    "grad_clip": 1.0,
-    "max_nonfinite": 5,
-    "checkpoint_every": 100,
-    "keep_checkpoints": 3,
-    "sample_every": 100,
-    "sample_tokens": 420,
-    "sample_prompt": "> Tell me about the sea.\n\n< ",
-    "sample_temperature": 0.8,
-    "coherence_halt_below": 30,
-    "coherence_patience": 5,
-    "seed": 0,
-    "max_cpu_hours": 12,
-    "curriculum": {},
-}
 SMMA_N = 100  # the original's smoothed moving average, s_t = ((n−1)·s_{t−1} + x_t)/n
 EMA_ALPHA = 0.1
+WARMUP_PASSES = 3  # timed forward+backward passes before the plan; the first compiles and captures
 
 
 class TrainingRefused(RuntimeError):
@@ -84,16 +74,6 @@ class CoherenceHalt(RuntimeError):
     """The coherence gate stopped the run: samples have collapsed."""
 
 
-def train_settings(config: dict, model: str) -> dict:
-    """Defaults < config train.defaults < config train.<model>; the curriculum section merged
-    with the model's curriculum overrides."""
-    tcfg = config.get("train", {})
-    s = deep_merge(TRAIN_DEFAULTS, tcfg.get("defaults", {}))
-    s = deep_merge(s, tcfg.get(model, {}))
-    s["curriculum"] = deep_merge(config["curriculum"], s.get("curriculum", {}))
-    return s
-
-
 def optim_config(s: dict) -> OptimConfig:
     return OptimConfig(
         lr=s["lr"], min_lr_ratio=s["min_lr_ratio"], warmup_steps=s["warmup_steps"], max_steps=s["max_steps"],
@@ -102,13 +82,9 @@ def optim_config(s: dict) -> OptimConfig:
     )
 
 
-def run_key(config: dict, model: str, shards_json: str | Path) -> str:
-    """What makes two runs the same run: the architecture and the tokenizer. Training settings,
-    floors and caps may change between a stop and a resume (the polish pivot) without starting
-    over; a new vocabulary or shape starts a new run directory."""
-    meta = json.loads(Path(shards_json).read_text())
-    blob = json.dumps({"model": config["models"][model], "tokenizer": meta["tokenizer_hash"]}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+def run_key(config: dict, model: str) -> str:
+    """The model's run directory name for this config (andrea.versions.train_run_key)."""
+    return train_run_key(config, model)
 
 
 def cpu_flops() -> float:
@@ -131,12 +107,29 @@ def human_duration(seconds: float) -> str:
     return f"{seconds / 86400:.0f} days"
 
 
+def _checkpoint_sha256(step: int, arrays) -> str:
+    """SHA-256 of a checkpoint file's bytes, from the arrays it is written from."""
+    h = hashlib.sha256(np.array([(step, arrays[0].size)], dtype=HEADER).tobytes())
+    for a in arrays:
+        h.update(memoryview(np.ascontiguousarray(a, dtype="<f4")).cast("B"))
+    return h.hexdigest()
+
+
+def _file_sha256(path: Path, chunk: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
 class Trainer:
     def __init__(self, config: dict, model: str, shards_json: str | Path, run_dir: str | Path, force: bool = False):
         if model not in config["models"]:
             raise ValueError(f"unknown model {model!r}; models in the config: {', '.join(config['models'])}")
         self.config, self.model_name, self.force = config, model, force
         self.s = train_settings(config, model)
+        self.backend, self.precision, self.backend_reason = resolve_backend(self.s["backend"], self.s["precision"])
         self.cfg = ModelConfig.from_config(config["models"][model])
         self.T = self.s["seq_len"] or self.cfg.context
         self.B = self.s["batch_size"]
@@ -164,13 +157,23 @@ class Trainer:
         self.step = 0
         self.ema = None
         self.smma = None
-        self.best = math.inf
+        self.best = math.inf  # best validation loss (or smoothed training loss while there is none)
+        self.last_eval = None
         self.nonfinite = NonFiniteCounter()
         self.low_samples = 0
         self.tokens_seen = 0
         self._stop = False
         self._save_now = False
         self.engine = None
+        self.batches: BatchStream | None = None
+        self.eval_set = None
+        self._log_pool: ThreadPoolExecutor | None = None
+        self._log_fh = None
+        self._last_log: Future | None = None
+        self._ckpt_pool: ThreadPoolExecutor | None = None
+        self._ckpt_writes: list[Future] = []
+        self._resumed = False
+        self.timing: dict = {}
 
     # ------------------------------------------------------------------ plan
     def plan(self) -> dict:
@@ -181,82 +184,217 @@ class Trainer:
         plan = {
             "model": self.model_name,
             "n_params": n_params(self.cfg),
-            "backend": s["backend"],
-            "precision": s["precision"],
+            "backend": self.backend,
+            "precision": self.precision,
+            "backend_reason": self.backend_reason,
             "batch": {"batch_size": self.B, "seq_len": self.T, "grad_accum": s["grad_accum"], "tokens_per_step": tokens_per_step},
             "steps": {"max_steps": s["max_steps"], "start": self.step, "remaining": remaining},
             "sources": {k: v.n_docs for k, v in self.shards.items()},
         }
-        if s["backend"] == "numpy":
+        if self.backend == "numpy":
             # before allocating anything: a model this size may not even fit, let alone finish
             est = flops_step / (0.5 * cpu_flops()) * remaining
             plan["estimate_before_warmup_s"] = est
             if est > s["max_cpu_hours"] * 3600 and not self.force:
                 raise TrainingRefused(
                     f"{self.model_name} ({n_params(self.cfg):,} parameters, {tokens_per_step:,} tokens per step, "
-                    f"{remaining:,} steps) on the NumPy CPU backend would take about {human_duration(est)} "
-                    f"(limit train.max_cpu_hours = {s['max_cpu_hours']}). Train ANDREA-tiny instead "
-                    f"(snakemake --cores 2 results/ANDREA-tiny/ckpt), use a GPU backend when one is available, "
+                    f"{remaining:,} steps) on the NumPy CPU backend ({self.backend_reason}) would take about "
+                    f"{human_duration(est)} (limit train.max_cpu_hours = {s['max_cpu_hours']}). Train ANDREA-tiny instead "
+                    f"(snakemake --cores 2 results/ANDREA-tiny/ckpt), train on a machine with an NVIDIA GPU and "
+                    f"`pip install -e '.[gpu]'` (backend: auto picks it), "
                     f"or start anyway with `andrea train --force` (Snakemake: --config force_train=true)."
                 )
         return plan
 
+    def _warmup(self) -> dict:
+        """Time what a step costs once compilation and graph capture are done: WARMUP_PASSES
+        forward+backward passes on a batch of zeros (the first compiles and captures and is not
+        counted), a forward pass (validation's unit) and the host copy a checkpoint takes. Gradients
+        are discarded; weights, optimizer, data and random streams are untouched, so the warm-up
+        cannot change the trajectory."""
+        e = self.engine
+        zeros = e.prepare(np.zeros((self.B, self.T), dtype=np.int64), np.zeros((self.B, self.T), dtype=np.int64))
+        passes = []
+        for _ in range(WARMUP_PASSES):
+            t0 = time.perf_counter()
+            e.zero_grads()
+            e.forward_backward(zeros)
+            e.grad_norm()  # a host sync, as every step has
+            passes.append(time.perf_counter() - t0)
+        e.zero_grads()
+        t0 = time.perf_counter()
+        e.forward(zeros)
+        e.row_losses()
+        t_forward = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        e.host(e.w)
+        t_host = time.perf_counter() - t0
+        return {"first_pass_s": passes[0], "step_s": float(np.median(passes[1:])) * self.s["grad_accum"],
+                "forward_s": t_forward, "checkpoint_copy_s": 3 * t_host}
+
+    def _sample_cost(self) -> float:
+        """Seconds one coherence sample takes: 8 tokens generated and timed, scaled to sample_tokens."""
+        ids = [BOS, *self.tok.encode(self.s["sample_prompt"]).tolist()]
+        t0 = time.perf_counter()
+        model = InferenceModel(self.cfg, self.engine.host(self.engine.w))
+        generate(model, ids, 8, np.random.default_rng(0), self.s["sample_temperature"], stop_at_bos=False)
+        return (time.perf_counter() - t0) / 8 * self.s["sample_tokens"]
+
+    def _estimate(self, warm: dict) -> dict:
+        """Seconds to finish: steps at the warmed-up rate plus the periodic work still to come."""
+        s, start, end = self.s, self.step, self.s["max_steps"]
+
+        def due(every: int, include_start: bool = False) -> int:
+            if every <= 0:
+                return 0
+            return end // every - start // every + (1 if include_start and start % every == 0 else 0)
+
+        n_eval = due(s["eval_every"], include_start=start == 0) if self.eval_set is not None else 0
+        eval_s = warm["forward_s"] * -(-len(self.eval_set) // self.B) if self.eval_set is not None else 0.0
+        n_sample = due(s["sample_every"])
+        sample_s = self._sample_cost() if n_sample else 0.0
+        n_ckpt = due(s["checkpoint_every"])
+        total = (end - start) * warm["step_s"] + n_eval * eval_s + n_sample * sample_s + n_ckpt * warm["checkpoint_copy_s"]
+        return {**warm, "eval_s": eval_s, "evals": n_eval, "sample_s": sample_s, "samples": n_sample,
+                "checkpoints": n_ckpt, "estimated_remaining_s": total}
+
     # ------------------------------------------------------------------ state
     def _state(self, ckpt_name: str) -> dict:
+        bandit = self.bandit.state()
+        # the draw state from before this step's batch was drawn (it may be drawn already)
+        draw = self.batches.state_for(self.step) if self.batches is not None else {"rng": self.rng.bit_generator.state,
+                                                                                    "cursors": self.bandit.cursors()}
+        for name, (cursor, epoch) in draw["cursors"].items():
+            bandit["arms"][name]["cursor"], bandit["arms"][name]["epoch"] = cursor, epoch
         return {
             "step": self.step,
             "checkpoint": ckpt_name,
             "model": self.model_name,
             "n_params": n_params(self.cfg),
+            "run_key": run_key(self.config, self.model_name),
+            "backend": self.backend,
+            "precision": self.precision,
             "adam_t": self.engine.adam_t,
             "loss_scale": {"scale": self.engine.loss_scale, "good_steps": self.engine.scale_good_steps},
-            "rng": self.rng.bit_generator.state,
-            "bandit": self.bandit.state(),
+            "rng": copy.deepcopy(draw["rng"]),
+            "bandit": bandit,
             "ema": self.ema,
             "smma": self.smma,
             "best": self.best if math.isfinite(self.best) else None,
-            "nonfinite": {"consecutive": self.nonfinite.consecutive, "total": self.nonfinite.total, "steps": self.nonfinite.steps},
+            "last_eval": self.last_eval,
+            "nonfinite": {"consecutive": self.nonfinite.consecutive, "total": self.nonfinite.total, "steps": list(self.nonfinite.steps)},
             "low_samples": self.low_samples,
             "tokens_seen": self.tokens_seen,
             "tokenizer_hash": self.shards_meta["tokenizer_hash"],
             "schedule": {"lr": self.oc.lr, "warmup_steps": self.oc.warmup_steps, "max_steps": self.oc.max_steps},
         }
 
-    def save_checkpoint(self, reason: str = "periodic") -> Path:
+    def _host_copy(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The weights and Adam state as host arrays this step owns (training goes on changing the
+        engine's)."""
         e = self.engine
+        return tuple(np.array(e.host(a), dtype=np.float32, copy=True) for a in (e.w, e.m, e.v))
+
+    def save_checkpoint(self, reason: str = "periodic", wait: bool = False) -> Path:
+        """checkpoints/step_NNNNNN.bin with its state beside it, then state.json, then the old
+        ones pruned: the host copy is taken now, the files are written in the background (one
+        checkpoint in flight at a time). A checkpoint without its state file is incomplete and
+        never resumed from."""
         name = f"step_{self.step:06d}.bin"
         path = self.ckpt_dir / name
-        write_checkpoint(path, self.step, e.host(e.w), e.host(e.m), e.host(e.v))
-        write_json_atomic(self.run_dir / "state.json", self._state(name))
+        self._flush_log()  # loss.jsonl holds every step before this one when the state names it
+        state = self._state(name)
+        self._submit_write(self._write_checkpoint, path, self.step, self._host_copy(), state, reason)
+        if wait:
+            self._wait_checkpoint()
+        return path
+
+    def _submit_write(self, fn, *args) -> None:
+        """Queue a checkpoint-thread write; at most two in flight (each holds a host copy)."""
+        while len(self._ckpt_writes) >= 2:
+            self._ckpt_writes.pop(0).result()  # re-raises a failed write (a full disk, say)
+        self._ckpt_writes.append(self._ckpt_pool.submit(fn, *args))
+
+    def _write_checkpoint(self, path: Path, step: int, arrays, state: dict, reason: str) -> None:
+        write_checkpoint(path, step, *arrays)
+        state["sha256"] = _checkpoint_sha256(step, arrays)
+        write_json_atomic(path.with_suffix(".json"), state)
+        write_json_atomic(self.run_dir / "state.json", state)
         kept = sorted(self.ckpt_dir.glob("step_*.bin"))
         for old in kept[: -self.s["keep_checkpoints"]]:
-            old.unlink()
+            old.unlink(missing_ok=True)
+            old.with_suffix(".json").unlink(missing_ok=True)
         log.info("checkpoint %s (%s)", path, reason)
-        return path
+
+    def _write_best(self, step: int, weights: np.ndarray) -> None:
+        zeros = np.zeros_like(weights)
+        write_checkpoint(self.run_dir / "best.bin", step, weights, zeros, zeros)
+
+    def _wait_checkpoint(self) -> None:
+        while self._ckpt_writes:
+            self._ckpt_writes.pop(0).result()
 
     @staticmethod
     def _copy_atomic(src: Path, dst: Path) -> None:
         with atomic_path(dst) as tmp:
             shutil.copyfile(src, tmp)
 
+    def _intact_checkpoint(self):
+        """The newest checkpoint that passes its checks, with its state; the problems found with
+        newer ones. A checkpoint passes when its state file is there, the file's size and header
+        match the model, the step matches the state and its SHA-256 matches the one recorded."""
+        problems = []
+        root_state = self.run_dir / "state.json"
+        root = json.loads(root_state.read_text()) if root_state.exists() else None
+        for path in sorted(self.ckpt_dir.glob("step_*.bin"), reverse=True):
+            st_path = path.with_suffix(".json")
+            try:
+                st = json.loads(st_path.read_text()) if st_path.exists() else None
+            except json.JSONDecodeError as e:
+                problems.append(f"{st_path}: not valid JSON ({e})")
+                continue
+            if st is None and root is not None and root.get("checkpoint") == path.name:
+                st = root  # written before checkpoints had their own state files
+            if st is None:
+                problems.append(f"{path}: no state file beside it (the run stopped while writing it)")
+                continue
+            try:
+                ck = read_checkpoint(path, expected_n_params=n_params(self.cfg))
+            except CheckpointError as e:
+                problems.append(str(e))
+                continue
+            if ck.step != st["step"]:
+                problems.append(f"{path}: holds step {ck.step}, its state says {st['step']}")
+                continue
+            if st.get("sha256") and _file_sha256(path) != st["sha256"]:
+                problems.append(f"{path}: SHA-256 differs from the one recorded when it was written (damaged)")
+                continue
+            return st, ck, problems
+        return None, None, problems
+
     def resume(self) -> bool:
-        """Continue from state.json and its checkpoint, if the run directory has them."""
-        state_path = self.run_dir / "state.json"
-        if not state_path.exists():
-            if list(self.ckpt_dir.glob("step_*.bin")):
-                raise RuntimeError(f"{self.run_dir}: checkpoints but no state.json; cannot resume exactly (move the directory away to start over)")
+        """Continue from the newest intact checkpoint and its state, if the run directory has one."""
+        st, ck, problems = self._intact_checkpoint()
+        for p in problems:
+            log.warning("cannot resume from it: %s", p)
+        if st is None:
+            if problems:
+                raise RuntimeError(f"{self.run_dir}: no intact checkpoint to resume from:\n  " + "\n  ".join(problems)
+                                   + "\nMove the run directory away to start over.")
+            if (self.run_dir / "loss.jsonl").exists():
+                log.warning("%s: records but no checkpoint: starting from step 0", self.run_dir)
+                for name in ("loss.jsonl", "samples.jsonl"):
+                    (self.run_dir / name).unlink(missing_ok=True)
             return False
-        st = json.loads(state_path.read_text())
+        if problems:
+            log.warning("resuming from the newest intact checkpoint, %s (step %d)", st["checkpoint"], st["step"])
         if st["model"] != self.model_name or st["n_params"] != n_params(self.cfg):
             raise RuntimeError(
-                f"{state_path}: a run of {st['model']} with {st['n_params']:,} parameters, but {self.model_name} "
+                f"{self.run_dir}: a run of {st['model']} with {st['n_params']:,} parameters, but {self.model_name} "
                 f"now has {n_params(self.cfg):,}; use another run directory to start over"
             )
         if st["tokenizer_hash"] != self.shards_meta["tokenizer_hash"]:
-            raise RuntimeError(f"{state_path}: trained with another tokenizer; start a new run directory")
-        ck = read_checkpoint(self.ckpt_dir / st["checkpoint"], expected_n_params=n_params(self.cfg))
-        if ck.step != st["step"]:
-            raise RuntimeError(f"{st['checkpoint']}: holds step {ck.step}, state.json says {st['step']}")
+            raise RuntimeError(f"{self.run_dir}: trained with another tokenizer; start a new run directory")
         self.engine.load_state(ck.weights, ck.m, ck.v, adam_t=st["adam_t"])
         if "loss_scale" in st:  # absent from state files written before fp16 existed
             self.engine.set_loss_scale(st["loss_scale"]["scale"])
@@ -266,22 +404,28 @@ class Trainer:
         self.bandit.load_state(st["bandit"])
         self.ema, self.smma = st["ema"], st["smma"]
         self.best = st["best"] if st["best"] is not None else math.inf
+        self.last_eval = st.get("last_eval")
         nf = st["nonfinite"]
         self.nonfinite = NonFiniteCounter(nf["consecutive"], nf["total"], list(nf["steps"]))
         self.low_samples = st["low_samples"]
         self.tokens_seen = st["tokens_seen"]
-        # lines written after that checkpoint belong to steps that will run again
-        for name in ("loss.jsonl", "samples.jsonl"):
-            self._truncate_jsonl(self.run_dir / name, self.step)
+        # records written after that checkpoint belong to steps that will run again; a step's
+        # training record comes before its checkpoint, its samples and evaluations just before
+        self._truncate_jsonl(self.run_dir / "loss.jsonl", lambda r: r["step"] <= self.step if r.get("kind") == "eval" else r["step"] < self.step)
+        self._truncate_jsonl(self.run_dir / "samples.jsonl", lambda r: r["step"] <= self.step)
+        if self.s["record_batches"] and (self.run_dir / "parity" / "batches.bin").exists():
+            keep = min(self.step, self.s["record_batches"]) * self.B * self.s["grad_accum"] * (self.T + 1) * 2
+            with open(self.run_dir / "parity" / "batches.bin", "r+b") as fh:
+                fh.truncate(keep)
         log.info("resumed %s at step %d from %s", self.model_name, self.step, st["checkpoint"])
         return True
 
     @staticmethod
-    def _truncate_jsonl(path: Path, step: int) -> None:
+    def _truncate_jsonl(path: Path, keep) -> None:
         if path.exists():  # a torn last line from a crash is dropped by read_jsonl
             lines = path.read_text(encoding="utf-8").splitlines()  # kept byte for byte
-            keep = [line for line, r in zip(lines, read_jsonl(path)) if r["step"] < step]
-            write_text_atomic(path, "".join(line + "\n" for line in keep))
+            kept = [line for line, r in zip(lines, read_jsonl(path)) if keep(r)]
+            write_text_atomic(path, "".join(line + "\n" for line in kept))
 
     # ------------------------------------------------------------------ signals
     def _on_term(self, signum, frame):
@@ -290,15 +434,42 @@ class Trainer:
     def _on_usr1(self, signum, frame):
         self._save_now = True
 
-    # ------------------------------------------------------------------ data
-    def _batch(self):
-        """grad_accum micro-batches of (inputs, targets), and each row's (source, doc)."""
-        rows = self.bandit.draw(self.B * self.s["grad_accum"], self.rng)
-        x = np.stack([self.shards[src].window(doc, self.T)[0] for src, doc in rows]).astype(np.int64)
-        micro = [(x[i : i + self.B, :-1], x[i : i + self.B, 1:]) for i in range(0, len(rows), self.B)]
-        return micro, rows
+    # ------------------------------------------------------------------ records
+    def _log_record(self, rec: dict) -> None:
+        """Append a record to loss.jsonl from the background writer (in order)."""
+        self._last_log = self._log_pool.submit(self._write_line, json.dumps, rec)
 
-    # ------------------------------------------------------------------ sampling
+    def _write_line(self, dumps, rec: dict) -> None:
+        self._log_fh.write(dumps(rec) + "\n")
+        self._log_fh.flush()
+
+    def _flush_log(self) -> None:
+        if self._last_log is not None:
+            fut, self._last_log = self._last_log, None
+            fut.result()
+
+    def _record_batch(self, tokens: np.ndarray) -> None:
+        """With record_batches: this step's token rows, appended to parity/batches.bin."""
+        path = self.run_dir / "parity" / "batches.bin"
+
+        def append(data=tokens.astype("<u2").tobytes()):
+            with open(path, "ab") as fh:
+                fh.write(data)
+
+        self._last_log = self._log_pool.submit(append)
+
+    def _start_recording(self) -> None:
+        d = self.run_dir / "parity"
+        d.mkdir(exist_ok=True)
+        w = self.engine.host(self.engine.w)
+        write_checkpoint(d / "init.bin", 0, w, np.zeros_like(w), np.zeros_like(w))
+        (d / "batches.bin").unlink(missing_ok=True)
+        meta = {"model": self.model_name, "model_config": self.cfg.__dict__, "batch_size": self.B, "grad_accum": self.s["grad_accum"],
+                "seq_len": self.T, "steps": min(self.s["record_batches"], self.s["max_steps"]), "backend": self.backend,
+                "precision": self.precision, "optim": self.oc.__dict__}
+        write_json_atomic(d / "meta.json", meta)
+
+    # ------------------------------------------------------------------ sampling and validation
     def sample(self) -> dict:
         prompt = self.s["sample_prompt"]
         ids = [BOS, *self.tok.encode(prompt).tolist()]
@@ -317,126 +488,197 @@ class Trainer:
             self.low_samples = 0
         return rec
 
+    def validate(self) -> dict:
+        """Loss on the fixed held-out set, recorded; best.bin follows the best validation loss."""
+        r = evaluate(self.engine, self.eval_set)
+        rec = {"kind": "eval", "step": self.step, **r}
+        self._log_record(rec)
+        self.last_eval = rec
+        per = ", ".join(f"{k} {v['bpb']:.3f}" for k, v in r["sources"].items() if v["bpb"] is not None)
+        log.info("validation at step %d: %.4f nats/token, %.4f bits/byte (%s) [%.2f s]", self.step, r["loss"],
+                 r["bpb"] or float("nan"), per, r["seconds"])
+        if r["loss"] is not None and math.isfinite(r["loss"]) and r["loss"] < self.best:
+            self.best = r["loss"]
+            self._submit_write(self._write_best, self.step, np.array(self.engine.host(self.engine.w), dtype=np.float32, copy=True))
+        return rec
+
     # ------------------------------------------------------------------ run
     def run(self, out_dir: str | Path | None = None) -> dict:
         s = self.s
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.ckpt_dir.mkdir(exist_ok=True)
-        plan = self.plan()  # may refuse before anything big is allocated
-        self.engine = Engine(self.cfg, batch_size=self.B, seq_len=self.T, backend=s["backend"], seed=s["seed"],
-                             precision=s["precision"])
-        resumed = self.resume()
-        mem = self.engine.memory_plan()
-        # timed warm-up: forward+backward on one batch of zeros, gradients discarded; the
-        # weights, optimizer and data stream are untouched, so it cannot change the trajectory
-        zeros = np.zeros((self.B, self.T), dtype=np.int64)
-        t0 = time.perf_counter()
-        self.engine.forward(zeros, zeros)
-        self.engine.backward()
-        step_s = (time.perf_counter() - t0) * s["grad_accum"]
-        self.engine.zero_grads()
-        plan.update({
-            "memory_plan_bytes": {"parameters": mem.parameters, "activations": mem.activations, "scratch": mem.scratch, "total": mem.total},
-            "warmup_step_s": step_s,
-            "estimated_remaining_s": step_s * plan["steps"]["remaining"],
-            "resumed_from_step": self.step if resumed else None,
-        })
-        write_json_atomic(self.run_dir / "plan.json", plan)
-        log.info(
-            "plan: %s, %s parameters, backend %s/%s, %s tokens/step, steps %d→%d; %s; ~%.3f s/step → about %s to finish",
-            self.model_name, f"{plan['n_params']:,}", s["backend"], s["precision"], f"{plan['batch']['tokens_per_step']:,}",
-            self.step, s["max_steps"], mem.describe(), step_s, human_duration(plan["estimated_remaining_s"]),
-        )
-        # SIGTERM (a scheduler) and SIGINT (Ctrl-C on the terminal) stop cleanly at the end of
-        # the current step with a checkpoint; SIGUSR1 checkpoints and carries on
-        handlers = {signal.SIGTERM: self._on_term, signal.SIGINT: self._on_term, signal.SIGUSR1: self._on_usr1}
-        previous = {sig: signal.signal(sig, h) for sig, h in handlers.items()}
+        handler = logging.FileHandler(self.run_dir / "train.log", mode="a", encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.getLogger("andrea").addHandler(handler)
         try:
-            result = self._loop()
+            return self._run(out_dir)
         finally:
-            for sig, h in previous.items():
-                signal.signal(sig, h)
+            logging.getLogger("andrea").removeHandler(handler)
+            handler.close()
+
+    def _run(self, out_dir) -> dict:
+        s = self.s
+        plan = self.plan()  # may refuse before anything big is allocated
+        self.engine = Engine(self.cfg, batch_size=self.B, seq_len=self.T, backend=self.backend, seed=s["seed"],
+                             precision=self.precision)
+        self._ckpt_pool = ThreadPoolExecutor(1, thread_name_prefix="andrea-checkpoint")
+        self._log_pool = ThreadPoolExecutor(1, thread_name_prefix="andrea-log")
+        try:
+            resumed = self._resumed = self.resume()
+            if s["eval_every"] > 0:
+                self.eval_set = build_eval_set(self.shards, s["curriculum"]["heldout_every"], self.T, s["eval_tokens"], self.tok.token_bytes)
+                for src, why in self.eval_set.skipped.items():
+                    log.info("validation: %s left out: %s", src, why)
+                if not len(self.eval_set):
+                    log.warning("validation: no source has held-out text for a window; no validation loss (best.bin by smoothed loss)")
+                    self.eval_set = None
+            mem = self.engine.memory_plan()
+            warm = self._warmup()
+            est = self._estimate(warm)
+            self.timing = {"estimate": est}
+            plan.update({
+                "memory_plan_bytes": {"parameters": mem.parameters, "activations": mem.activations, "scratch": mem.scratch, "total": mem.total},
+                "warmup_step_s": warm["step_s"],
+                "estimate": est,
+                "estimated_remaining_s": est["estimated_remaining_s"],
+                "eval": {"windows": len(self.eval_set), "tokens": self.eval_set.tokens, "sources": self.eval_set.sources}
+                if self.eval_set is not None else None,
+                "resumed_from_step": self.step if resumed else None,
+                "run_key": run_key(self.config, self.model_name),
+                "train_version": train_version(self.config, self.model_name),
+            })
+            write_json_atomic(self.run_dir / "plan.json", plan)
+            periodic = []
+            if self.eval_set is not None:
+                periodic.append(f"validation {est['eval_s']:.2f} s every {s['eval_every']} steps")
+            if est["samples"]:
+                periodic.append(f"a sample {est['sample_s']:.2f} s every {s['sample_every']} steps")
+            log.info(
+                "plan: %s, %s parameters, backend %s/%s (%s), %s tokens/step, steps %d→%d; %s; %.4f s/step after "
+                "warm-up (first pass with compilation/capture %.2f s)%s → about %s to finish",
+                self.model_name, f"{plan['n_params']:,}", self.backend, self.precision, self.backend_reason,
+                f"{plan['batch']['tokens_per_step']:,}", self.step, s["max_steps"], mem.describe(), warm["step_s"],
+                warm["first_pass_s"], "".join(f", {p}" for p in periodic), human_duration(est["estimated_remaining_s"]),
+            )
+            self.batches = BatchStream(self.bandit, self.shards, self.rng, self.B, s["grad_accum"], self.T,
+                                       prepare=self.engine.prepare, prefetch=s["prefetch"])
+            if s["record_batches"] and not resumed:
+                self._start_recording()
+            # SIGTERM (a scheduler) and SIGINT (Ctrl-C on the terminal) stop cleanly at the end of
+            # the current step with a checkpoint; SIGUSR1 checkpoints and carries on
+            handlers = {signal.SIGTERM: self._on_term, signal.SIGINT: self._on_term, signal.SIGUSR1: self._on_usr1}
+            previous = {sig: signal.signal(sig, h) for sig, h in handlers.items()}
+            self._log_fh = open(self.run_dir / "loss.jsonl", "a", encoding="utf-8")
+            try:
+                result = self._loop()
+            finally:
+                for sig, h in previous.items():
+                    signal.signal(sig, h)
+                self.batches.close()
+                self._flush_log()
+                self._log_fh.close()
+                self._wait_checkpoint()
+        finally:
+            self._log_pool.shutdown(wait=True)
+            self._ckpt_pool.shutdown(wait=True)
         if result["finished"] and out_dir is not None:
             self._export(Path(out_dir))
         return result
 
     def _loop(self) -> dict:
         s = self.s
-        loss_log = open(self.run_dir / "loss.jsonl", "a", encoding="utf-8")
-        t_start, steps_start = time.time(), self.step
-        try:
-            while self.step < s["max_steps"]:
-                if self._stop:
-                    self.save_checkpoint("SIGTERM/SIGINT")
-                    log.info("stopped by a signal at step %d; run again to resume", self.step)
-                    return {"finished": False, "step": self.step, "reason": "signal"}
-                if self._save_now:
-                    self._save_now = False
-                    self.save_checkpoint("SIGUSR1")
-                self.bandit.maybe_replan(self.step)
-                t0 = time.perf_counter()
-                micro, rows = self._batch()
-                try:
-                    res = train_step(self.engine, micro, self.step, self.oc, self.nonfinite)
-                except NonFiniteHalt as e:
-                    self.save_checkpoint("non-finite halt")
-                    raise NonFiniteHalt(f"{e} Checkpoint: {self.ckpt_dir}") from None
-                dt = time.perf_counter() - t0
-                if not res.skipped:
-                    for (src, doc), loss in zip(rows, res.row_losses.tolist()):
-                        self.bandit.observe(src, doc, loss)
-                    self.ema = res.loss if self.ema is None else (1 - EMA_ALPHA) * self.ema + EMA_ALPHA * res.loss
-                    self.smma = res.loss if self.smma is None else ((SMMA_N - 1) * self.smma + res.loss) / SMMA_N
-                n_tok = len(rows) * self.T
-                self.tokens_seen += n_tok
-                mix = {}
-                for src, _ in rows:
-                    mix[src] = mix.get(src, 0) + 1
-                rec = {
-                    "step": self.step, "loss": res.loss, "ema": self.ema, "smma": self.smma, "lr": res.lr,
-                    "grad_norm": res.grad_norm, "clipped": res.clipped, "skipped": res.skipped,
-                    "tokens_per_s": round(n_tok / dt, 1),
-                    "mix": {k: v / len(rows) for k, v in sorted(mix.items())},
-                    "weights": {k: round(v, 6) for k, v in self.bandit.weights.items()},
-                    "focus": self.bandit.focus,
-                }
-                loss_log.write(json.dumps(rec) + "\n")
-                loss_log.flush()
-                self.step += 1
-                done = self.step - steps_start
-                if self.step % 10 == 0 or self.step == s["max_steps"]:
-                    eta = (time.time() - t_start) / done * (s["max_steps"] - self.step)
-                    log.info("step %d/%d loss %.4f (ema %.4f) lr %.2e norm %.3f %s tok/s ETA %s",
-                             self.step, s["max_steps"], res.loss, self.ema or float("nan"), res.lr, res.grad_norm,
-                             f"{n_tok / dt:,.0f}", human_duration(eta))
-                if self.smma is not None and self.smma < self.best and self.step % s["checkpoint_every"] == 0:
-                    self.best = self.smma
-                    best_due = True
-                else:
-                    best_due = False
-                if self.step % s["checkpoint_every"] == 0:
-                    path = self.save_checkpoint()
-                    if best_due:
-                        self._copy_atomic(path, self.run_dir / "best.bin")
-                if self.step % s["sample_every"] == 0:
-                    self.sample()
-                    if self.low_samples >= s["coherence_patience"]:
-                        path = self.save_checkpoint("coherence halt")
-                        raise CoherenceHalt(
-                            f"coherence gate: {self.low_samples} consecutive samples scored below "
-                            f"{s['coherence_halt_below']} (last at step {self.step}); the model is producing "
-                            f"degenerate text. Stopped; checkpoint {path}. Read {self.run_dir / 'samples.jsonl'}."
-                        )
-        finally:
-            loss_log.close()
-        final = self.run_dir / "final.bin"
+        t_start = time.perf_counter()
+        steps_start = self.step
+        t_last = t_start
+        if self.eval_set is not None and not self._resumed:
+            self.validate()  # the curve starts at the initial weights
+            t_last = time.perf_counter()
+        while self.step < s["max_steps"]:
+            if self._stop:
+                self.save_checkpoint("SIGTERM/SIGINT", wait=True)
+                log.info("stopped by a signal at step %d; run again to resume", self.step)
+                return {"finished": False, "step": self.step, "reason": "signal"}
+            if self._save_now:
+                self._save_now = False
+                self.save_checkpoint("SIGUSR1")
+            self.bandit.maybe_replan(self.step)
+            batch = self.batches.get(self.step)
+            nxt = self.step + 1
+            if nxt < s["max_steps"] and not self.bandit.replans_at(nxt):
+                self.batches.prefetch(nxt)  # drawn and prepared while this step runs
+            try:
+                res = train_step(self.engine, batch.micro, self.step, self.oc, self.nonfinite)
+            except NonFiniteHalt as e:
+                self.save_checkpoint("non-finite halt", wait=True)
+                raise NonFiniteHalt(f"{e} Checkpoint: {self.ckpt_dir}") from None
+            if not res.skipped:
+                for (src, doc), loss in zip(batch.rows, res.row_losses.tolist()):
+                    self.bandit.observe(src, doc, loss)
+                self.ema = res.loss if self.ema is None else (1 - EMA_ALPHA) * self.ema + EMA_ALPHA * res.loss
+                self.smma = res.loss if self.smma is None else ((SMMA_N - 1) * self.smma + res.loss) / SMMA_N
+            if s["record_batches"] and self.step < s["record_batches"]:
+                self._record_batch(batch.tokens)
+            n_tok = len(batch.rows) * self.T
+            self.tokens_seen += n_tok
+            now = time.perf_counter()
+            dt, t_last = now - t_last, now  # the whole step as the user waits for it: data, logging, all
+            mix = {}
+            for src, _ in batch.rows:
+                mix[src] = mix.get(src, 0) + 1
+            self._log_record({
+                "step": self.step, "loss": res.loss, "ema": self.ema, "smma": self.smma, "lr": res.lr,
+                "grad_norm": res.grad_norm, "clipped": res.clipped, "skipped": res.skipped,
+                "tokens_per_s": round(n_tok / dt, 1),
+                "mix": {k: v / len(batch.rows) for k, v in sorted(mix.items())},
+                "weights": {k: round(v, 6) for k, v in self.bandit.weights.items()},
+                "focus": list(self.bandit.focus),
+            })
+            self.step += 1
+            done = self.step - steps_start
+            if self.step % 10 == 0 or self.step == s["max_steps"]:
+                eta = (now - t_start) / done * (s["max_steps"] - self.step)
+                log.info("step %d/%d loss %.4f (ema %.4f) lr %.2e norm %.3f %s tok/s ETA %s",
+                         self.step, s["max_steps"], res.loss, self.ema or float("nan"), res.lr, res.grad_norm,
+                         f"{n_tok / dt:,.0f}", human_duration(eta))
+            # a step's sample and validation come before its checkpoint, which then holds their effects
+            if self.step % s["sample_every"] == 0:
+                self.sample()
+            if self.eval_set is not None and self.step % s["eval_every"] == 0:
+                self.validate()
+            ckpt_due = self.step % s["checkpoint_every"] == 0
+            if self.eval_set is None and ckpt_due and self.smma is not None and self.smma < self.best:
+                self.best = self.smma  # no validation set: best.bin by the smoothed training loss
+                self.save_checkpoint()
+                self._submit_write(self._write_best, self.step, np.array(self.engine.host(self.engine.w), dtype=np.float32, copy=True))
+            elif ckpt_due:
+                self.save_checkpoint()
+            if self.step % s["sample_every"] == 0 and self.low_samples >= s["coherence_patience"]:
+                path = self.save_checkpoint("coherence halt", wait=True)
+                raise CoherenceHalt(
+                    f"coherence gate: {self.low_samples} consecutive samples scored below "
+                    f"{s['coherence_halt_below']} (last at step {self.step}); the model is producing "
+                    f"degenerate text. Stopped; checkpoint {path}. Read {self.run_dir / 'samples.jsonl'}."
+                )
+        elapsed = time.perf_counter() - t_start
+        self.timing["loop_s"] = elapsed
+        self.timing["steps"] = self.step - steps_start
         e = self.engine
-        write_checkpoint(final, self.step, e.host(e.w), e.host(e.m), e.host(e.v))
+        final = self.run_dir / "final.bin"
         if self.step % s["checkpoint_every"]:  # else the periodic checkpoint of this step is already there
             self.save_checkpoint("end of run")
+        self._wait_checkpoint()
+        write_checkpoint(final, self.step, e.host(e.w), e.host(e.m), e.host(e.v))
         if not (self.run_dir / "best.bin").exists():
             self._copy_atomic(final, self.run_dir / "best.bin")
-        return {"finished": True, "step": self.step, "ema": self.ema, "smma": self.smma}
+        if self.timing.get("estimate"):
+            est = self.timing["estimate"]["estimated_remaining_s"]
+            log.info("finished at step %d in %s (the plan estimated %s)", self.step, human_duration(elapsed), human_duration(est))
+            plan_path = self.run_dir / "plan.json"
+            plan = json.loads(plan_path.read_text())
+            plan["actual_remaining_s"] = elapsed
+            write_json_atomic(plan_path, plan)
+        return {"finished": True, "step": self.step, "ema": self.ema, "smma": self.smma,
+                "val_loss": self.last_eval["loss"] if self.last_eval else None, "seconds": elapsed}
 
     def _export(self, out: Path) -> None:
         """The workflow's output: final and best weights plus what they are, in one directory."""
@@ -449,9 +691,16 @@ class Trainer:
             "model": self.model_name,
             "model_config": self.cfg.__dict__,
             "train": copy.deepcopy(self.s),
+            "backend": self.backend,
+            "precision": self.precision,
+            "backend_reason": self.backend_reason,
+            "run_key": run_key(self.config, self.model_name),
+            "train_version": train_version(self.config, self.model_name),
             "step": self.step,
             "smma": self.smma,
             "ema": self.ema,
+            "best_val_loss": self.best if (self.last_eval and math.isfinite(self.best)) else None,
+            "last_eval": self.last_eval,
             "segments": self.shards_meta["segments"],
             "tokenizer_hash": self.shards_meta["tokenizer_hash"],
             "run_dir": str(self.run_dir),

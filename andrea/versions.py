@@ -48,6 +48,59 @@ def stage_versions(config: dict) -> dict[str, str]:
     return versions
 
 
+# Training settings that change how a run is watched and saved, not the weights it computes, and
+# the ones a run may change between a stop and a resume: editing them continues the same run.
+WATCH_KEYS = ("checkpoint_every", "keep_checkpoints", "sample_every", "sample_tokens", "sample_prompt",
+              "sample_temperature", "coherence_halt_below", "coherence_patience", "eval_every", "prefetch",
+              "record_batches", "max_cpu_hours")
+CONTINUE_KEYS = ("max_steps",)  # raising it continues the run from its newest checkpoint
+
+
+def train_run_key(config: dict, model: str) -> str:
+    """Name of a model's run directory (results/<model>/runs/<key>): a hash of everything the
+    trained weights depend on — the architecture, the data (the encode stage's version, which
+    covers the sources, filter and tokenizer), the training and curriculum settings and the seed —
+    except `max_steps` and the bandit's floors and caps, so that raising max_steps, or changing the
+    policy between a stop and a resume (the "polish pivot"), continues the same run."""
+    from andrea.config import train_settings
+
+    s = train_settings(config, model)
+    for k in WATCH_KEYS + CONTINUE_KEYS:
+        s.pop(k, None)
+    return _digest({"model": config["models"][model], "data": stage_versions(config)["encode"], "train": s})
+
+
+def train_version(config: dict, model: str) -> str:
+    """What Snakemake compares to decide whether `train` must run again: the run key plus the
+    settings a run may change on resume (max_steps, floors, caps, how it is watched). Any change
+    re-runs the rule; the trainer then continues or starts the run its key names."""
+    from andrea.config import train_settings
+
+    s = train_settings(config, model)
+    policy = {k: {f: v.get(f) for f in ("floor", "cap")} for k, v in config["sources"].items() if v["enabled"]}
+    watched = {k: s[k] for k in WATCH_KEYS + CONTINUE_KEYS if k in s}
+    return _digest({"run": train_run_key(config, model), "policy": policy, "watched": watched})
+
+
+NOMINAL_CPU_FLOPS = 5e10  # a workstation's sustained float32 matrix rate through NumPy
+
+
+def train_needs_gpu(config: dict, model: str) -> bool:
+    """Whether a model's train job should ask the scheduler for a GPU. `backend: cupy` always does,
+    `numpy` never; `auto` does when the whole run would take longer than max_cpu_hours on a CPU at
+    a nominal rate (ANDREA-tiny: seconds, so the quickstart stays on the CPU partition; ANDREA-12M
+    and up: days)."""
+    from andrea.config import train_settings
+    from andrea.model import ModelConfig, flops_per_token
+
+    s = train_settings(config, model)
+    if s["backend"] != "auto":
+        return s["backend"] == "cupy"
+    cfg = ModelConfig.from_config(config["models"][model])
+    tokens = s["batch_size"] * s["grad_accum"] * (s["seq_len"] or cfg.context) * s["max_steps"]
+    return flops_per_token(cfg) * tokens / NOMINAL_CPU_FLOPS > s["max_cpu_hours"] * 3600
+
+
 def enabled_sources(config: dict) -> list[str]:
     return [k for k, v in config["sources"].items() if v["enabled"]]
 

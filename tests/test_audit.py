@@ -1,9 +1,11 @@
 """The audit stage on a model trained here: samples, judges, perplexity, report."""
 
 import json
+import math
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -32,7 +34,7 @@ def audit_cfg(cfg, **judge):
     a = json.loads(json.dumps(cfg["audit"]))
     a["prompts"] = a["prompts"][:3]
     a["max_new_tokens"] = 24
-    a["perplexity_docs"] = 5
+    a["heldout_tokens"] = 256
     a["judge"].update(judge)
     return a
 
@@ -49,11 +51,22 @@ def test_audit_without_an_endpoint_runs_the_builtin_judges_and_says_so(trained, 
     assert list(df["domain"].unique()) == ["general", "biology"] or len(df) == 6
     assert {"coherence", "distinct_1", "distinct_2", "distinct_3", "repetition", "english_rate"} <= set(df.columns)
     assert df["judge_score"].isna().all()
-    ppl = json.loads((out / "perplexity.json").read_text())
-    assert ppl["overall"] and ppl["overall"] > 1 and ppl["tokens"] > 0
+    held = json.loads((out / "heldout.json").read_text())
+    assert held["overall"]["perplexity"] > 1 and held["overall"]["tokens"] > 0
+    # every source with held-out documents is scored; the others are named with the reason
+    shard_meta = json.loads(Path(shards).read_text())["sources"]
+    every = cfg["curriculum"]["heldout_every"]
+    with_heldout = {s for s, c in shard_meta.items() if c["n_docs"] >= every}
+    assert set(held["per_source"]) == with_heldout
+    assert set(held["without_heldout"]) == {s for s, c in shard_meta.items() if 0 < c["n_docs"] < every}
+    for v in held["per_source"].values():  # bits per byte and perplexity agree with the loss
+        assert v["perplexity"] == pytest.approx(math.exp(v["loss"]), rel=1e-3)
+        assert 0 < v["bpb"] < 20
     md = (out / "report.md").read_text()
     assert "external judge | not run" in md and "![Training loss](plots/loss.png)" in md
-    assert len(list((out / "plots").glob("*.png"))) == 3
+    assert sorted(p.name for p in (out / "plots").glob("*.png")) == [
+        "coherence_training.png", "loss.png", "scores_by_domain.png", "validation.png"]
+    assert "| **all** |" in md and "![Validation bits per byte](plots/validation.png)" in md
     # the same seed gives the same samples
     again = run_audit(ckpt, shards, audit_cfg(cfg), cfg["curriculum"]["heldout_every"], tmp_path / "again")
     assert (tmp_path / "again" / "samples.jsonl").read_text() == (out / "samples.jsonl").read_text()

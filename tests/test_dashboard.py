@@ -32,10 +32,14 @@ def get(url):
 
 def test_data_endpoints_serve_the_run(server):
     url, run = server
-    n = len((run / "loss.jsonl").read_text().splitlines())
+    recs = [json.loads(l) for l in (run / "loss.jsonl").read_text().splitlines()]
+    n = sum(r.get("kind", "train") == "train" for r in recs)
+    evals = [r for r in recs if r.get("kind") == "eval"]
     status, body = get(f"{url}/data/loss")
     d = json.loads(body)
     assert status == 200 and d["n_steps"] == n == len(d["step"]) and len(d["ema"]) == n
+    assert evals and d["eval"]["step"] == [r["step"] for r in evals] and d["eval"]["bpb"] == [r["bpb"] for r in evals]
+    assert "dictionary" in d["eval"]["sources"]
     assert "chat" in d["weights"] and len(d["weights"]["chat"]) == n
     assert len(json.loads(get(f"{url}/data/samples")[1])) == 3
     assert json.loads(get(f"{url}/data/overview")[1])["plan"]["model"] == "micro"
@@ -54,7 +58,8 @@ def test_long_runs_are_thinned_for_the_browser(tmp_path):
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
 def test_page_draws_the_curves_in_a_browser(server, tmp_path):
     url, run = server
-    n = len((run / "loss.jsonl").read_text().splitlines())
+    recs = [json.loads(l) for l in (run / "loss.jsonl").read_text().splitlines()]
+    n = sum(r.get("kind", "train") == "train" for r in recs)
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=8000"]
@@ -63,6 +68,7 @@ def test_page_draws_the_curves_in_a_browser(server, tmp_path):
     assert 'data-rendered="1"' in body, body
     assert f'data-loss-points="{n}"' in body  # every logged step drawn
     assert 'data-samples="3"' in body
+    assert f'data-eval-points="{sum(r.get("kind") == "eval" for r in recs)}"' in body
     weights = int(re.search(r'data-weight-series="(\d+)"', body).group(1))
     assert weights >= 5  # one curve per source
     shot = tmp_path / "dashboard.png"

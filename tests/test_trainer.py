@@ -48,12 +48,21 @@ def train(config, shards, run_dir, *extra, wait=True):
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
 
 
-def loss_lines(run_dir):
+def records(run_dir):
     return [json.loads(l) for l in (run_dir / "loss.jsonl").read_text().splitlines()]
 
 
+def loss_lines(run_dir):
+    """The training records of loss.jsonl (validation records are `"kind": "eval"`)."""
+    return [r for r in records(run_dir) if r.get("kind", "train") == "train"]
+
+
+def eval_lines(run_dir):
+    return [r for r in records(run_dir) if r.get("kind") == "eval"]
+
+
 def without_timing(lines):
-    return [{k: v for k, v in l.items() if k != "tokens_per_s"} for l in lines]
+    return [{k: v for k, v in l.items() if k not in ("tokens_per_s", "seconds")} for l in lines]
 
 
 def wait_for_lines(run_dir, n, proc, timeout=120):

@@ -1,7 +1,7 @@
 """Live loss dashboard: `andrea dashboard RUN_DIR` serves a page on localhost that re-reads the
 run's files every few seconds and plots them with Chart.js (vendored in static/, MIT licence):
-loss (raw, EMA, SMMA), learning rate, gradient norm, the bandit's source weights over time, and
-the latest samples with their coherence scores.
+loss (raw, EMA, SMMA), validation bits per byte (overall and per source), learning rate, gradient
+norm, the bandit's source weights over time, and the latest samples with their coherence scores.
 """
 
 from __future__ import annotations
@@ -23,8 +23,12 @@ MAX_POINTS = 2000
 
 
 def loss_series(run_dir: Path) -> dict:
-    """loss.jsonl as columns, thinned to at most MAX_POINTS points (every k-th step, last kept)."""
-    rows = read_jsonl(run_dir / "loss.jsonl")
+    """loss.jsonl as columns: training records thinned to at most MAX_POINTS points (every k-th
+    step, last kept), and every validation record."""
+    records = read_jsonl(run_dir / "loss.jsonl")
+    rows = [r for r in records if r.get("kind", "train") == "train"]
+    evals = [r for r in records if r.get("kind") == "eval"]
+    eval_sources = sorted({s for r in evals for s in r.get("sources", {})})
     k = max(1, -(-len(rows) // MAX_POINTS))
     picked = rows[::k]
     if rows and picked[-1] is not rows[-1]:
@@ -40,6 +44,12 @@ def loss_series(run_dir: Path) -> dict:
         "grad_norm": [r["grad_norm"] for r in picked],
         "tokens_per_s": [r.get("tokens_per_s") for r in picked],
         "weights": {s: [r.get("weights", {}).get(s, 0.0) for r in picked] for s in sources},
+        "eval": {
+            "step": [r["step"] for r in evals],
+            "loss": [r.get("loss") for r in evals],
+            "bpb": [r.get("bpb") for r in evals],
+            "sources": {s: [r["sources"].get(s, {}).get("bpb") for r in evals] for s in eval_sources},
+        },
     }
 
 

@@ -32,7 +32,9 @@ import numpy as np
 
 xp = cp
 INDEX_DTYPE = np.int32
-KERNELS = Path(os.environ.get("ANDREA_KERNELS", Path(__file__).resolve().parents[2] / "kernels"))
+# the CUDA sources ship inside the package (andrea/kernels; `kernels/` at the top of a checkout
+# links there), so an installed package finds them; ANDREA_KERNELS points elsewhere for development
+KERNELS = Path(os.environ.get("ANDREA_KERNELS", Path(__file__).resolve().parents[1] / "kernels"))
 PRECISION = "fp32"
 FP16 = np.dtype(np.float16)
 try:  # CuPy 14 computes on bfloat16 arrays whose dtype comes from ml_dtypes
@@ -100,7 +102,7 @@ def to_host(a):
 def _module(name: str, head_dim: int | None = None, defines: tuple = ()) -> cp.RawModule:
     path = KERNELS / f"{name}.cu"
     if not path.exists():
-        raise FileNotFoundError(f"{path}: CUDA sources not found (set ANDREA_KERNELS to the kernels/ folder of a checkout)")
+        raise FileNotFoundError(f"{path}: CUDA sources not found (reinstall the package, or set ANDREA_KERNELS to the kernels/ folder of a checkout)")
     opts = ("-std=c++17", f"-I{KERNELS}", "-lineinfo")
     if head_dim is not None:
         opts += (f"-DHEAD_DIM={head_dim}",)
@@ -340,11 +342,12 @@ def embed_fwd(tokens, wte, wpe, out):
 _embed_plans: dict = {}  # device token buffer -> (packed plan buffer, N), filled by upload_tokens
 
 
-def upload_tokens(host, dev) -> None:
-    """Copy a batch of token IDs into the device buffer `dev`, and plan the embedding backward on
-    the host while at it: positions sorted stably by token, the segment of each distinct token, and
-    their count. embed_bwd then needs no device sort and no host sync (so a graph can hold it)."""
-    flat = np.ascontiguousarray(host, dtype=np.int64).reshape(-1)
+def plan_tokens(host) -> np.ndarray:
+    """Plan the embedding backward on the host from a batch of token IDs: positions sorted stably
+    by token, the segment of each distinct token, and their count, packed into one int32 array.
+    embed_bwd then needs no device sort and no host sync (so a graph can hold it). Host work only:
+    the trainer runs it in a background thread while the previous step runs."""
+    flat = np.ascontiguousarray(host).reshape(-1)
     order = np.argsort(flat, kind="stable")
     st = flat[order]
     starts = np.flatnonzero(np.concatenate(([True], st[1:] != st[:-1])))
@@ -355,11 +358,18 @@ def upload_tokens(host, dev) -> None:
     packed[n + starts.size] = n
     packed[2 * n + 1:2 * n + 1 + starts.size] = st[starts]
     packed[3 * n + 1] = starts.size
-    key = (dev.data.ptr, n)
+    return packed
+
+
+def upload_tokens(host, dev, plan=None) -> None:
+    """Copy a batch of token IDs into the device buffer `dev`, with its embedding-backward plan
+    (plan_tokens; made here when not given)."""
+    packed = plan_tokens(host) if plan is None else plan
+    key = (dev.data.ptr, dev.size)
     if key not in _embed_plans:
         _embed_plans[key] = cp.zeros(packed.size, dtype=cp.int32)
     _embed_plans[key].set(packed)
-    dev.set(flat.astype(dev.dtype).reshape(dev.shape))
+    dev.set(np.ascontiguousarray(host, dtype=dev.dtype).reshape(dev.shape))
 
 
 def embed_bwd(dout, tokens, dwte, dwpe):

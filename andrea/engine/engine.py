@@ -36,6 +36,53 @@ def load_backend(name: str):
                            "and `pip install -e '.[gpu]'`") from None
 
 
+def gpu_status() -> tuple[bool, str]:
+    """Whether the CuPy backend can run here, and why (or why not), in words for the plan line."""
+    try:
+        import cupy
+    except ImportError:
+        return False, "CuPy is not installed (pip install -e '.[gpu]' on a machine with an NVIDIA GPU)"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+        if n == 0:
+            return False, "CuPy sees no CUDA GPU"
+        dev = cupy.cuda.Device()
+        props = cupy.cuda.runtime.getDeviceProperties(dev.id)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        return True, f"CUDA GPU {dev.id} of {n}: {name} (compute capability {dev.compute_capability})"
+    except Exception as e:  # no driver, no device, a broken install: the CPU is the honest answer
+        return False, f"CuPy cannot use a CUDA GPU here ({type(e).__name__}: {e})"
+
+
+def resolve_backend(backend: str, precision: str) -> tuple[str, str, str]:
+    """The backend and precision a run uses, and why. `backend: auto` (the shipped default) takes
+    CuPy when a CUDA GPU is usable, NumPy otherwise; `precision: auto` takes bf16 on CuPy (the fast
+    path) and fp32 on NumPy (the only precision it has)."""
+    if backend == "auto":
+        ok, why = gpu_status()
+        backend, why = ("cupy" if ok else "numpy"), f"auto: {why}"
+    elif backend in BACKENDS:
+        why = "set in the config"
+    else:
+        raise ValueError(f"unknown backend {backend!r}; available: auto, {', '.join(BACKENDS)}")
+    if precision == "auto":
+        precision = "bf16" if backend == "cupy" else "fp32"
+    elif backend == "numpy" and precision != "fp32":
+        raise ValueError(f"precision {precision!r} needs the CuPy GPU backend, but this run uses NumPy ({why}); "
+                         "set precision: auto (or fp32) to train on the CPU")
+    return backend, precision, why
+
+
+@dataclass
+class PreparedBatch:
+    """A micro-batch checked and ready to upload: token and target IDs in the backend's index
+    type, and whatever the backend planned from them on the host (Engine.prepare)."""
+
+    tokens: np.ndarray
+    targets: np.ndarray
+    plan: object = None
+
+
 @dataclass
 class MemoryPlan:
     parameters: int  # bytes: weights, grads, m, v
@@ -148,31 +195,42 @@ class Engine:
         return ("wte" if self.cfg.tied_head else "head")
 
     # -------------------------------------------------------------- forward / backward
-    def _upload(self, tokens, targets) -> None:
+    def prepare(self, tokens, targets) -> "PreparedBatch":
+        """Check a micro-batch and do its host-side work (e.g. the CuPy backend plans the embedding
+        backward from the token IDs). Pure host work that touches no engine buffer, so the trainer
+        runs it in a background thread while the previous step runs on the device."""
         tokens = np.asarray(tokens)
         targets = np.asarray(targets)
         if tokens.shape != (self.B, self.T) or targets.shape != (self.B, self.T):
             raise ValueError(f"batch must be {(self.B, self.T)}, got {tokens.shape} and {targets.shape}")
         if tokens.max(initial=0) >= self.cfg.vocab_size or targets.max(initial=0) >= self.cfg.vocab_size or tokens.min(initial=0) < 0:
             raise ValueError(f"token IDs must lie in 0..{self.cfg.vocab_size - 1}")
+        index = getattr(self.be, "INDEX_DTYPE", np.int64)
+        plan = self.be.plan_tokens(tokens) if hasattr(self.be, "plan_tokens") else None
+        return PreparedBatch(np.ascontiguousarray(tokens, dtype=index), np.ascontiguousarray(targets, dtype=index), plan)
+
+    def _upload(self, tokens, targets=None) -> None:
+        batch = tokens if isinstance(tokens, PreparedBatch) else self.prepare(tokens, targets)
         if getattr(self.be, "PRECISION", self.precision) != self.precision:  # another engine in this process
             self.be.set_precision(self.precision)
         if hasattr(self.be, "set_loss_scale"):  # the device copy is the backend's: other engines may have set it
             self.be.set_loss_scale(self.loss_scale)
         if hasattr(self.be, "upload_tokens"):  # the backend plans the embedding backward from them
-            self.be.upload_tokens(tokens, self.tokens)
+            self.be.upload_tokens(batch.tokens, self.tokens, plan=batch.plan)
         else:
-            self.tokens[...] = self.xp.asarray(tokens, dtype=self.tokens.dtype)
-        self.targets[...] = self.xp.asarray(targets, dtype=self.targets.dtype)
+            self.tokens[...] = self.xp.asarray(batch.tokens)
+        self.targets[...] = self.xp.asarray(batch.targets)
 
-    def forward(self, tokens, targets) -> float:
-        """Mean cross-entropy over B×T; per-position losses stay in acts['losses']."""
+    def forward(self, tokens, targets=None) -> float:
+        """Mean cross-entropy over B×T; per-position losses stay in acts['losses']. `tokens` may be
+        a PreparedBatch (then no targets)."""
         self._upload(tokens, targets)
         return self._forward()
 
-    def forward_backward(self, tokens, targets) -> np.ndarray:
+    def forward_backward(self, tokens, targets=None) -> np.ndarray:
         """One micro-batch: forward, then backward (gradients added into self.g). Returns the mean
-        loss of each batch row, on the host. With CUDA graphs the pass is one graph launch."""
+        loss of each batch row, on the host. With CUDA graphs the pass is one graph launch.
+        `tokens` may be a PreparedBatch (then no targets)."""
         self._upload(tokens, targets)
         if self.graphs:
             if self._captured is None:

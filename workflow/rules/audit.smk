@@ -1,6 +1,6 @@
 rule audit:
-    """Samples, built-in judges (and an external judge when configured), perplexity on held-out
-    documents, and a report. Its parameters are the audit section only: changing the prompt
+    """Samples, built-in judges (and an external judge when configured), loss and bits per byte on
+    held-out documents (on the GPU when there is one), and a report. Its parameters are the audit section only: changing the prompt
     set re-runs the audit, not the training."""
     input:
         ckpt=f"{RESULTS}/{{model}}/ckpt",
@@ -14,6 +14,7 @@ rule audit:
     conda:
         "../envs/andrea.yaml"
     resources:
+        gpu=train_resources,
         slurm_partition=train_partition,
         runtime=120,
         mem_mb=8000,

@@ -2,7 +2,13 @@ import os
 
 from andrea.config import HERMES3_PARTS
 from andrea.records import embedded_location
-from andrea.versions import stage_dir, stage_versions
+from andrea.versions import (
+    stage_dir,
+    stage_versions,
+    train_needs_gpu,
+    train_run_key,
+    train_version,
+)
 
 VERSIONS = stage_versions(config)
 RESULTS = config["results_dir"]
@@ -48,10 +54,9 @@ def model_encode_manifest(wildcards):
 
 
 def train_resources(wildcards):
-    """GPU count for a model's train job: the backend decides (the NumPy backend needs none)."""
-    from andrea.trainer import train_settings
-
-    return 1 if train_settings(config, wildcards.model)["backend"] != "numpy" else 0
+    """GPU count for a model's train job: cupy needs one, numpy none; auto asks for one when the
+    run would be too long for a CPU (andrea.versions.train_needs_gpu)."""
+    return 1 if train_needs_gpu(config, wildcards.model) else 0
 
 
 def partition(kind):

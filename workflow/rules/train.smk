@@ -1,6 +1,9 @@
 rule train:
-    """Train a model. The run directory (checkpoints, state, logs) is not an output, so it
-    survives Snakemake's removal of incomplete outputs and a re-run resumes from it."""
+    """Train a model. The rule's version (andrea.versions.train_version) covers everything the
+    result depends on, so a changed setting re-runs it: the trainer then continues the run its key
+    names (max_steps raised, floors or caps changed) or starts a new run directory (anything else).
+    The run directory is not an output, so it survives Snakemake's removal of incomplete outputs
+    and a re-run resumes from it. Its train.log keeps every attempt's log."""
     input:
         shards=f"{RESULTS}/{{model}}/shards.json",
     output:
@@ -18,7 +21,8 @@ rule train:
         runtime=4320,
         mem_mb=config["cluster"]["train_mem_mb"],
     params:
-        runs=lambda wildcards: f"{RESULTS}/{wildcards.model}/runs",
+        version=lambda wildcards: train_version(config, wildcards.model),
+        run_dir=lambda wildcards: f"{RESULTS}/{wildcards.model}/runs/{train_run_key(config, wildcards.model)}",
         force=config.get("force_train", False),
     script:
         "../scripts/train.py"

@@ -12,14 +12,12 @@ if __name__ == "__main__":
         os.environ[var] = str(snakemake.threads)
 
     from andrea.io import setup_logging
-    from andrea.trainer import Trainer, run_key
+    from andrea.trainer import Trainer
 
     setup_logging(snakemake.log[0])
     model, shards = snakemake.wildcards.model, snakemake.input.shards
-    run_dir = f"{snakemake.params.runs}/{run_key(snakemake.config, model, shards)}"
-    result = Trainer(snakemake.config, model, shards, run_dir, force=snakemake.params.force).run(
-        out_dir=snakemake.output[0]
-    )
+    trainer = Trainer(snakemake.config, model, shards, snakemake.params.run_dir, force=snakemake.params.force)
+    result = trainer.run(out_dir=snakemake.output[0])
     if not result["finished"]:
         # stopped by a signal: checkpoint written; no output, so the workflow re-runs (and resumes)
         sys.exit(1)

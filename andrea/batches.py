@@ -1,0 +1,100 @@
+"""Training batches: rows chosen by the data bandit, cut from the token shards, and made ready for
+the engine one step ahead, in a background thread, while the current step runs.
+
+A batch is `rows = batch_size × grad_accum` windows of T + 1 tokens (inputs [:T], targets [1:]),
+each starting at a document's BOS (andrea/shards.py). Which documents is decided by the bandit
+(andrea/curriculum.py) from the trainer's random generator and each source's document cursor;
+that pair is the *draw state*.
+
+Exact resume: the batch for step s may be drawn before step s − 1 has finished, so the draw state
+a checkpoint at step s must save is the one from *before* that draw. Every batch carries it
+(`Batch.draw_state`), and `BatchStream.state_for(step)` hands it over. Batches are only drawn
+ahead within a bandit phase: at a phase boundary the weights depend on the losses of the step
+before, so that batch is drawn after them.
+"""
+
+from __future__ import annotations
+
+import copy
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Batch:
+    step: int
+    rows: list[tuple[str, int]]  # (source, document index) of each row
+    tokens: np.ndarray  # uint16 [rows, T + 1]
+    micro: list = field(default_factory=list)  # per micro-batch: what engine.prepare made of it
+    draw_state: dict = field(default_factory=dict)  # the draw state before this batch was drawn
+
+
+class BatchStream:
+    """Draws, gathers and prepares batches; one ahead in a background thread when `prefetch`."""
+
+    def __init__(self, bandit, shards: dict, rng: np.random.Generator, batch_size: int, grad_accum: int, seq_len: int,
+                 prepare=None, prefetch: bool = True):
+        self.bandit, self.shards, self.rng = bandit, shards, rng
+        self.B, self.accum, self.T = batch_size, grad_accum, seq_len
+        self.prepare = prepare  # engine.prepare, or None for plain (inputs, targets) arrays
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="andrea-data") if prefetch else None
+        self.pending: tuple[int, Future] | None = None
+
+    # ------------------------------------------------------------------ draw state
+    def draw_state(self) -> dict:
+        return {"rng": copy.deepcopy(self.rng.bit_generator.state), "cursors": self.bandit.cursors()}
+
+    def restore(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        for name, (cursor, epoch) in state["cursors"].items():
+            if name in self.bandit.arms:
+                self.bandit.arms[name].cursor, self.bandit.arms[name].epoch = cursor, epoch
+
+    def state_for(self, step: int) -> dict:
+        """The draw state a checkpoint at `step` must save: from before the batch of `step` was
+        drawn, whether or not it has been drawn already."""
+        if self.pending is not None and self.pending[0] == step:
+            return self.pending[1].result().draw_state
+        return self.draw_state()
+
+    # ------------------------------------------------------------------ batches
+    def make(self, step: int) -> Batch:
+        state = self.draw_state()
+        rows = self.bandit.draw(self.B * self.accum, self.rng)
+        x = np.empty((len(rows), self.T + 1), dtype=np.uint16)
+        for i, (src, doc) in enumerate(rows):
+            x[i] = self.shards[src].window(doc, self.T)[0]
+        micro = []
+        for i in range(0, len(rows), self.B):
+            inputs, targets = x[i : i + self.B, :-1], x[i : i + self.B, 1:]
+            micro.append(self.prepare(inputs, targets) if self.prepare else (inputs.astype(np.int64), targets.astype(np.int64)))
+        return Batch(step, rows, x, micro, state)
+
+    def prefetch(self, step: int) -> None:
+        """Start drawing the batch of `step` in the background (call only when the bandit's
+        weights for `step` are settled)."""
+        if self.pool is not None and self.pending is None:
+            self.pending = (step, self.pool.submit(self.make, step))
+
+    def get(self, step: int) -> Batch:
+        """The batch of `step`: the prefetched one, or drawn now."""
+        if self.pending is not None:
+            pstep, fut = self.pending
+            self.pending = None
+            batch = fut.result()  # re-raises what went wrong in the thread (e.g. a damaged shard)
+            if pstep == step:
+                return batch
+            self.restore(batch.draw_state)  # drawn for another step: undo it
+        return self.make(step)
+
+    def close(self) -> None:
+        """Drop a batch drawn ahead (restoring the draw state) and stop the thread."""
+        if self.pending is not None:
+            batch = self.pending[1].result()
+            self.pending = None
+            self.restore(batch.draw_state)
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool = None

@@ -1,0 +1,182 @@
+"""Validation (SPEC §6): the model's loss on a fixed held-out set, per source and overall, in nats
+per token and in bits per byte.
+
+The held-out set of a source is its held-out documents (every `heldout_every`-th one, which the
+bandit never draws: andrea/curriculum.py), each led by its BOS, laid end to end and cut into
+windows of T + 1 tokens, at most `tokens_per_source` target tokens per source. The windows hold
+held-out text only (a window never runs on into a training document) and are the same at every
+evaluation, so the curve measures the model, not the sample.
+
+Bits per byte = nats / ln 2 summed over the target tokens, divided by the UTF-8 bytes those tokens
+stand for (a BOS stands for none). Unlike nats per token it does not depend on the tokenizer, so
+runs with different vocabularies compare.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+LN2 = math.log(2.0)
+
+
+@dataclass
+class EvalSet:
+    seq_len: int
+    windows: np.ndarray  # uint16 [n, T + 1]
+    source_index: np.ndarray  # [n]: which of `sources` each window comes from
+    target_bytes: np.ndarray  # [n]: UTF-8 bytes of each window's T target tokens
+    sources: list[str]
+    skipped: dict[str, str]  # sources without a window, and why
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    @property
+    def tokens(self) -> int:
+        return len(self.windows) * self.seq_len
+
+
+def heldout_documents(n_docs: int, heldout_every: int) -> range:
+    """Indices of a source's held-out documents (the curriculum's rule: i % every == every − 1)."""
+    return range(heldout_every - 1, n_docs, heldout_every) if heldout_every > 0 else range(0)
+
+
+def build_eval_set(shards: dict, heldout_every: int, seq_len: int, tokens_per_source: int, token_bytes: np.ndarray) -> EvalSet:
+    """The fixed held-out windows of every source (see the module docstring)."""
+    T = seq_len
+    want = max(1, tokens_per_source // T)  # windows per source
+    windows, index, nbytes, names, skipped = [], [], [], [], {}
+    for name in sorted(shards):
+        sh = shards[name]
+        docs = heldout_documents(sh.n_docs, heldout_every)
+        if not len(docs):
+            skipped[name] = f"no held-out documents ({sh.n_docs} documents, every {heldout_every}th held out)"
+            continue
+        need = want * T + 1
+        parts, have = [], 0
+        for d in docs:  # held-out documents end to end, each with its BOS, until `want` windows fit
+            a, b = int(sh.offsets[d]), int(sh.offsets[d + 1])
+            parts.append(np.asarray(sh.tokens[a:b]))
+            have += b - a
+            if have >= need:
+                break
+        stream = np.concatenate(parts) if parts else np.zeros(0, np.uint16)
+        n = min(want, (len(stream) - 1) // T)
+        if n < 1:
+            skipped[name] = f"held-out text of {len(stream)} tokens is shorter than one window of {T + 1}"
+            continue
+        names.append(name)
+        for i in range(n):
+            w = stream[i * T : i * T + T + 1]
+            windows.append(w)
+            index.append(len(names) - 1)
+            nbytes.append(int(token_bytes[w[1:]].sum()))
+    if not windows:
+        return EvalSet(T, np.zeros((0, T + 1), np.uint16), np.zeros(0, np.int64), np.zeros(0, np.int64), [], skipped)
+    return EvalSet(T, np.stack(windows).astype(np.uint16), np.array(index), np.array(nbytes, dtype=np.int64), names, skipped)
+
+
+def summarise(es: EvalSet, window_loss: np.ndarray, seconds: float | None = None) -> dict:
+    """Per-source and overall nats/token and bits/byte from each window's mean loss."""
+    nats = window_loss.astype(np.float64) * es.seq_len  # summed over the window's targets
+    out = {"loss": None, "bpb": None, "tokens": int(es.tokens), "sources": {}}
+    for i, name in enumerate(es.sources):
+        sel = es.source_index == i
+        tok = int(sel.sum()) * es.seq_len
+        b = int(es.target_bytes[sel].sum())
+        out["sources"][name] = {"loss": round(float(nats[sel].sum() / tok), 5),
+                                "bpb": round(float(nats[sel].sum() / LN2 / b), 5) if b else None, "tokens": tok}
+    if len(es):
+        total_bytes = int(es.target_bytes.sum())
+        out["loss"] = round(float(nats.sum() / es.tokens), 5)
+        out["bpb"] = round(float(nats.sum() / LN2 / total_bytes), 5) if total_bytes else None
+    if seconds is not None:
+        out["seconds"] = round(seconds, 4)
+    return out
+
+
+def evaluate(engine, es: EvalSet) -> dict:
+    """Forward passes only, on the engine's backend (the GPU when it runs there), in batches of
+    the engine's batch size (the last one padded with repeats whose losses are dropped)."""
+    t0 = time.perf_counter()
+    B = engine.B
+    losses = np.empty(len(es), dtype=np.float64)
+    for i in range(0, len(es), B):
+        idx = np.arange(i, i + B) % len(es)
+        x = es.windows[idx].astype(np.int64)
+        engine.forward(x[:, :-1], x[:, 1:])
+        rows = np.asarray(engine.row_losses(), dtype=np.float64)
+        k = min(B, len(es) - i)
+        losses[i : i + k] = rows[:k]
+    return summarise(es, losses, time.perf_counter() - t0)
+
+
+def _score_stream_on_host(model, stream: np.ndarray, token_bytes: np.ndarray) -> tuple[float, int, int]:
+    """Summed nats, target tokens and their bytes of one token stream, in chunks of the context
+    (the KV-cache model of andrea/sampling.py, on the host)."""
+    ctx = model.cfg.context
+    nats = 0.0
+    tokens = nbytes = 0
+    for a in range(0, len(stream) - 1, ctx):
+        x = np.asarray(stream[a : a + ctx + 1], dtype=np.int64)
+        if len(x) < 2:
+            break
+        model.reset()
+        logits = model.forward(x[:-1]).astype(np.float64)
+        top = logits.max(-1, keepdims=True)
+        lse = np.log(np.exp(logits - top).sum(-1)) + top[:, 0]
+        nats += float((lse - logits[np.arange(len(x) - 1), x[1:]]).sum())
+        tokens += len(x) - 1
+        nbytes += int(token_bytes[x[1:]].sum())
+    return nats, tokens, nbytes
+
+
+def heldout_report(cfg, weights: np.ndarray, token_bytes: np.ndarray, shards: dict, heldout_every: int, seq_len: int,
+                   tokens_per_source: int, backend: str = "auto", precision: str = "auto") -> dict:
+    """The audit's held-out loss for every source that has held-out documents: nats/token,
+    bits/byte and perplexity. Windows of `seq_len` run on the engine of the resolved backend (the
+    GPU when there is one); a source whose held-out text is shorter than one window is scored
+    whole on the host."""
+    from andrea.engine import Engine, resolve_backend
+    from andrea.sampling import InferenceModel
+
+    es = build_eval_set(shards, heldout_every, seq_len, tokens_per_source, token_bytes)
+    per: dict[str, dict] = {}
+    sums = {}  # source -> (nats, tokens, bytes)
+    info = {"seq_len": seq_len, "backend": None}
+    if len(es):
+        be, prec, why = resolve_backend(backend, precision)
+        info.update(backend=be, precision=prec, backend_reason=why)
+        engine = Engine(cfg, batch_size=min(8, len(es)), seq_len=seq_len, backend=be, precision=prec)
+        engine.load_state(weights)
+        r = evaluate(engine, es)
+        for src, v in r["sources"].items():
+            i = es.sources.index(src)
+            sums[src] = (v["loss"] * v["tokens"], v["tokens"], int(es.target_bytes[es.source_index == i].sum()), "windows")
+    host = None
+    for src in es.skipped:
+        docs = heldout_documents(shards[src].n_docs, heldout_every)
+        if not len(docs):
+            continue
+        sh = shards[src]
+        stream = np.concatenate([np.asarray(sh.tokens[int(sh.offsets[d]) : int(sh.offsets[d + 1])]) for d in docs])
+        host = host or InferenceModel(cfg, weights)
+        nats, tok, nbytes = _score_stream_on_host(host, stream, token_bytes)
+        if tok:
+            sums[src] = (nats, tok, nbytes, "whole")
+    for src in sorted(sums):
+        nats, tok, nbytes, how = sums[src]
+        per[src] = {"loss": round(nats / tok, 5), "bpb": round(nats / LN2 / nbytes, 5) if nbytes else None,
+                    "perplexity": round(math.exp(nats / tok), 3), "tokens": tok, "method": how}
+    total_nats = sum(v[0] for v in sums.values())
+    total_tok = sum(v[1] for v in sums.values())
+    total_bytes = sum(v[2] for v in sums.values())
+    overall = {"loss": round(total_nats / total_tok, 5) if total_tok else None,
+               "bpb": round(total_nats / LN2 / total_bytes, 5) if total_bytes else None,
+               "perplexity": round(math.exp(total_nats / total_tok), 3) if total_tok else None, "tokens": total_tok}
+    no_heldout = {s: why for s, why in es.skipped.items() if s not in per}
+    return {**info, "overall": overall, "per_source": per, "without_heldout": no_heldout}
