@@ -155,7 +155,8 @@ def load_recording(run_dir: str | Path, steps: int | None = None, losses: bool =
 
 
 def read_losses(path: Path, steps: int) -> list:
-    """The logged loss of steps 0..steps-1 (the first record of a step counts; None if absent).
+    """The logged training loss of steps 0..steps-1 (the first record of a step counts; None if
+    absent; validation records, `"kind": "eval"`, are not training losses).
     An absent loss.jsonl gives all None; a line that is not JSON or lacks step/loss is skipped and counted."""
     losses = [None] * steps
     if not path.exists():
@@ -166,8 +167,10 @@ def read_losses(path: Path, steps: int) -> list:
         for line in fh:
             try:
                 rec = json.loads(line)
+                if rec.get("kind", "train") != "train":
+                    continue  # validation records share the file
                 step, loss = int(rec["step"]), float(rec["loss"])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
                 bad += 1
                 continue
             if 0 <= step < steps and losses[step] is None:

@@ -139,3 +139,43 @@ def test_bandit_shifts_weight_to_improving_sources_while_floors_hold():
     assert min(w for w in [b.weights["floored"]]) > 0
     raw_floor = 0.3 / (0.3 + 1.0 + 3 * 1.0)  # the least the floor can mean after normalisation
     assert mass["floored"] / 300 >= raw_floor
+
+
+def test_drawing_a_row_does_not_depend_on_the_source_size():
+    """A row costs O(1) in the source's size: the epoch's document order is built once per epoch
+    (not once per row, as before), and coverage is a running count."""
+    import time
+
+    cc = {**CC, "warmup_steps": 0, "heldout_every": 50}
+    timings = {}
+    for n in (1_000, 1_000_000):
+        b = Bandit({"big": {"n_docs": n}}, cc, seed=1)
+        b.replan(0)
+        rng = np.random.default_rng(0)
+        b.draw(32, rng)  # builds the epoch order: once per epoch
+        builds = []
+        orig = b._order
+
+        def counting(arm, orig=orig):
+            if arm.order_epoch != arm.epoch:
+                builds.append(arm.epoch)
+            return orig(arm)
+
+        b._order = counting
+        t0 = time.perf_counter()
+        for _ in range(200):
+            for src, doc in b.draw(32, rng):
+                b.observe(src, doc, 2.0)
+        timings[n] = time.perf_counter() - t0
+        assert len(builds) == b.arms["big"].epoch  # one order per epoch (none within the 1M-doc one)
+        assert b.arms["big"].n_seen == int(b.arms["big"].seen.sum())
+    assert timings[1_000_000] < 5 * timings[1_000] + 0.05, timings
+
+
+def test_epoch_order_visits_every_training_document_once():
+    b = Bandit({"s": {"n_docs": 500}}, {**CC, "warmup_steps": 0, "heldout_every": 50}, seed=2)
+    b.replan(0)
+    rng = np.random.default_rng(0)
+    docs = [d for _ in range(490 // 10) for _, d in b.draw(10, rng)]
+    assert sorted(docs) == [i for i in range(500) if i % 50 != 49]  # a permutation of the training docs
+    assert b.arms["s"].epoch == 0 and b.draw(1, rng) and b.arms["s"].epoch == 1

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import yaml
 
@@ -18,7 +19,8 @@ from conftest import REPO
 
 MODEL = {"d_model": 32, "n_head": 2, "n_layer": 2, "context": 64, "n_segments": 256}
 TRAIN = {"batch_size": 4, "seq_len": 32, "max_steps": 240, "lr": 3e-3, "warmup_steps": 20, "checkpoint_every": 40,
-         "sample_every": 80, "sample_tokens": 24, "keep_checkpoints": 2, "curriculum": {"warmup_steps": 60}}
+         "sample_every": 80, "sample_tokens": 24, "keep_checkpoints": 2, "eval_every": 60, "eval_tokens": 256,
+         "curriculum": {"warmup_steps": 60}}
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +122,81 @@ def test_sigterm_then_resume_equals_the_straight_run(shards, straight, tmp_path)
     assert (run / "final.bin").read_bytes() == (straight / "final.bin").read_bytes()
     assert without_timing(loss_lines(run)) == without_timing(loss_lines(straight))
     assert (run / "samples.jsonl").read_text() == (straight / "samples.jsonl").read_text()
+    assert without_timing(eval_lines(run)) == without_timing(eval_lines(straight))
+
+
+def test_validation_is_recorded_and_picks_best(straight):
+    evals = eval_lines(straight)
+    assert [e["step"] for e in evals] == [0, 60, 120, 180, 240]
+    for e in evals:
+        assert e["tokens"] > 0 and e["sources"]
+        for src, v in e["sources"].items():  # bits per byte from nats per token: same ordering, bytes >= 1 per token here
+            assert v["tokens"] > 0 and 0 < v["bpb"] and v["loss"] > 0
+    assert evals[-1]["loss"] < evals[0]["loss"] - 1.0  # held-out loss fell: the model learned, not only memorised
+    best = min(evals, key=lambda e: e["loss"])
+    from andrea.checkpoint import read_weights
+
+    assert read_weights(straight / "best.bin").step == best["step"]
+    state = json.loads((straight / "state.json").read_text())
+    assert state["best"] == best["loss"] and state["last_eval"]["step"] == 240
+
+
+def test_prefetch_off_follows_the_same_trajectory(shards, straight, tmp_path):
+    cfg = write_config(tmp_path / "config.yaml", prefetch=False)
+    p = train(cfg, shards, tmp_path / "run")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert (tmp_path / "run" / "final.bin").read_bytes() == (straight / "final.bin").read_bytes()
+    assert without_timing(loss_lines(tmp_path / "run")) == without_timing(loss_lines(straight))
+
+
+def test_resume_skips_a_damaged_newest_checkpoint(shards, straight, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(straight, run)
+    (run / "final.bin").unlink()
+    newest = run / "checkpoints" / "step_000240.bin"
+    with open(newest, "r+b") as fh:  # a crash, a full disk: the newest checkpoint is cut short
+        fh.truncate(newest.stat().st_size // 2)
+    cfg = write_config(tmp_path / "config.yaml")
+    p = train(cfg, shards, run)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "step_000240.bin" in p.stderr and "truncated" in p.stderr
+    assert "resumed micro at step 200 from step_000200.bin" in p.stderr
+    assert (run / "final.bin").read_bytes() == (straight / "final.bin").read_bytes()
+    assert without_timing(loss_lines(run)) == without_timing(loss_lines(straight))
+
+
+def test_recorded_batches_replay_to_the_same_losses(shards, tmp_path):
+    """record_batches keeps the initial weights and the batches exactly as trained: replaying
+    them through the engine gives the logged losses bit for bit (what bench/loss_parity.py needs)."""
+    from andrea.checkpoint import read_checkpoint
+    from andrea.engine import Engine
+    from andrea.model import ModelConfig
+    from andrea.optim import OptimConfig, train_step
+
+    cfg = write_config(tmp_path / "config.yaml", record_batches=12, max_steps=30, grad_accum=2, eval_every=0)
+    run = tmp_path / "run"
+    assert train(cfg, shards, run).returncode == 0
+    meta = json.loads((run / "parity" / "meta.json").read_text())
+    rows, T = 4 * 2, 32
+    batches = np.fromfile(run / "parity" / "batches.bin", dtype="<u2").reshape(12, rows, T + 1)
+    assert meta["steps"] == 12 and meta["grad_accum"] == 2
+    mc = ModelConfig(**meta["model_config"])
+    e = Engine(mc, batch_size=4, seq_len=T)
+    init = read_checkpoint(run / "parity" / "init.bin")
+    e.load_state(init.weights, init.m, init.v)
+    oc = OptimConfig(**{k: v for k, v in meta["optim"].items() if k in OptimConfig.__dataclass_fields__})
+    logged = [l["loss"] for l in loss_lines(run)][:12]
+    for step in range(12):
+        x = batches[step].astype(np.int64)
+        micro = [(x[i : i + 4, :-1], x[i : i + 4, 1:]) for i in (0, 4)]
+        assert train_step(e, micro, step, oc).loss == logged[step]
+    # and the parity script reads the trainer's recording (no PyTorch needed for this column)
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "loss_parity.py"), str(run), "--torch", "--out", str(tmp_path / "p")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "as_trained vs ours_fp32: max rel. diff 0.00e+00" in out.stdout
 
 
 def test_sigusr1_checkpoints_and_carries_on(shards, straight, tmp_path):
