@@ -1,7 +1,8 @@
 """Judges of generated samples (SPEC §10).
 
 Built in, no network: the coherence score (andrea/coherence.py), distinct-1/2/3, repetition
-rate, English-word rate, and the model's perplexity on held-out documents.
+rate, real-word rate (`english_rate`: the coherence score's real-word share, by letters), and the
+model's perplexity on held-out documents.
 
 External: any OpenAI-compatible chat-completions endpoint, given a written rubric, returns a
 0–10 score and a reason per sample. Time-outs, HTTP errors, rate limits and unparseable replies
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from andrea.coherence import COMMON_WORDS, WORD, coherence_score
+from andrea.coherence import WORD, coherence_score, distinct_n, real_word_share
 
 log = logging.getLogger("andrea.judges")
 
@@ -42,11 +43,6 @@ Reply with JSON only: {"score": <integer 0-10>, "reason": "<one sentence>"}"""
 # ---------------------------------------------------------------------- built-in
 
 
-def distinct_n(words: list[str], n: int) -> float:
-    grams = list(zip(*(words[i:] for i in range(n))))
-    return len(set(grams)) / len(grams) if grams else 0.0
-
-
 def repetition_rate(words: list[str], n: int = 4) -> float:
     """Share of word n-grams that already occurred earlier in the text."""
     seen, repeats, total = set(), 0, 0
@@ -58,14 +54,15 @@ def repetition_rate(words: list[str], n: int = 4) -> float:
 
 
 def builtin_scores(text: str) -> dict:
-    words = [w.lower() for w in WORD.findall(text)]
+    found = WORD.findall(text)
+    words = [w.lower() for w in found]
     return {
         "coherence": round(coherence_score(text).score, 2),
         "distinct_1": round(distinct_n(words, 1), 4),
         "distinct_2": round(distinct_n(words, 2), 4),
         "distinct_3": round(distinct_n(words, 3), 4),
         "repetition": round(repetition_rate(words), 4),
-        "english_rate": round(sum(w in COMMON_WORDS for w in words) / len(words), 4) if words else 0.0,
+        "english_rate": round(real_word_share(found), 4),
         "n_words": len(words),
         "n_chars": len(text),
     }

@@ -134,4 +134,12 @@ def test_builtin_scores():
     s = builtin_scores("the cat sat on the mat and the dog sat on the log")
     assert s["distinct_1"] == pytest.approx(8 / 13, abs=1e-4) and s["n_words"] == 13
     assert repetition_rate("a b c d a b c d".split()) == pytest.approx(1 / 5)
-    assert builtin_scores("")["coherence"] == 0
+    assert builtin_scores("")["coherence"] == 0 and builtin_scores("")["english_rate"] == 0
+
+
+def test_english_rate_is_the_share_of_letters_in_real_words():
+    assert builtin_scores("the cat sat on the mat")["english_rate"] == 1.0
+    # "rivers carry salt" are 15 real letters; "qzxwv pkjqx" 10 invented ones.
+    s = builtin_scores("rivers carry salt qzxwv pkjqx")
+    assert s["english_rate"] == 0.6 and s["n_words"] == 5
+    assert builtin_scores("qzx vbnm plokij wertyu asdfgh")["english_rate"] == 0.0
