@@ -132,6 +132,7 @@ TRAIN_DEFAULTS = {
     "sample_temperature": 0.8,
     "coherence_halt_below": 30,
     "coherence_patience": 5,
+    "coherence_arm_score": 50,  # the gate counts low samples once one sample has scored this (0: from the start)
     "eval_every": 250,
     "eval_tokens": 16384,  # per source, from its held-out documents
     "prefetch": True,

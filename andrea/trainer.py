@@ -161,6 +161,7 @@ class Trainer:
         self.last_eval = None
         self.nonfinite = NonFiniteCounter()
         self.low_samples = 0
+        self.gate_armed = self.s["coherence_arm_score"] <= 0
         self.tokens_seen = 0
         self._stop = False
         self._save_now = False
@@ -284,6 +285,7 @@ class Trainer:
             "last_eval": self.last_eval,
             "nonfinite": {"consecutive": self.nonfinite.consecutive, "total": self.nonfinite.total, "steps": list(self.nonfinite.steps)},
             "low_samples": self.low_samples,
+            "gate_armed": self.gate_armed,
             "tokens_seen": self.tokens_seen,
             "tokenizer_hash": self.shards_meta["tokenizer_hash"],
             "schedule": {"lr": self.oc.lr, "warmup_steps": self.oc.warmup_steps, "max_steps": self.oc.max_steps},
@@ -408,6 +410,7 @@ class Trainer:
         nf = st["nonfinite"]
         self.nonfinite = NonFiniteCounter(nf["consecutive"], nf["total"], list(nf["steps"]))
         self.low_samples = st["low_samples"]
+        self.gate_armed = st.get("gate_armed", True) or self.gate_armed  # older states: the gate was always on
         self.tokens_seen = st["tokens_seen"]
         # records written after that checkpoint belong to steps that will run again; a step's
         # training record comes before its checkpoint, its samples and evaluations just before
@@ -482,7 +485,13 @@ class Trainer:
         with open(self.run_dir / "samples.jsonl", "a", encoding="utf-8") as fh:
             fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
         log.info("sample at step %d, coherence %.1f: %r", self.step, score.score, text[:120])
-        if score.score < self.s["coherence_halt_below"]:
+        # The gate watches for collapse: it is armed by the first sample that reads as language
+        # (coherence_arm_score), so a young model's gibberish does not stop the run it is learning in.
+        if not self.gate_armed and score.score >= self.s["coherence_arm_score"]:
+            self.gate_armed = True
+            log.info("coherence gate armed at step %d (a sample scored %.1f >= %s)", self.step, score.score,
+                     self.s["coherence_arm_score"])
+        if self.gate_armed and score.score < self.s["coherence_halt_below"]:
             self.low_samples += 1
         else:
             self.low_samples = 0

@@ -96,7 +96,7 @@ def test_report_renders_in_a_browser(trained, tmp_path):
              "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'p'}"]
     dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", page], capture_output=True, text=True, timeout=90).stdout
     assert "<h1>Audit of micro at step 60</h1>" in dom
-    assert len(re.findall(r"<img class=\"plot\"[^>]*src=\"data:image/png;base64,", dom)) == 3
+    assert len(re.findall(r"<img class=\"plot\"[^>]*src=\"data:image/png;base64,", dom)) == 4  # loss, validation, coherence, scores
     shot = tmp_path / "report.png"
     subprocess.run([CHROMIUM, *flags, "--window-size=1000,2400", f"--screenshot={shot}", page], capture_output=True, timeout=90)
     assert shot.exists() and shot.stat().st_size > 30_000
