@@ -16,7 +16,11 @@
     andrea shape score TEXT | -       system-prompt-shape score of a text, with its features
     andrea shape eval                 precision and recall on the labelled set
     andrea render PARQUET             print documents as training text
-    andrea ckpt info PATH             a checkpoint's step and parameter count, as JSON
+    andrea ckpt info PATH             a checkpoint's step and parameter count, as JSON (a file, or
+                                      a ckpt directory: its final.bin and best.bin)
+
+Errors the user can fix print one paragraph and exit non-zero (2: configuration or a refusal to
+train); `andrea --debug COMMAND ...` shows the traceback.
 """
 
 from __future__ import annotations
@@ -26,12 +30,14 @@ import json
 import logging
 import os
 import sys
+import traceback
 from pathlib import Path
 
 from andrea import __version__
 
 log = logging.getLogger("andrea")
 DEFAULT_CONFIG = Path("config/config.yaml")
+PACKAGE_DIR = str(Path(__file__).resolve().parent) + os.sep
 
 
 def _config(args):
@@ -269,10 +275,26 @@ def cmd_render(args) -> int:
     return 0
 
 
+CKPT_EXPORTS = ("final.bin", "best.bin")
+
+
 def cmd_ckpt_info(args) -> int:
     from andrea.checkpoint import checkpoint_info
 
-    print(json.dumps(checkpoint_info(args.path)))
+    path = args.path
+    if not path.is_dir():
+        print(json.dumps(checkpoint_info(path)))
+        return 0
+    # a model's ckpt directory (results/<model>/ckpt): the exported weights it holds
+    files = sorted(p.name for p in path.iterdir())
+    if not any(name in files for name in CKPT_EXPORTS):
+        shown = ", ".join(files[:8]) + (f" and {len(files) - 8} more" if len(files) > 8 else "")
+        raise FileNotFoundError(
+            f"{path} is a directory without final.bin or best.bin (it holds {shown or 'nothing'}); "
+            "give a checkpoint file, e.g. results/<model>/ckpt/final.bin or a run's checkpoints/step_*.bin"
+        )
+    info = {name: checkpoint_info(path / name) if name in files else None for name in CKPT_EXPORTS}
+    print(json.dumps({"path": str(path), **info, "files": files}))
     return 0
 
 
@@ -280,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="andrea", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"andrea {__version__}")
     p.add_argument("--log", help="also write the log to this file")
+    p.add_argument("--debug", action="store_true", help="on an error, show the full traceback")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def with_config(sp):
@@ -369,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ck = sub.add_parser("ckpt", help="checkpoints")
     cksub = ck.add_subparsers(dest="ckpt_command", required=True, metavar="ACTION")
-    sp = cksub.add_parser("info", help="print step and n_params of a checkpoint as JSON")
+    sp = cksub.add_parser("info", help="print step and n_params of a checkpoint (or a ckpt directory's final/best) as JSON")
     sp.add_argument("path", type=Path)
     sp.set_defaults(fn=cmd_ckpt_info)
 
@@ -389,12 +412,40 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log)
     try:
         return args.fn(args)
-    except ConfigError as e:
-        print(f"andrea: configuration error: {e}", file=sys.stderr)
-        return 2
-    except (FileNotFoundError, ValueError, RuntimeError, KeyError) as e:
-        print(f"andrea: error: {e}", file=sys.stderr)
-        return 1
+    except (OSError, ValueError, RuntimeError, KeyError, KeyboardInterrupt) as e:
+        # Refusals and bad input (a config key, a missing or malformed file, a shard that does
+        # not match its manifest...) are for the user to fix: one paragraph, no traceback.
+        # Other exceptions are bugs and keep theirs; --debug shows it for these too.
+        if args.debug:
+            raise
+        status, message = _explain(e)
+        print(f"andrea: {message}", file=sys.stderr)
+        return status
+
+
+def _explain(e: BaseException) -> tuple[int, str]:
+    """The exit status and the message for an error the user can act on."""
+    from andrea.config import ConfigError
+
+    trainer = sys.modules.get("andrea.trainer")  # only loaded (and only raising) when training
+    if isinstance(e, KeyboardInterrupt):
+        return 130, "interrupted"
+    if isinstance(e, ConfigError):
+        return 2, f"configuration error: {e}"
+    if trainer is not None and isinstance(e, trainer.TrainingRefused):
+        return 2, f"refusing to train: {e}"
+    if isinstance(e, OSError) and e.filename and e.strerror:  # from open(), stat() and the like
+        message = f"{e.filename}: {e.strerror}"
+    elif isinstance(e, KeyError):
+        message = f"missing key {e}"
+    else:
+        message = str(e) or type(e).__name__
+    # a message the package wrote itself says what to do; one from a library (NumPy, pyarrow,
+    # the standard library) may be a bug, so say how to see where it came from
+    tb = traceback.extract_tb(e.__traceback__)
+    if tb and not tb[-1].filename.startswith(PACKAGE_DIR) and not isinstance(e, OSError):
+        message += f" ({type(e).__name__}; `andrea --debug ...` shows where)"
+    return 1, f"error: {message}"
 
 
 if __name__ == "__main__":

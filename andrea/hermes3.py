@@ -151,7 +151,7 @@ def pull_hermes3(hcfg: dict, out_dir: str | Path, version: str, strict: bool = F
         for raw in progress(rows, desc="pull_hermes3", unit=" rows"):
             tally.read += 1
             if raw.broken:
-                tally.skip(raw.broken.split(" ")[0], raw.where, strict, raw.broken)
+                tally.skip(raw.broken, raw.where, strict, raw.detail)
                 continue
             conv, reason, detail = validate_sharegpt(raw.value)
             if conv is None:

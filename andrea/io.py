@@ -12,9 +12,9 @@ import json
 import logging
 import os
 import platform
+import secrets
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -27,14 +27,29 @@ from andrea import __version__
 log = logging.getLogger("andrea")
 
 
+def _new_temp_file(path: Path) -> Path:
+    """Create an empty, uniquely named file beside `path` with the mode a plain open(path, "w")
+    would give it: 0o666 less the umask (and a directory's default ACL). tempfile.mkstemp would
+    make it 0o600, and the rename would carry that private mode onto the artifact, unreadable to
+    the colleagues a shared cluster's umask means to let in."""
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        os.close(fd)
+        return tmp
+    raise FileExistsError(f"could not create a temporary file beside {path}")
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it over `path` only if the block succeeds."""
+    """Yield a temporary path beside `path`; rename it over `path` only if the block succeeds.
+    The file and any directories made for it get the modes the umask gives."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp)
+    tmp = _new_temp_file(path)
     try:
         yield tmp
         with open(tmp, "rb+") as fh:

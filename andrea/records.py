@@ -1,10 +1,16 @@
 """Reading raw records from local files in a streaming way, with malformed rows skipped and
-counted by reason (or raised, in strict mode)."""
+counted by reason (or raised, in strict mode).
+
+Text is read as UTF-8, strictly: a record holding bytes that are not UTF-8 (a Latin-1 `é`, a
+truncated multi-byte character) is skipped and counted as `bad_encoding` with its file and line,
+never decoded with replacement characters and never passed on to crash the Parquet writer.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from importlib import resources
@@ -16,6 +22,14 @@ import pyarrow.parquet as pq
 log = logging.getLogger("andrea.records")
 
 RECORD_SUFFIXES = (".parquet", ".jsonl", ".json")
+BAD_ENCODING = "bad_encoding"
+LOGGED_PER_REASON = 20  # bad_encoding skips logged one by one, then only counted
+KEPT_LOCATIONS = 100  # bad_encoding locations listed in the counts (the manifest)
+
+# Undecodable bytes read with errors="surrogateescape" become U+DC80..U+DCFF.
+ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
+# A JSON \u escape of a UTF-16 surrogate; alone (not in a pair) it is a string no file can hold.
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class MalformedRecord(ValueError):
@@ -30,21 +44,34 @@ class Tally:
     kept: int = 0
     skipped: Counter = field(default_factory=Counter)
     examples: dict = field(default_factory=dict)
+    bad_encoding_at: list = field(default_factory=list)
 
     def skip(self, reason: str, where: str, strict: bool, detail: str = "") -> None:
         if strict:
             raise MalformedRecord(f"{where}: {reason}{': ' + detail if detail else ''} (strict mode)")
         self.skipped[reason] += 1
         self.examples.setdefault(reason, f"{where}{': ' + detail if detail else ''}")
+        if reason == BAD_ENCODING:
+            # Bytes that are not UTF-8 are a problem of the input file the user can fix: say where.
+            n = self.skipped[reason]
+            if n <= KEPT_LOCATIONS:
+                self.bad_encoding_at.append(where)
+            if n <= LOGGED_PER_REASON:
+                log.warning("skipped %s: %s%s", where, reason, f": {detail}" if detail else "")
+            elif n == LOGGED_PER_REASON + 1:
+                log.warning("further %s records are counted, not logged", reason)
 
     def as_dict(self) -> dict:
-        return {
+        out = {
             "read": self.read,
             "kept": self.kept,
             "skipped": dict(sorted(self.skipped.items())),
             "skipped_total": sum(self.skipped.values()),
             "first_skipped_example": dict(sorted(self.examples.items())),
         }
+        if self.bad_encoding_at:
+            out["bad_encoding_at"] = list(self.bad_encoding_at)  # the first KEPT_LOCATIONS
+        return out
 
 
 @dataclass
@@ -54,7 +81,52 @@ class RawRow:
     where: str  # "file:line" or "file:row"
     key: str  # stable id used when the row has none of its own
     value: Any = None
-    broken: str | None = None  # reason when the row could not even be parsed
+    broken: str | None = None  # reason when the row could not even be parsed (broken_json, bad_encoding)
+    detail: str = ""  # what exactly was wrong, for the counts and the log
+
+
+def undecodable(err: UnicodeDecodeError) -> str:
+    """What a failed UTF-8 decode of one line found: the byte and its column (1-based, in bytes)."""
+    return f"byte 0x{err.object[err.start]:02x} at column {err.start + 1} is not valid UTF-8"
+
+
+def _escaped_bytes(value: Any) -> list[int]:
+    """The undecodable bytes (kept by errors="surrogateescape") in a parsed JSON value's strings,
+    in the order the file holds them."""
+    if isinstance(value, str):
+        return [ord(c) - 0xDC00 for c in ESCAPED_BYTE.findall(value)] if not value.isascii() else []
+    if isinstance(value, dict):
+        return [b for k, v in value.items() for b in _escaped_bytes(k) + _escaped_bytes(v)]
+    if isinstance(value, list):
+        return [b for v in value for b in _escaped_bytes(v)]
+    return []
+
+
+def escaped_byte_lines(text: str) -> Iterator[tuple[int, int]]:
+    """(byte, line number) of every undecodable byte in a file decoded with surrogateescape."""
+    line, last = 1, 0
+    for m in ESCAPED_BYTE.finditer(text):
+        line += text.count("\n", last, m.start())
+        last = m.start()
+        yield ord(m.group()) - 0xDC00, line
+
+
+def holds_lone_surrogate(value: Any) -> bool:
+    """Whether any string in a parsed JSON value (keys included) cannot be written as UTF-8:
+    a lone surrogate from a \\u escape, or a byte kept by errors="surrogateescape"."""
+    if isinstance(value, str):
+        if value.isascii():
+            return False
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(holds_lone_surrogate(k) or holds_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(holds_lone_surrogate(v) for v in value)
+    return False
 
 
 def embedded_location(source: str) -> Path:
@@ -83,37 +155,97 @@ def record_files(location: Path) -> list[Path]:
 
 def iter_rows(location: str | Path, batch_rows: int = 4096) -> Iterator[RawRow]:
     """Rows of Parquet, JSON-lines or JSON-array files, one at a time, with bounded memory for
-    Parquet and JSONL. A JSONL line that does not parse becomes a RawRow with `broken` set."""
+    Parquet and JSONL. A row that cannot be used at all becomes a RawRow with `broken` set: a JSONL
+    line that does not parse (broken_json), or a row holding bytes that are not UTF-8
+    (bad_encoding; the unit is the JSONL line, the JSON array item, the Parquet row)."""
     location = Path(location)
     files = record_files(location)
     for path in files:
         name = path.name if len(files) == 1 else path.relative_to(location).as_posix()
         if path.suffix == ".parquet":
-            pf = pq.ParquetFile(path)
-            i = 0
-            for batch in pf.iter_batches(batch_size=batch_rows):
-                for row in batch.to_pylist():
-                    yield RawRow(where=f"{path}:row {i}", key=f"{name}:{i}", value=row)
-                    i += 1
+            yield from _parquet_rows(path, name, batch_rows)
         elif path.suffix == ".jsonl":
-            with open(path, encoding="utf-8", errors="surrogateescape") as fh:
-                for lineno, line in enumerate(fh, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        value = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        yield RawRow(where=f"{path}:line {lineno}", key=f"{name}:{lineno}", broken=f"broken_json ({e.msg})")
-                        continue
-                    yield RawRow(where=f"{path}:line {lineno}", key=f"{name}:{lineno}", value=value)
+            yield from _jsonl_rows(path, name)
         elif path.suffix == ".json":
+            yield from _json_array_rows(path, name)
+
+
+def _parquet_rows(path: Path, name: str, batch_rows: int) -> Iterator[RawRow]:
+    # Parquet's writers are meant to store valid UTF-8 but pyarrow does not check it when reading:
+    # a batch that fails to decode is retried row by row so that only the bad rows are skipped.
+    i = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows):
+        try:
+            rows = batch.to_pylist()
+        except UnicodeDecodeError:
+            rows = None
+        for j in range(batch.num_rows):
+            where, key = f"{path}:row {i}", f"{name}:{i}"
+            i += 1
+            if rows is not None:
+                yield RawRow(where=where, key=key, value=rows[j])
+                continue
             try:
-                data = json.loads(path.read_text(encoding="utf-8"))
+                (row,) = batch.slice(j, 1).to_pylist()
+            except UnicodeDecodeError as e:
+                yield RawRow(where=where, key=key, broken=BAD_ENCODING, detail=f"byte 0x{e.object[e.start]:02x} in a string is not valid UTF-8")
+                continue
+            yield RawRow(where=where, key=key, value=row)
+
+
+def _jsonl_rows(path: Path, name: str) -> Iterator[RawRow]:
+    with open(path, "rb") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where, key = f"{path}:line {lineno}", f"{name}:{lineno}"
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield RawRow(where=where, key=key, broken=BAD_ENCODING, detail=undecodable(e))
+                continue
+            try:
+                value = json.loads(text)
             except json.JSONDecodeError as e:
-                raise MalformedRecord(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-            if isinstance(data, dict) and isinstance(data.get("data"), list):
-                data = data["data"]
-            if not isinstance(data, list):
-                raise MalformedRecord(f"{path}: a .json input must hold a list of records")
-            for i, value in enumerate(data):
-                yield RawRow(where=f"{path}:item {i}", key=f"{name}:{i}", value=value)
+                yield RawRow(where=where, key=key, broken="broken_json", detail=e.msg)
+                continue
+            if SURROGATE_ESCAPE.search(line) and holds_lone_surrogate(value):
+                yield RawRow(where=where, key=key, broken=BAD_ENCODING, detail="a \\u escape encodes half a UTF-16 surrogate pair")
+                continue
+            yield RawRow(where=where, key=key, value=value)
+
+
+def _json_array_rows(path: Path, name: str) -> Iterator[RawRow]:
+    # The whole file is one JSON text, so it is decoded whole; bytes that are not UTF-8 are kept
+    # as escapes (surrogateescape) so that only the items whose strings hold them are skipped.
+    data = path.read_bytes()
+    try:
+        text, bad_bytes = data.decode("utf-8"), False
+    except UnicodeDecodeError:
+        text, bad_bytes = data.decode("utf-8", "surrogateescape"), True
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise MalformedRecord(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if isinstance(doc, dict) and isinstance(doc.get("data"), list):
+        doc = doc["data"]
+    if not isinstance(doc, list):
+        raise MalformedRecord(f"{path}: a .json input must hold a list of records")
+    check = bad_bytes or SURROGATE_ESCAPE.search(data) is not None
+    # Bad bytes can only sit inside strings (elsewhere the JSON would not parse), so the items'
+    # escaped bytes, in order, are the file's: that gives each bad item the line of its first one.
+    in_file = escaped_byte_lines(text) if bad_bytes else iter(())
+    for i, value in enumerate(doc):
+        where, key = f"{path}:item {i}", f"{name}:{i}"
+        if check and holds_lone_surrogate(value):
+            detail = "a \\u escape encodes half a UTF-16 surrogate pair"
+            found = _escaped_bytes(value)
+            if found:
+                first = next(in_file, None)
+                for _ in found[1:]:
+                    next(in_file, None)
+                detail = f"byte 0x{found[0]:02x}" + (f" on line {first[1]}" if first and first[0] == found[0] else "")
+                detail += " is not valid UTF-8"
+            yield RawRow(where=where, key=key, broken=BAD_ENCODING, detail=detail)
+            continue
+        yield RawRow(where=where, key=key, value=value)

@@ -8,10 +8,12 @@ a conversation (`turns`: role/text pairs, roles system|user|assistant) or plain 
 from __future__ import annotations
 
 import ast
+import io
 import logging
 import re
 import subprocess
 import sysconfig
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -19,7 +21,7 @@ from typing import Callable, Iterator
 import pyarrow.parquet as pq
 
 from andrea.hermes3 import validate_sharegpt
-from andrea.records import embedded_location, iter_rows
+from andrea.records import BAD_ENCODING, ESCAPED_BYTE, embedded_location, escaped_byte_lines, iter_rows, undecodable
 
 log = logging.getLogger("andrea.sources")
 
@@ -79,6 +81,17 @@ def _files(location: Path, suffixes: tuple[str, ...]) -> list[Path]:
     raise FileNotFoundError(f"{location} does not exist")
 
 
+def _text_lines(path: Path) -> Iterator[tuple[int, str | UnicodeDecodeError]]:
+    """(line number, line without its end) of a UTF-8 text file; a line holding bytes that are
+    not UTF-8 comes as its decode error instead, so the caller skips that line alone."""
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                yield lineno, raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                yield lineno, e
+
+
 # ---------------------------------------------------------------- conversations
 
 
@@ -97,7 +110,7 @@ def sharegpt(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     """`conversations`: list of {from: system|human|gpt, value} (chat, synthetic-chat, ...)."""
     for raw in iter_rows(resolve_location(name, cfg)):
         if raw.broken:
-            yield Skip("broken_json", raw.where, raw.broken)
+            yield Skip(raw.broken, raw.where, raw.detail)
             continue
         conv, reason, detail = validate_sharegpt(raw.value)
         if conv is None:
@@ -116,7 +129,7 @@ def messages(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     """`messages`: list of {role: system|user|assistant, content} (smoltalk and the OpenAI layout)."""
     for raw in iter_rows(resolve_location(name, cfg)):
         if raw.broken:
-            yield Skip("broken_json", raw.where, raw.broken)
+            yield Skip(raw.broken, raw.where, raw.detail)
             continue
         row = raw.value
         msgs = row.get("messages") if isinstance(row, dict) else None
@@ -172,7 +185,7 @@ def oasst(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     flat: list[dict] = []
     for raw in iter_rows(resolve_location(name, cfg)):
         if raw.broken:
-            yield Skip("broken_json", raw.where, raw.broken)
+            yield Skip(raw.broken, raw.where, raw.detail)
             continue
         row = raw.value
         if not isinstance(row, dict):
@@ -207,16 +220,17 @@ def dictionary(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     files = _files(loc, (".tsv", ".txt", ".jsonl", ".json", ".parquet"))
     for path in files:
         if path.suffix.lower() in (".tsv", ".txt"):
-            with open(path, encoding="utf-8") as fh:
-                for lineno, line in enumerate(fh, 1):
-                    if not line.strip() or line.startswith("#"):
-                        continue
-                    word, sep, definition = line.rstrip("\n").partition("\t")
-                    yield _definition(word, definition if sep else "", f"{path}:line {lineno}", f"{path.name}:{lineno}")
+            for lineno, line in _text_lines(path):
+                where = f"{path}:line {lineno}"
+                if isinstance(line, UnicodeDecodeError):
+                    yield Skip(BAD_ENCODING, where, undecodable(line))
+                elif line.strip() and not line.startswith("#"):
+                    word, sep, definition = line.partition("\t")
+                    yield _definition(word, definition if sep else "", where, f"{path.name}:{lineno}")
         else:
             for raw in iter_rows(path):
                 if raw.broken:
-                    yield Skip("broken_json", raw.where, raw.broken)
+                    yield Skip(raw.broken, raw.where, raw.detail)
                 elif not isinstance(raw.value, dict):
                     yield Skip("not_an_object", raw.where)
                 else:
@@ -267,16 +281,34 @@ def chunk_paragraphs(text: str, limit: int) -> list[str]:
 
 
 def _text_chunks(name: str, cfg: dict, suffixes: tuple[str, ...], clean) -> Iterator[Doc | Skip]:
+    """Whole files cut into chunks. Bytes that are not UTF-8 cost the chunk (the document) that
+    holds them, not the file: a book with one stray Latin-1 byte keeps its other chunks. The bytes
+    are kept as escapes (surrogateescape) through cleaning and chunking, which only cut text and
+    strip whitespace, so a chunk holding one is found, and its line in the file named."""
     loc = resolve_location(name, cfg)
     for path in _files(loc, suffixes):
         rel = path.name if loc.is_file() else path.relative_to(loc).as_posix()
+        data = path.read_bytes()
         try:
-            text = path.read_text(encoding="utf-8")
+            text, bad_lines = data.decode("utf-8"), None
         except UnicodeDecodeError:
-            yield Skip("not_utf8", str(path))
-            continue
-        for k, chunk in enumerate(chunk_paragraphs(clean(text), cfg["chunk_chars"])):
-            if len(chunk) < cfg["min_chars"]:
+            text = data.decode("utf-8", "surrogateescape")
+            bad_lines = escaped_byte_lines(text)
+        cleaned = clean(text)
+        if bad_lines is not None:
+            # bytes in what clean() cut off (a Gutenberg header) come first in the file: pass them
+            start = text.find(cleaned) if cleaned else 0
+            for _ in ESCAPED_BYTE.finditer(text, 0, max(start, 0)):
+                next(bad_lines, None)
+        for k, chunk in enumerate(chunk_paragraphs(cleaned, cfg["chunk_chars"])):
+            n_bad = len(ESCAPED_BYTE.findall(chunk)) if bad_lines is not None else 0
+            if n_bad:
+                first = next(bad_lines, None)
+                for _ in range(n_bad - 1):
+                    next(bad_lines, None)
+                where = f"{path} chunk {k}" + (f" (line {first[1]})" if first else "")
+                yield Skip(BAD_ENCODING, where, f"byte 0x{first[0]:02x} is not valid UTF-8" if first else "")
+            elif len(chunk) < cfg["min_chars"]:
                 yield Skip("too_short", f"{path} chunk {k}")
             else:
                 yield Doc(doc_id=f"{rel}#{k}", text=chunk)
@@ -309,24 +341,25 @@ def irc(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
         lines: list[str] = []
         k = 0
         size = 0
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            for lineno, line in enumerate(fh, 1):
-                line = line.rstrip("\n")
-                if not line.strip() or IRC_EVENT.match(line):
-                    continue
-                m = IRC_MESSAGE.match(line)
-                if m:
-                    msg = f"<{m.group(1)}> {m.group(2)}".rstrip()
-                elif (m := IRC_ACTION.match(line)) is not None:
-                    msg = f"* {m.group(1)} {m.group(2)}".rstrip()
-                else:
-                    yield Skip("unparsed_line", f"{path}:line {lineno}", line[:60])
-                    continue
-                lines.append(msg)
-                size += len(msg) + 1
-                if size >= cfg["chunk_chars"]:
-                    yield Doc(doc_id=f"{rel}#{k}", text="\n".join(lines))
-                    lines, size, k = [], 0, k + 1
+        for lineno, line in _text_lines(path):
+            if isinstance(line, UnicodeDecodeError):  # the line alone is lost, as an unparsed one is
+                yield Skip(BAD_ENCODING, f"{path}:line {lineno}", undecodable(line))
+                continue
+            if not line.strip() or IRC_EVENT.match(line):
+                continue
+            m = IRC_MESSAGE.match(line)
+            if m:
+                msg = f"<{m.group(1)}> {m.group(2)}".rstrip()
+            elif (m := IRC_ACTION.match(line)) is not None:
+                msg = f"* {m.group(1)} {m.group(2)}".rstrip()
+            else:
+                yield Skip("unparsed_line", f"{path}:line {lineno}", line[:60])
+                continue
+            lines.append(msg)
+            size += len(msg) + 1
+            if size >= cfg["chunk_chars"]:
+                yield Doc(doc_id=f"{rel}#{k}", text="\n".join(lines))
+                lines, size, k = [], 0, k + 1
         if lines:
             text = "\n".join(lines)
             if len(text) >= cfg["min_chars"]:
@@ -350,9 +383,23 @@ def docstrings(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     )
     for path in files:
         rel = path.name if loc.is_file() else path.relative_to(loc).as_posix()
+        # The unit is the file: `ast` parses a module whole, and a file with bytes that are not in
+        # its declared encoding (UTF-8 unless a coding line says otherwise) is not valid Python,
+        # which the interpreter would refuse to import too.
+        data = path.read_bytes()
         try:
-            tree = ast.parse(path.read_bytes(), filename=str(path))
-        except (SyntaxError, ValueError, UnicodeDecodeError) as e:
+            encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+            source = data.decode(encoding)
+        except UnicodeDecodeError as e:
+            line = data.count(b"\n", 0, e.start) + 1
+            yield Skip(BAD_ENCODING, f"{path}:line {line}", f"byte 0x{data[e.start]:02x} is not valid {encoding}; file skipped")
+            continue
+        except (SyntaxError, LookupError) as e:  # an unknown or contradictory coding line
+            yield Skip("unparsable_python", str(path), type(e).__name__)
+            continue
+        try:
+            tree = ast.parse(source, filename=str(path))
+        except (SyntaxError, ValueError) as e:
             yield Skip("unparsable_python", str(path), type(e).__name__)
             continue
         module = rel[:-3].replace("/", ".")
@@ -391,12 +438,20 @@ def git_log(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     )
     if proc.returncode != 0:
         raise FileNotFoundError(f"{loc} is not a readable git repository: {proc.stderr.decode(errors='replace').strip()}")
-    for entry in proc.stdout.decode("utf-8", errors="replace").split("\x1e"):
-        entry = entry.strip("\n")
+    # Git stores commit messages as bytes; git log re-encodes those that declare an encoding to
+    # UTF-8, so a message that still is not UTF-8 is skipped (the commit is the unit), not guessed.
+    for entry in proc.stdout.split(b"\x1e"):
+        entry = entry.strip(b"\n")
         if not entry:
             continue
-        sha, _, message = entry.partition("\x00")
-        message = message.strip()
+        sha_bytes, _, raw_message = entry.partition(b"\x00")
+        sha = sha_bytes.decode("ascii")
+        try:
+            message = raw_message.decode("utf-8").strip()
+        except UnicodeDecodeError as e:
+            line = raw_message.count(b"\n", 0, e.start) + 1
+            yield Skip(BAD_ENCODING, f"{loc} commit {sha[:12]}", f"byte 0x{raw_message[e.start]:02x} on line {line} of the message is not valid UTF-8")
+            continue
         if len(message) < cfg["min_chars"]:
             yield Skip("too_short", f"commit {sha[:12]}")
         else:

@@ -317,6 +317,43 @@ def measure(tok: HarrisTokenizer, texts: list[str]) -> dict:
     }
 
 
+def no_sample_reason(megachat_path: str | Path, weights: dict[str, float], sample: Sample) -> str:
+    """Why the tokenizer's sample is empty, in terms of what the user can change: the weights,
+    the shape filter (its report next to the corpus says what it removed), or the sources."""
+    megachat_path = Path(megachat_path)
+    have = {s: v["available_chars"] for s, v in sample.per_source.items() if v["available_chars"]}
+    if have and not any(weights.get(s, 0) > 0 for s in have):
+        return (
+            f"{megachat_path}: no documents to learn segments from: the sources that have documents "
+            f"({', '.join(sorted(have))}) all have weight 0 (sources.<name>.weight in the config)"
+        )
+    if have:
+        return (
+            f"{megachat_path}: no documents to learn segments from: the few documents of "
+            f"{', '.join(sorted(have))} all fall in the held-out slice (tokenizer.heldout_fraction)"
+        )
+    report_path = megachat_path.parent / "report.json"
+    try:
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+        per_source = {s: c for s, c in report["per_source"].items() if c["read"]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return f"{megachat_path}: no documents to learn segments from: the corpus is empty"
+    if not per_source:
+        return (
+            f"{megachat_path}: no documents to learn segments from: every source was empty before "
+            f"the shape filter too ({report_path} counts nothing read); check the sources' locations"
+        )
+    lost = "; ".join(
+        f"{s}: {c['read']} read, {c['dropped_shape']} system-prompt-shaped, {c['dropped_empty']} without a user and an assistant turn"
+        for s, c in sorted(per_source.items())
+    )
+    return (
+        f"{megachat_path}: no documents to learn segments from: filter_shape removed every document "
+        f"({lost}). See {report_path} and removed_examples.jsonl beside it; raise "
+        f"filter_shape.threshold (now {report.get('threshold')}) if it removes what it should keep."
+    )
+
+
 def train_tokenizer(megachat_path: str | Path, out_dir: str | Path, n_segments: int, config: dict, version: str) -> dict:
     """Run the stage: <out_dir>/harris_segments.json, saturation.json, manifest.json."""
     out_dir = Path(out_dir)
@@ -328,7 +365,7 @@ def train_tokenizer(megachat_path: str | Path, out_dir: str | Path, n_segments: 
 
     sample = curriculum_sample(megachat_path, weights, tcfg["sample_chars"], tcfg["heldout_fraction"], config["megachat"])
     if not sample.texts:
-        raise ValueError(f"{megachat_path}: no documents to learn segments from (are all source weights 0?)")
+        raise ValueError(no_sample_reason(megachat_path, weights, sample))
     log.info("train_tokenizer: sample of %d documents, %d chars", len(sample.texts), sum(map(len, sample.texts)))
     ranked, stats = learn_segments(sample.texts, n_segments, tcfg)
     vocab = FIRST_SEGMENT + n_segments

@@ -2,6 +2,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 
@@ -39,3 +41,77 @@ def test_stages_run_outside_snakemake(tmp_path):
     assert (tmp_path / "results").exists() and out.endswith(tuple("0123456789abcdef"))
     r = andrea("render", f"{out}/megachat.parquet", "-n", "2", "--source", "dictionary")
     assert r.returncode == 0 and "> define" in r.stdout and "\n< " in r.stdout
+
+
+def test_ckpt_info_on_a_ckpt_directory(tmp_path):
+    import numpy as np
+
+    from andrea.checkpoint import write_checkpoint
+
+    ckpt = tmp_path / "ckpt"
+    w = np.ones(10, np.float32)
+    write_checkpoint(ckpt / "final.bin", 20, w, w, w)
+    write_checkpoint(ckpt / "best.bin", 15, w, w, w)
+    (ckpt / "run.json").write_text("{}")
+    p = andrea("ckpt", "info", str(ckpt))
+    assert p.returncode == 0, p.stderr
+    info = json.loads(p.stdout)
+    assert (info["final.bin"]["step"], info["best.bin"]["step"], info["final.bin"]["n_params"]) == (20, 15, 10)
+    assert info["files"] == ["best.bin", "final.bin", "run.json"]
+    # a directory without them: one line saying what is there, no traceback
+    (ckpt / "final.bin").rename(tmp_path / "step_20.bin")
+    (ckpt / "best.bin").unlink()
+    p = andrea("ckpt", "info", str(ckpt))
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines() == [
+        f"andrea: error: {ckpt} is a directory without final.bin or best.bin (it holds run.json); "
+        "give a checkpoint file, e.g. results/<model>/ckpt/final.bin or a run's checkpoints/step_*.bin"]
+
+
+def test_user_errors_are_one_paragraph_and_debug_shows_the_traceback(tmp_path):
+    missing = andrea("tokenizer", "encode", "--segments", str(tmp_path / "nope.json"), "hello")
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    assert missing.stderr.startswith(f"andrea: error: {tmp_path / 'nope.json'}: no such segments file")
+    truncated = tmp_path / "t.bin"
+    truncated.write_bytes(b"\x01\x00\x00\x00\x10\x00\x00\x00")
+    bad = andrea("ckpt", "info", str(truncated))
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "truncated" in bad.stderr
+    debug = andrea("--debug", "ckpt", "info", str(truncated))
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "CheckpointError" in debug.stderr
+
+
+def test_error_kinds_map_to_exit_statuses(monkeypatch, capsys):
+    """In-process: what main() prints and returns for each kind of error a command may raise."""
+    import andrea.cli as cli
+    from andrea.config import ConfigError
+    from andrea.shards import ShardError
+    from andrea.trainer import TrainingRefused
+
+    def failing(exc):
+        def cmd(args):
+            raise exc
+        return cmd
+
+    cases = [
+        (ConfigError("config.yaml is invalid: models.x.d_model"), 2, "andrea: configuration error: config.yaml is invalid"),
+        (TrainingRefused("would take 3 days"), 2, "andrea: refusing to train: would take 3 days"),
+        (ShardError("a.tokens.bin: SHA-256 differs"), 1, "andrea: error: a.tokens.bin: SHA-256 differs"),
+        (IsADirectoryError(21, "Is a directory", "results/x"), 1, "andrea: error: results/x: Is a directory"),
+        (KeyboardInterrupt(), 130, "andrea: interrupted"),
+    ]
+    for exc, status, message in cases:
+        monkeypatch.setattr(cli, "cmd_ckpt_info", failing(exc))
+        assert cli.main(["ckpt", "info", "x"]) == status
+        err = capsys.readouterr().err
+        assert err.startswith(message) and "Traceback" not in err, err
+    # a ValueError from a library, not one the package wrote, says how to see where it came from
+    monkeypatch.setattr(cli, "cmd_ckpt_info", lambda args: int("not a number"))
+    assert cli.main(["ckpt", "info", "x"]) == 1
+    assert "`andrea --debug ...` shows where" in capsys.readouterr().err
+    # a bug is not dressed up as a user error
+    monkeypatch.setattr(cli, "cmd_ckpt_info", failing(TypeError("bug")))
+    with pytest.raises(TypeError):
+        cli.main(["ckpt", "info", "x"])
+    monkeypatch.setattr(cli, "cmd_ckpt_info", failing(ShardError("x")))
+    with pytest.raises(ShardError):
+        cli.main(["--debug", "ckpt", "info", "x"])

@@ -1,4 +1,5 @@
 import json
+import os
 
 import pyarrow as pa
 import pytest
@@ -61,3 +62,25 @@ def test_manifest_records_inputs_outputs_and_timing(tmp_path):
     assert data["inputs"][1]["files"] == 1
     assert data["outputs"][0]["rows"] == 3
     assert data["timings"]["seconds"] >= 0 and data["code_version"]
+
+
+@pytest.mark.parametrize("umask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700)])
+def test_atomic_writes_get_the_modes_the_umask_gives(tmp_path, umask, file_mode, dir_mode):
+    """On a shared cluster the umask decides who may read the results, as for any plain open()."""
+    import stat
+
+    schema = pa.schema([("x", pa.int64())])
+    old = os.umask(umask)
+    try:
+        write_json_atomic(tmp_path / "made" / "a.json", {"v": 1})
+        with AtomicParquetWriter(tmp_path / "made" / "deeper" / "t.parquet", schema) as w:
+            w.write({"x": 1})
+        plain = tmp_path / "plain.txt"
+        plain.write_text("x")
+    finally:
+        os.umask(old)
+    mode = lambda p: stat.S_IMODE(p.stat().st_mode)  # noqa: E731
+    assert mode(plain) == file_mode  # what open() gives: the reference
+    assert mode(tmp_path / "made" / "a.json") == file_mode
+    assert mode(tmp_path / "made" / "deeper" / "t.parquet") == file_mode
+    assert mode(tmp_path / "made") == dir_mode and mode(tmp_path / "made" / "deeper") == dir_mode

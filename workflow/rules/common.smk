@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 from andrea.config import HERMES3_PARTS
 from andrea.records import embedded_location
@@ -25,12 +26,23 @@ def benchmark_path(stage):
     return f"{RESULTS}/benchmarks/{stage}/{VERSIONS[stage]}.tsv"
 
 
+def in_workdir(path):
+    """A path inside the working directory, relative to it: Snakemake records a job's input
+    paths, so an absolute one would make a moved or copied checkout re-run the stage."""
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def hermes3_input(wildcards):
-    """The local file pull_hermes3 reads (none for the hub), so editing it re-runs the stage."""
+    """The local file pull_hermes3 reads (none for the hub), so editing it re-runs the stage.
+    The embedded corpus lives in the checkout: relative when that is the working directory. A
+    location the user configures is used as written, absolute or relative."""
     loc = config["hermes3"]["location"]
     if loc == "hub":
         return []
-    return [str(embedded_location("hermes3"))] if loc == "embedded" else [loc]
+    return [in_workdir(embedded_location("hermes3"))] if loc == "embedded" else [loc]
 
 
 from andrea.versions import enabled_sources
