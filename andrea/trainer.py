@@ -63,7 +63,7 @@ log = logging.getLogger("andrea.trainer")
 
 SMMA_N = 100  # the original's smoothed moving average, s_t = ((n−1)·s_{t−1} + x_t)/n
 EMA_ALPHA = 0.1
-WARMUP_PASSES = 3  # timed forward+backward passes before the plan; the first compiles and captures
+WARMUP_PASSES = 5  # timed forward+backward passes before the plan; the first compiles and captures
 
 
 class TrainingRefused(RuntimeError):
@@ -210,9 +210,10 @@ class Trainer:
     def _warmup(self) -> dict:
         """Time what a step costs once compilation and graph capture are done: WARMUP_PASSES
         forward+backward passes on a batch of zeros (the first compiles and captures and is not
-        counted), a forward pass (validation's unit) and the host copy a checkpoint takes. Gradients
-        are discarded; weights, optimizer, data and random streams are untouched, so the warm-up
-        cannot change the trajectory."""
+        counted), an AdamW update of copies of the weights and Adam state, a forward pass
+        (validation's unit) and the host copy a checkpoint takes. Gradients are discarded; weights,
+        optimizer, data and random streams are untouched, so the warm-up cannot change the
+        trajectory."""
         e = self.engine
         zeros = e.prepare(np.zeros((self.B, self.T), dtype=np.int64), np.zeros((self.B, self.T), dtype=np.int64))
         passes = []
@@ -222,6 +223,15 @@ class Trainer:
             e.forward_backward(zeros)
             e.grad_norm()  # a host sync, as every step has
             passes.append(time.perf_counter() - t0)
+        xp = e.xp
+        w, m, v = (xp.array(a, copy=True) for a in (e.w, e.m, e.v))
+        opt = []
+        for _ in range(2):  # the first compiles the kernel
+            t0 = time.perf_counter()
+            e.be.adamw(w, e.g, m, v, e.decay, 1e-9, self.oc.beta1, self.oc.beta2, self.oc.eps, 0.0, 1, 1.0)
+            float(w[0])  # waits for the device
+            opt.append(time.perf_counter() - t0)
+        del w, m, v
         e.zero_grads()
         t0 = time.perf_counter()
         e.forward(zeros)
@@ -230,7 +240,8 @@ class Trainer:
         t0 = time.perf_counter()
         e.host(e.w)
         t_host = time.perf_counter() - t0
-        return {"first_pass_s": passes[0], "step_s": float(np.median(passes[1:])) * self.s["grad_accum"],
+        return {"first_pass_s": passes[0], "step_s": float(np.median(passes[1:])) * self.s["grad_accum"] + opt[-1],
+                "optimizer_s": opt[-1],
                 "forward_s": t_forward, "checkpoint_copy_s": 3 * t_host}
 
     def _sample_cost(self) -> float:

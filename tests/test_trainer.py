@@ -274,3 +274,68 @@ def test_large_model_on_the_cpu_is_refused_with_advice(embedded_megachat, tmp_pa
     with pytest.raises(TrainingRefused, match=r"ANDREA-120M .* days .*ANDREA-tiny.*--force"):
         t.run()
     assert t.engine is None  # refused before allocating gigabytes
+
+
+def test_backend_auto_picks_what_the_machine_has(monkeypatch):
+    from andrea import engine as eng
+    from andrea.engine import engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "gpu_status", lambda: (False, "CuPy is not installed"))
+    assert eng.resolve_backend("auto", "auto") == ("numpy", "fp32", "auto: CuPy is not installed")
+    with pytest.raises(ValueError, match="precision 'bf16' needs the CuPy GPU backend"):
+        eng.resolve_backend("auto", "bf16")
+    monkeypatch.setattr(engine_mod, "gpu_status", lambda: (True, "CUDA GPU 0 of 1: NVIDIA H200"))
+    assert eng.resolve_backend("auto", "auto") == ("cupy", "bf16", "auto: CUDA GPU 0 of 1: NVIDIA H200")
+    assert eng.resolve_backend("auto", "fp16")[:2] == ("cupy", "fp16")
+    assert eng.resolve_backend("numpy", "auto") == ("numpy", "fp32", "set in the config")
+
+
+def test_gpu_resource_follows_the_backend_and_the_model():
+    from andrea.config import load_config
+    from andrea.versions import train_needs_gpu
+
+    cfg = load_config(REPO / "config" / "config.yaml")
+    assert not train_needs_gpu(cfg, "ANDREA-tiny")  # the quickstart stays on the CPU partition
+    assert train_needs_gpu(cfg, "ANDREA-12M") and train_needs_gpu(cfg, "ANDREA-120M")
+    cfg["train"]["ANDREA-120M"]["backend"] = "numpy"
+    assert not train_needs_gpu(cfg, "ANDREA-120M")
+    cfg["train"]["ANDREA-tiny"]["backend"] = "cupy"
+    assert train_needs_gpu(cfg, "ANDREA-tiny")
+
+
+def test_cuda_sources_ship_with_the_package():
+    """An installed (non-editable) package finds its kernels: they live inside it."""
+    import tomllib
+    from importlib import resources
+
+    kernels = resources.files("andrea") / "kernels"
+    names = {p.name for p in kernels.iterdir()}
+    assert {"attention_mma.cu", "elementwise.cu", "layernorm.cu", "classifier.cu", "common.cuh"} <= names
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["andrea"]
+    assert "kernels/*.cu" in data and "kernels/*.cuh" in data
+    assert (REPO / "kernels").resolve() == (REPO / "andrea" / "kernels").resolve()  # the checkout's kernels/ links there
+
+
+def test_plan_line_names_the_backend_and_why(straight):
+    plan = json.loads((straight / "plan.json").read_text())
+    assert plan["backend"] == "numpy" and plan["precision"] == "fp32"
+    assert plan["backend_reason"].startswith("auto: ")
+    log = (straight / "train.log").read_text()
+    assert "backend numpy/fp32 (auto: " in log and "s/step after warm-up" in log
+
+
+@pytest.mark.slow
+def test_plan_estimate_is_within_a_quarter_of_the_actual_time(shards, tmp_path):
+    """The time-to-finish in the plan comes from passes after warm-up plus the periodic work
+    (validation, samples, checkpoints): on a quickstart-sized CPU run it is within 25 %."""
+    cfg = write_config(tmp_path / "config.yaml", batch_size=8, seq_len=128, max_steps=300, warmup_steps=30,
+                       checkpoint_every=50, sample_every=100, sample_tokens=160, eval_every=50, eval_tokens=2048)
+    c = yaml.safe_load(cfg.read_text())
+    c["models"]["micro"] = {"d_model": 128, "n_head": 4, "n_layer": 2, "context": 256, "n_segments": 256}  # ANDREA-tiny's shape
+    cfg.write_text(yaml.safe_dump(c, sort_keys=False))
+    run = tmp_path / "run"
+    p = train(cfg, shards, run)
+    assert p.returncode == 0, p.stderr[-2000:]
+    plan = json.loads((run / "plan.json").read_text())
+    est, actual = plan["estimated_remaining_s"], plan["actual_remaining_s"]
+    assert abs(est / actual - 1) < 0.25, (est, actual, plan["estimate"])

@@ -181,3 +181,62 @@ def test_lint_and_format_are_clean():
     snakefmt = shutil.which("snakefmt", path=str(Path(sys.executable).parent)) or shutil.which("snakefmt")
     fmt = subprocess.run([snakefmt, "--check", str(REPO / "Snakefile"), str(REPO / "workflow")], capture_output=True, text=True, timeout=120)
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+
+
+def run_dirs(workdir, model="ANDREA-tiny"):
+    return sorted(p.name for p in (workdir / "results" / model / "runs").iterdir())
+
+
+def train_steps(run_dir):
+    return [json.loads(l)["step"] for l in (run_dir / "loss.jsonl").read_text().splitlines()
+            if json.loads(l).get("kind", "train") == "train"]
+
+
+def test_training_follows_the_config(workflow_dir):
+    """results/<model>/ckpt and /audit always describe the current config: raising max_steps
+    continues the run from its newest checkpoint; any other change to what the weights depend on
+    re-runs train (and audit) into a new run directory; a change to how the run is watched re-runs
+    train, which continues the same run."""
+    set_config(workflow_dir, {**QUICK_TRAIN, "train.ANDREA-tiny.max_steps": 12, "train.ANDREA-tiny.checkpoint_every": 4,
+                              "train.ANDREA-tiny.eval_every": 6})
+    res = workflow_dir / "results" / "ANDREA-tiny"
+    snakemake(workflow_dir, "results/ANDREA-tiny/audit")
+    (first,) = run_dirs(workflow_dir)
+    assert json.loads((res / "ckpt" / "run.json").read_text())["run_key"] == first
+
+    def planned():
+        text = (lambda p: p.stdout + p.stderr)(snakemake(workflow_dir, "--dry-run", "results/ANDREA-tiny/audit"))
+        return {r for r in ("pull_hermes3", "encode", "train", "audit") if f"rule {r}:" in text}
+
+    assert planned() == set()
+    # more steps: the same run goes on from step 12; the schedule is recomputed for the new end
+    set_config(workflow_dir, {"train.ANDREA-tiny.max_steps": 18})
+    assert planned() == {"train", "audit"}
+    snakemake(workflow_dir, "results/ANDREA-tiny/audit")
+    assert run_dirs(workflow_dir) == [first]
+    assert train_steps(res / "runs" / first) == list(range(18))
+    assert "resumed ANDREA-tiny at step 12" in (res / "runs" / first / "train.log").read_text()
+    run = json.loads((res / "ckpt" / "run.json").read_text())
+    assert run["step"] == 18 and run["train"]["max_steps"] == 18
+    assert json.loads((res / "audit" / "summary.json").read_text())["step"] == 18
+    # a watch setting: train re-runs and finds the run complete; nothing is trained again
+    set_config(workflow_dir, {"train.ANDREA-tiny.checkpoint_every": 6})
+    assert planned() == {"train", "audit"}
+    snakemake(workflow_dir, "results/ANDREA-tiny/ckpt")
+    assert run_dirs(workflow_dir) == [first] and train_steps(res / "runs" / first) == list(range(18))
+    # what the weights depend on: each is a new run from step 0
+    seen = {first}
+    for change in ({"train.ANDREA-tiny.lr": 1.0e-3}, {"train.ANDREA-tiny.seed": 7}, {"models.ANDREA-tiny.d_model": 96},
+                   {"curriculum.background_weight": 0.2}):
+        set_config(workflow_dir, change)
+        assert planned() == {"train", "audit"}, change
+        snakemake(workflow_dir, "results/ANDREA-tiny/audit")
+        new = set(run_dirs(workflow_dir)) - seen
+        assert len(new) == 1, change
+        (key,) = new
+        seen.add(key)
+        assert train_steps(res / "runs" / key) == list(range(18))
+        run = json.loads((res / "ckpt" / "run.json").read_text())
+        assert run["run_key"] == key and run["step"] == 18
+        assert json.loads((res / "audit" / "summary.json").read_text())["step"] == 18
+    assert run["model_config"]["d_model"] == 96 and run["train"]["seed"] == 7 and run["train"]["lr"] == 1.0e-3
