@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import hashlib
 import html
 import json
 import os
@@ -55,7 +54,7 @@ PACKAGES = [
     ("sword-text-web", "apt", "", "public domain", "gutenberg",
      "World English Bible with Deuterocanon (SWORD zText module, OSIS markup stripped)"),
     ("wordnet-base", "apt", "", "WordNet 3.0 licence (Princeton, permissive)", "dictionary",
-     "WordNet 3.0 glosses, every sense of every lemma"),
+     "WordNet 3.0 glosses with examples: one-word lower-case lemmas, their most frequent senses"),
     ("dict-devil", "apt", "", "public domain", "dictionary",
      "Ambrose Bierce, The Devil's Dictionary (dictd database)"),
     ("python3.11-doc", "apt", "", "PSF-2.0 (Python documentation licence)", "repo-docs",
@@ -462,7 +461,7 @@ SOURCE_ADAPTER = {"gutenberg": "plaintext", "dictionary": "dictionary", "repo-do
 # ---------------------------------------------------------------- the overlay
 
 
-def overlay_yaml(out: Path, root: Path, written: dict) -> str:
+def overlay_yaml(out: Path, root: Path) -> str:
     rel = lambda p: os.path.relpath(out / p, root)  # noqa: E731
     q = json.dumps  # a JSON string is a valid YAML scalar, whatever the path holds
     return f"""\
@@ -569,7 +568,10 @@ def main(argv=None) -> int:
             if p.is_dir() and not any(p.iterdir()):
                 p.rmdir()
 
-    write_text_atomic(out / "real-corpus.yaml", overlay_yaml(out, root, written))
+    write_text_atomic(out / "real-corpus.yaml", overlay_yaml(out, root))
+    if not out.is_relative_to(root):
+        log(f"note: {out} is outside {root}: the overlay's paths climb out of it (../), so they hold only "
+            f"where this directory keeps that place relative to {root}")
     per_source: dict[str, dict] = {}
     for p in packages:
         s = per_source.setdefault(p["source"], {"packages": [], "bytes": 0, "text_bytes": 0, "documents": 0})

