@@ -49,7 +49,7 @@ from andrea.checkpoint import HEADER, CheckpointError, read_checkpoint, write_ch
 from andrea.coherence import coherence_score
 from andrea.config import TRAIN_DEFAULTS, train_settings  # noqa: F401  (re-exported: the settings' home)
 from andrea.curriculum import Bandit
-from andrea.engine import Engine, resolve_backend
+from andrea.engine import Engine, materialise, resolve_backend
 from andrea.evaluation import build_eval_set, evaluate
 from andrea.io import atomic_path, read_jsonl, write_json_atomic, write_text_atomic
 from andrea.model import ModelConfig, flops_per_token, n_params
@@ -211,7 +211,7 @@ class Trainer:
         """Time what a step costs once compilation and graph capture are done: WARMUP_PASSES
         forward+backward passes on a batch of zeros (the first compiles and captures and is not
         counted), an AdamW update of copies of the weights and Adam state, a forward pass
-        (validation's unit) and the host copy a checkpoint takes. Gradients are discarded; weights,
+        (validation's unit) and the snapshot a checkpoint takes. Gradients are discarded; weights,
         optimizer, data and random streams are untouched, so the warm-up cannot change the
         trajectory."""
         e = self.engine
@@ -238,19 +238,32 @@ class Trainer:
         e.row_losses()
         t_forward = time.perf_counter() - t0
         t0 = time.perf_counter()
-        e.host(e.w)
+        snap = e.snapshot(e.w)  # what the step loop waits for at a checkpoint, per buffer
+        float(e.w[0])  # (on the GPU: until the device-side copy is done)
         t_host = time.perf_counter() - t0
+        del snap
         return {"first_pass_s": passes[0], "step_s": float(np.median(passes[1:])) * self.s["grad_accum"] + opt[-1],
                 "optimizer_s": opt[-1],
                 "forward_s": t_forward, "checkpoint_copy_s": 3 * t_host}
 
     def _sample_cost(self) -> float:
-        """Seconds one coherence sample takes: 8 tokens generated and timed, scaled to sample_tokens."""
+        """Seconds one coherence sample takes: the fixed part (the weights to the host, the
+        prompt's prefill, one token) plus sample_tokens times the cost of one more token (from
+        17 tokens against 1). Scaling the whole of a short generation counted the fixed part many
+        times: an ANDREA-120M estimate was 7x the real sample."""
         ids = [BOS, *self.tok.encode(self.s["sample_prompt"]).tolist()]
+        rng = np.random.default_rng(0)
         t0 = time.perf_counter()
         model = InferenceModel(self.cfg, self.engine.host(self.engine.w))
-        generate(model, ids, 8, np.random.default_rng(0), self.s["sample_temperature"], stop_at_bos=False)
-        return (time.perf_counter() - t0) / 8 * self.s["sample_tokens"]
+        generate(model, ids, 1, rng, self.s["sample_temperature"], stop_at_bos=False)
+        fixed = time.perf_counter() - t0
+        times = []
+        for n in (1, 17):
+            t0 = time.perf_counter()
+            generate(model, ids, n, rng, self.s["sample_temperature"], stop_at_bos=False)
+            times.append(time.perf_counter() - t0)
+        per_token = max(0.0, times[1] - times[0]) / 16
+        return fixed + per_token * self.s["sample_tokens"]
 
     def _estimate(self, warm: dict) -> dict:
         """Seconds to finish: steps at the warmed-up rate plus the periodic work still to come."""
@@ -262,7 +275,8 @@ class Trainer:
             return end // every - start // every + (1 if include_start and start % every == 0 else 0)
 
         n_eval = due(s["eval_every"], include_start=start == 0) if self.eval_set is not None else 0
-        eval_s = warm["forward_s"] * -(-len(self.eval_set) // self.B) if self.eval_set is not None else 0.0
+        # forward passes, plus the weights' host copy for best.bin (while validation improves)
+        eval_s = warm["forward_s"] * -(-len(self.eval_set) // self.B) + warm["checkpoint_copy_s"] / 3 if self.eval_set is not None else 0.0
         n_sample = due(s["sample_every"])
         sample_s = self._sample_cost() if n_sample else 0.0
         n_ckpt = due(s["checkpoint_every"])
@@ -302,11 +316,13 @@ class Trainer:
             "schedule": {"lr": self.oc.lr, "warmup_steps": self.oc.warmup_steps, "max_steps": self.oc.max_steps},
         }
 
-    def _host_copy(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The weights and Adam state as host arrays this step owns (training goes on changing the
-        engine's)."""
-        e = self.engine
-        return tuple(np.array(e.host(a), dtype=np.float32, copy=True) for a in (e.w, e.m, e.v))
+    def _host_copy(self) -> tuple:
+        """The weights and Adam state as of this step, for the writer thread (Engine.snapshot: on
+        the GPU a device-side copy, brought to the host by the writer; training goes on)."""
+        return tuple(self.engine.snapshot(a) for a in (self.engine.w, self.engine.m, self.engine.v))
+
+    def _host(self, a):
+        return self.engine.snapshot(a)
 
     def save_checkpoint(self, reason: str = "periodic", wait: bool = False) -> Path:
         """checkpoints/step_NNNNNN.bin with its state beside it, then state.json, then the old
@@ -329,6 +345,7 @@ class Trainer:
         self._ckpt_writes.append(self._ckpt_pool.submit(fn, *args))
 
     def _write_checkpoint(self, path: Path, step: int, arrays, state: dict, reason: str) -> None:
+        arrays = [materialise(a) for a in arrays]
         write_checkpoint(path, step, *arrays)
         state["sha256"] = _checkpoint_sha256(step, arrays)
         write_json_atomic(path.with_suffix(".json"), state)
@@ -339,7 +356,8 @@ class Trainer:
             old.with_suffix(".json").unlink(missing_ok=True)
         log.info("checkpoint %s (%s)", path, reason)
 
-    def _write_best(self, step: int, weights: np.ndarray) -> None:
+    def _write_best(self, step: int, weights) -> None:
+        weights = materialise(weights)
         zeros = np.zeros_like(weights)
         write_checkpoint(self.run_dir / "best.bin", step, weights, zeros, zeros)
 
@@ -519,7 +537,7 @@ class Trainer:
                  r["bpb"] or float("nan"), per, r["seconds"])
         if r["loss"] is not None and math.isfinite(r["loss"]) and r["loss"] < self.best:
             self.best = r["loss"]
-            self._submit_write(self._write_best, self.step, np.array(self.engine.host(self.engine.w), dtype=np.float32, copy=True))
+            self._submit_write(self._write_best, self.step, self._host(self.engine.w))
         return rec
 
     # ------------------------------------------------------------------ run
@@ -669,7 +687,7 @@ class Trainer:
             if self.eval_set is None and ckpt_due and self.smma is not None and self.smma < self.best:
                 self.best = self.smma  # no validation set: best.bin by the smoothed training loss
                 self.save_checkpoint()
-                self._submit_write(self._write_best, self.step, np.array(self.engine.host(self.engine.w), dtype=np.float32, copy=True))
+                self._submit_write(self._write_best, self.step, self._host(self.engine.w))
             elif ckpt_due:
                 self.save_checkpoint()
             if self.step % s["sample_every"] == 0 and self.low_samples >= s["coherence_patience"]:

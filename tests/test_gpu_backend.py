@@ -465,3 +465,17 @@ def test_gpu_checkpoint_loads_in_the_numpy_backend(tmp_path):
     cpu.load_state(ck.weights, ck.m, ck.v, adam_t=3)
     inputs, targets = batch(99)
     assert math.isclose(cpu.forward(inputs, targets), e.forward(inputs, targets), rel_tol=1e-5)
+
+
+def test_snapshot_holds_the_value_at_its_step():
+    """A checkpoint's snapshot is the buffer when it was taken, whatever the training does next:
+    the device-side copy, brought to the host later on a stream of its own."""
+    cp = pytest.importorskip("cupy")
+    from andrea.engine import cupy_backend as cb
+
+    a = cp.arange(50_000_000, dtype=cp.float32)
+    want = cp.asnumpy(a)
+    snap = cb.snapshot(a)
+    a *= 2  # the next steps change the weights
+    got = snap.host()
+    assert np.array_equal(got, want) and snap.copy is None

@@ -36,6 +36,11 @@ def load_backend(name: str):
                            "and `pip install -e '.[gpu]'`") from None
 
 
+def materialise(x) -> np.ndarray:
+    """A host array from an Engine.snapshot (or an array, as it is)."""
+    return x.host() if hasattr(x, "host") else x
+
+
 def gpu_status() -> tuple[bool, str]:
     """Whether the CuPy backend can run here, and why (or why not), in words for the plan line."""
     try:
@@ -294,6 +299,12 @@ class Engine:
     def row_losses(self) -> np.ndarray:
         """Mean loss of each batch row (what the curriculum attributes to a row's source), on the host."""
         return self.host(self.acts["losses"].mean(axis=1))
+
+    def snapshot(self, a):
+        """The value of a buffer now, for a writer thread to take later: `materialise(result)` is a
+        host array. On the GPU a device-side copy (the transfer happens in the writer's thread);
+        on the CPU a copy."""
+        return self.be.snapshot(a) if hasattr(self.be, "snapshot") else np.array(a, copy=True)
 
     def host(self, a) -> np.ndarray:
         """A buffer as a NumPy array (a copy from the GPU, the array itself on the CPU)."""
