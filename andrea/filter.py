@@ -16,24 +16,24 @@ from pathlib import Path
 from andrea.io import AtomicParquetWriter, Manifest, progress, write_json_atomic, write_jsonl_atomic
 from andrea.megachat import MEGACHAT_SCHEMA, iter_megachat
 from andrea.parallel import ordered_map
-from andrea.shape import evaluate, shape_score
+from andrea.shape import cross_validated_quality, evaluate, has_system_prompt_shape, shape_score
 
 log = logging.getLogger("andrea.filter")
 
 
 def _flagged_turn(turns: list[dict], threshold: float):
     for i, t in enumerate(turns):
-        if t["role"] in ("user", "assistant"):
+        # has_system_prompt_shape() is the cheap test; the explained score only for what it flags
+        if t["role"] in ("user", "assistant") and has_system_prompt_shape(t["text"], threshold):
             s = shape_score(t["text"])
-            if s.score >= threshold:
-                return {"turn": i, "role": t["role"], "text": t["text"][:600], "score": s.score, "features": s.features}
+            return {"turn": i, "role": t["role"], "text": t["text"][:600], "score": s.score, "features": s.features}
     return None
 
 
 def _flagged_paragraph(text: str, threshold: float):
     for i, para in enumerate(p for p in text.split("\n\n") if p.strip()):
-        s = shape_score(para)
-        if s.score >= threshold:
+        if has_system_prompt_shape(para, threshold):
+            s = shape_score(para)
             return {"paragraph": i, "text": para[:600], "score": s.score, "features": s.features}
     return None
 
@@ -106,11 +106,22 @@ def filter_shape(
                 log.info("filter_shape: %d documents judged", n)
 
     quality = evaluate(threshold)
+    held_out = cross_validated_quality()
     report = {
         "threshold": threshold,
         "totals": {k: sum(v[k] for v in per_source.values()) for k in ("read", "kept", "dropped_shape", "dropped_empty", "system_turns_removed")},
         "per_source": dict(per_source),
-        "labelled_set": {k: v for k, v in quality.items() if k != "misclassified"},
+        # In-sample: the shipped weights were fitted on this set, at this stage's threshold.
+        "labelled_set": {
+            "measure": "in-sample (the shipped weights were fitted on this set; flatters the scorer)",
+            **{k: v for k, v in quality.items() if k != "misclassified"},
+        },
+        # Held out: weights and threshold refitted on the training folds, scored on the held-out
+        # fold (at the fitted threshold, which shape scores put at 0.5).
+        "labelled_set_cross_validated": {
+            "measure": f"held-out: {held_out['method']}; weights and threshold fitted on the training folds only",
+            **{k: v for k, v in held_out.items() if k not in ("misclassified", "method")},
+        },
     }
     write_json_atomic(out_dir / "report.json", report)
     write_jsonl_atomic(out_dir / "removed_examples.jsonl", [e for ex in examples.values() for e in ex])
@@ -123,7 +134,7 @@ def filter_shape(
             src, v["read"], v["kept"], v["dropped_shape"], v["dropped_empty"], v["system_turns_removed"],
         )
     log.info(
-        "filter_shape: labelled set precision %.3f recall %.3f at threshold %.2f",
-        quality["precision"], quality["recall"], threshold,
+        "filter_shape: labelled set precision %.3f recall %.3f held out (cross-validated), %.3f / %.3f in-sample at threshold %.2f",
+        held_out["precision"], held_out["recall"], quality["precision"], quality["recall"], threshold,
     )
     return report

@@ -50,7 +50,13 @@ def test_filter_strips_system_turns_drops_shaped_records_and_reports(config, tmp
     examples = [json.loads(l) for l in (out / "removed_examples.jsonl").read_text().splitlines()]
     assert {(e["doc_id"], e["role"]) for e in examples} == {("2", "user"), ("3", "assistant")}
     assert all(e["score"] >= 0.5 and "features" in e for e in examples)
-    assert report["labelled_set"]["precision"] >= 0.95
+    # both measures of the scorer, each saying which it is: in-sample, and held out
+    written = json.loads((out / "report.json").read_text())
+    assert written["labelled_set"] == report["labelled_set"]
+    assert report["labelled_set"]["precision"] >= 0.95 and "in-sample" in report["labelled_set"]["measure"]
+    cv = written["labelled_set_cross_validated"]
+    assert "held-out" in cv["measure"] and "5-fold" in cv["measure"] and cv["n"] == report["labelled_set"]["n"]
+    assert cv["precision"] >= 0.97 and cv["recall"] >= 0.95
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["counts"]["kept"] == 3 and manifest["params"]["filter_shape"]["threshold"] == 0.5
 
