@@ -168,7 +168,8 @@ def write_reports(d: Path, summary: dict, df: pd.DataFrame, ppl: dict, figs: dic
     key = "judge_score" if df["judge_score"].notna().any() else "coherence"
     ranked = df.sort_values(key, ascending=False)
     best, worst = ranked.head(3), ranked.tail(3).iloc[::-1]
-    by_domain = df.groupby("domain")[["coherence", "distinct_2", "repetition", "english_rate"]].mean().round(3)
+    cols = ["coherence", "coh_share", "coh_gate", "coh_bigram", "coh_trigram", "coh_chars", "distinct_2", "repetition"]
+    by_domain = df.groupby("domain")[[c for c in cols if c in df.columns]].mean().round(3)
 
     md = [f"# Audit of {summary['model']} at step {summary['step']}", ""]
     md += ["| | |", "|---|---|"] + [f"| {k.replace('_', ' ')} | {v} |" for k, v in summary.items() if k not in ("model", "step")]

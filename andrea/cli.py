@@ -426,7 +426,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from andrea.config import ConfigError
     from andrea.io import setup_logging
 
     args = build_parser().parse_args(argv)

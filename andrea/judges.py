@@ -1,8 +1,8 @@
 """Judges of generated samples (SPEC §10).
 
 Built in, no network: the coherence score (andrea/coherence.py), distinct-1/2/3, repetition
-rate, real-word rate (`english_rate`: the coherence score's real-word share, by letters), and the
-model's perplexity on held-out documents.
+rate, real-word rate (`english_rate`: the coherence score's real-word share, by letters). The
+model's loss on held-out documents is andrea/evaluation.py's.
 
 External: any OpenAI-compatible chat-completions endpoint, given a written rubric, returns a
 0–10 score and a reason per sample. Time-outs, HTTP errors, rate limits and unparseable replies
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 import socket
@@ -23,7 +22,6 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-import numpy as np
 
 from andrea.coherence import WORD, coherence_score, distinct_n, real_word_share
 
@@ -56,8 +54,15 @@ def repetition_rate(words: list[str], n: int = 4) -> float:
 def builtin_scores(text: str) -> dict:
     found = WORD.findall(text)
     words = [w.lower() for w in found]
+    c = coherence_score(text)
     return {
-        "coherence": round(coherence_score(text).score, 2),
+        "coherence": round(c.score, 2),
+        # the coherence score's parts (andrea/coherence.py): gate(real-word share) x novelty x (…)
+        "coh_share": round(c.share, 4),
+        "coh_gate": round(c.gate, 4),
+        "coh_bigram": round(c.bigram, 2),
+        "coh_trigram": round(c.trigram, 2),
+        "coh_chars": round(c.chars, 2),
         "distinct_1": round(distinct_n(words, 1), 4),
         "distinct_2": round(distinct_n(words, 2), 4),
         "distinct_3": round(distinct_n(words, 3), 4),
@@ -66,29 +71,6 @@ def builtin_scores(text: str) -> dict:
         "n_words": len(words),
         "n_chars": len(text),
     }
-
-
-def perplexity(model, shards: dict, heldout_every: int, max_docs: int, seq_len: int) -> dict:
-    """exp(mean NLL per token) on each source's held-out documents (those the trainer never
-    draws), each scored on its first `seq_len` + 1 tokens."""
-    out, total_nll, total_tok = {}, 0.0, 0
-    for src, shard in shards.items():
-        if heldout_every <= 0:
-            break
-        docs = [i for i in range(heldout_every - 1, shard.n_docs, heldout_every)][:max_docs]
-        nll = tok = 0
-        for i in docs:
-            x = np.asarray(shard.window(i, seq_len)[0], dtype=np.int64)
-            model.reset()
-            logits = model.forward(x[:-1]).astype(np.float64)
-            lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
-            nll += float((lse - logits[np.arange(len(x) - 1), x[1:]]).sum())
-            tok += len(x) - 1
-        if tok:
-            out[src] = {"documents": len(docs), "tokens": tok, "perplexity": round(math.exp(nll / tok), 3)}
-            total_nll, total_tok = total_nll + nll, total_tok + tok
-    overall = round(math.exp(total_nll / total_tok), 3) if total_tok else None
-    return {"overall": overall, "tokens": total_tok, "per_source": out}
 
 
 # ---------------------------------------------------------------------- external

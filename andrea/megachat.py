@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from andrea.io import AtomicParquetWriter, Manifest, progress, write_text_atomic
 from andrea.records import MalformedRecord, Tally
-from andrea.sources import ADAPTERS, Context, Doc, Skip, resolve_location
+from andrea.sources import ADAPTERS, Context, Skip, resolve_location
 
 log = logging.getLogger("andrea.megachat")
 

@@ -31,6 +31,7 @@ trajectory bit for bit (same backend and precision).
 from __future__ import annotations
 
 import copy
+import fcntl
 import hashlib
 import json
 import logging
@@ -542,9 +543,16 @@ class Trainer:
 
     # ------------------------------------------------------------------ run
     def run(self, out_dir: str | Path | None = None) -> dict:
-        s = self.s
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.ckpt_dir.mkdir(exist_ok=True)
+        lock = open(self.run_dir / ".lock", "w")
+        try:  # one trainer per run directory: a second would interleave its records and checkpoints
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise RuntimeError(f"{self.run_dir}: another trainer is running in this run directory") from None
+        for stale in [*self.run_dir.glob(".*.tmp"), *self.ckpt_dir.glob(".*.tmp")]:
+            stale.unlink()  # a write cut short by a crash (kill -9, power): never under a real name
         handler = logging.FileHandler(self.run_dir / "train.log", mode="a", encoding="utf-8")
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logging.getLogger("andrea").addHandler(handler)
@@ -553,6 +561,7 @@ class Trainer:
         finally:
             logging.getLogger("andrea").removeHandler(handler)
             handler.close()
+            lock.close()
 
     def _run(self, out_dir) -> dict:
         s = self.s

@@ -339,3 +339,63 @@ def test_plan_estimate_is_within_a_quarter_of_the_actual_time(shards, tmp_path):
     plan = json.loads((run / "plan.json").read_text())
     est, actual = plan["estimated_remaining_s"], plan["actual_remaining_s"]
     assert abs(est / actual - 1) < 0.25, (est, actual, plan["estimate"])
+
+
+@pytest.mark.slow
+def test_kill_9_at_twenty_moments_never_loses_more_than_a_checkpoint_interval(shards, tmp_path):
+    """SIGKILL (no chance to clean up) at 20 moments — random times, and the moment a checkpoint
+    file is being written — then resume each time: never a crash, never more than
+    checkpoint_every steps lost, and the end is byte-identical to the uninterrupted run."""
+    import random
+
+    cfg = write_config(tmp_path / "config.yaml", max_steps=4000, eval_every=400, sample_every=1000)
+    straight = tmp_path / "straight"
+    assert train(cfg, shards, straight).returncode == 0
+    run = tmp_path / "run"
+    rnd = random.Random(12)
+    every = TRAIN["checkpoint_every"]
+    errors, kills, mid_writes = [], 0, 0
+    for i in range(20):
+        before = len(loss_lines(run)) if (run / "loss.jsonl").exists() else 0
+        proc = train(cfg, shards, run, wait=False)
+        t0 = time.time()
+        if i % 2:  # at a random moment
+            deadline = t0 + rnd.uniform(0.8, 2.0)
+            while time.time() < deadline and proc.poll() is None:
+                time.sleep(0.005)
+        else:  # while a checkpoint (or its state file) is being written: its temporary file exists
+            while proc.poll() is None and time.time() - t0 < 8:
+                if list((run / "checkpoints").glob(".*.tmp")) if (run / "checkpoints").exists() else []:
+                    break
+                time.sleep(0.0005)
+        mid_write = bool(list((run / "checkpoints").glob(".*.tmp"))) if (run / "checkpoints").exists() else False
+        proc.kill()
+        out, err = proc.communicate(timeout=60)
+        kills += proc.returncode == -signal.SIGKILL
+        mid_writes += mid_write and proc.returncode == -signal.SIGKILL
+        if proc.returncode not in (0, -signal.SIGKILL) or "Traceback" in err:
+            errors.append(err[-2000:])
+        resumed = [l for l in err.splitlines() if "resumed micro at step" in l]
+        if resumed:  # where this attempt picked up must be within one interval of where the last was killed
+            step = int(resumed[0].split("at step ")[1].split()[0])
+            assert step >= before - every, (i, step, before)
+        if proc.returncode == 0:
+            break  # it finished before the kill
+    print(f"{kills} kills, {mid_writes} while a checkpoint file was being written")
+    assert kills >= 15  # the run was long enough for the kills to land in training
+    p = train(cfg, shards, run)
+    assert p.returncode == 0 and not errors, (p.stderr[-2000:], errors[:1])
+    assert (run / "final.bin").read_bytes() == (straight / "final.bin").read_bytes()
+    assert without_timing(loss_lines(run)) == without_timing(loss_lines(straight))
+    assert not list(run.glob(".*.tmp")) and not list((run / "checkpoints").glob(".*.tmp"))
+
+
+def test_two_trainers_cannot_share_a_run_directory(shards, tmp_path):
+    cfg = write_config(tmp_path / "config.yaml", max_steps=100000)
+    run = tmp_path / "run"
+    first = train(cfg, shards, run, wait=False)
+    wait_for_lines(run, 2, first)
+    second = train(cfg, shards, run)
+    first.kill()
+    first.communicate()
+    assert second.returncode != 0 and "another trainer is running in this run directory" in second.stderr

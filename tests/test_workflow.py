@@ -140,7 +140,7 @@ def test_killed_training_resumes_through_snakemake(workflow_dir):
     (run_dir,) = runs.iterdir()
     stopped = json.loads((run_dir / "state.json").read_text())["step"]
     assert 0 < stopped < 400
-    again = snakemake(workflow_dir)
+    snakemake(workflow_dir)
     log = (workflow_dir / "results" / "logs" / "train" / "ANDREA-tiny.log").read_text()
     assert f"resumed ANDREA-tiny at step {stopped}" in log
     steps = [json.loads(l)["step"] for l in (run_dir / "loss.jsonl").read_text().splitlines()]

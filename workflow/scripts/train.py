@@ -11,13 +11,27 @@ if __name__ == "__main__":
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(snakemake.threads)
 
+    import logging
+
     from andrea.io import setup_logging
-    from andrea.trainer import Trainer
+    from andrea.optim import NonFiniteHalt
+    from andrea.trainer import CoherenceHalt, Trainer, TrainingRefused
 
     setup_logging(snakemake.log[0])
+    log = logging.getLogger("andrea.train")
     model, shards = snakemake.wildcards.model, snakemake.input.shards
     trainer = Trainer(snakemake.config, model, shards, snakemake.params.run_dir, force=snakemake.params.force)
-    result = trainer.run(out_dir=snakemake.output[0])
+    try:
+        result = trainer.run(out_dir=snakemake.output[0])
+    except TrainingRefused as e:  # expected refusals: one paragraph, no traceback
+        log.error("refusing to train: %s", e)
+        sys.exit(2)
+    except (CoherenceHalt, NonFiniteHalt) as e:
+        log.error("halted: %s", e)
+        sys.exit(3)
     if not result["finished"]:
-        # stopped by a signal: checkpoint written; no output, so the workflow re-runs (and resumes)
+        # stopped by a signal (a scheduler's SIGTERM, Ctrl-C): no output, so the workflow runs
+        # the rule again, and the trainer resumes from the checkpoint it just wrote
+        log.error("stopped at step %d, checkpoint written in %s; run the workflow again to resume",
+                  result["step"], snakemake.params.run_dir)
         sys.exit(1)
