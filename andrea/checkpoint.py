@@ -43,7 +43,9 @@ def write_checkpoint(path: str | Path, step: int, weights, m, v) -> None:
         with open(tmp, "wb") as fh:
             fh.write(header.tobytes())
             for a in (weights, m, v):
-                fh.write(np.ascontiguousarray(np.asarray(a), dtype="<f4").tobytes())
+                # the array's own buffer, not a bytes copy: copying hundreds of MB would hold the
+                # GIL for a good part of a second, and the trainer writes from a background thread
+                fh.write(memoryview(np.ascontiguousarray(np.asarray(a), dtype="<f4")).cast("B"))
 
 
 def _header(path: Path, expected_n_params: int | None) -> tuple[int, int, int]:
