@@ -143,8 +143,11 @@ def test_killed_training_resumes_through_snakemake(workflow_dir):
     snakemake(workflow_dir)
     log = (workflow_dir / "results" / "logs" / "train" / "ANDREA-tiny.log").read_text()
     assert f"resumed ANDREA-tiny at step {stopped}" in log
-    steps = [json.loads(l)["step"] for l in (run_dir / "loss.jsonl").read_text().splitlines()]
+    recs = [json.loads(l) for l in (run_dir / "loss.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in recs if r.get("kind", "train") == "train"]
     assert steps == list(range(400))  # continuous: nothing duplicated, nothing missing
+    evals = [r["step"] for r in recs if r.get("kind") == "eval"]
+    assert evals == list(range(0, 401, cfg_value(workflow_dir, "train.ANDREA-tiny.eval_every")))
     assert json.loads((workflow_dir / "results" / "ANDREA-tiny" / "ckpt" / "run.json").read_text())["step"] == 400
 
 
