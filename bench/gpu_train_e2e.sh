@@ -45,7 +45,7 @@ python3 - "$W" <<'PY'
 import glob, json, sys
 w = sys.argv[1]
 (run,) = glob.glob(f"{w}/results/ANDREA-120M/runs/*/")
-lines = [json.loads(l) for l in open(run + "loss.jsonl")]
+lines = [r for r in map(json.loads, open(run + "loss.jsonl")) if r.get("kind", "train") == "train"]  # not validation records
 steps = [l["step"] for l in lines]
 assert steps == list(range(300)), "loss.jsonl is not continuous"
 first, last = sum(l["loss"] for l in lines[:10]) / 10, sum(l["loss"] for l in lines[-10:]) / 10

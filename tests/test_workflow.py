@@ -140,6 +140,9 @@ def test_killed_training_resumes_through_snakemake(workflow_dir):
     (run_dir,) = runs.iterdir()
     stopped = json.loads((run_dir / "state.json").read_text())["step"]
     assert 0 < stopped < 400
+    # the job's log says what happened and what to do, not only "Error in rule train"
+    stop_log = (workflow_dir / "results" / "logs" / "train" / "ANDREA-tiny.log").read_text()
+    assert f"stopped at step {stopped}, checkpoint written" in stop_log and "run the workflow again to resume" in stop_log
     snakemake(workflow_dir)
     log = (workflow_dir / "results" / "logs" / "train" / "ANDREA-tiny.log").read_text()
     assert f"resumed ANDREA-tiny at step {stopped}" in log
@@ -163,6 +166,18 @@ def test_full_size_plan(workflow_dir):
     s = train_settings(load_config(workflow_dir / "config" / "config.yaml"), "ANDREA-120M")
     assert (s["max_steps"], s["batch_size"], s["curriculum"]["warmup_steps"]) == (200_000, 8, 20_000)
     assert len(s["curriculum"]["warmup_sources"]) == 7
+
+
+def test_a_refused_training_says_why_in_one_paragraph(workflow_dir):
+    """ANDREA-120M on a machine without a GPU: the train job refuses with the estimate and what
+    to do, in its log, without a traceback."""
+    set_config(workflow_dir, {"sources.repo-docstrings.max_docs": 200})
+    proc = snakemake(workflow_dir, "results/ANDREA-120M/ckpt", check=False)
+    assert proc.returncode != 0
+    log = (workflow_dir / "results" / "logs" / "train" / "ANDREA-120M.log").read_text()
+    assert "refusing to train: ANDREA-120M" in log and "ANDREA-tiny" in log and "force_train=true" in log
+    assert "Traceback" not in log
+    assert not (workflow_dir / "results" / "ANDREA-120M" / "ckpt").exists()
 
 
 def test_a_failed_job_leaves_no_artifact(workflow_dir, tmp_path):
