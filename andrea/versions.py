@@ -51,8 +51,8 @@ def stage_versions(config: dict) -> dict[str, str]:
 # Training settings that change how a run is watched and saved, not the weights it computes, and
 # the ones a run may change between a stop and a resume: editing them continues the same run.
 WATCH_KEYS = ("checkpoint_every", "keep_checkpoints", "sample_every", "sample_tokens", "sample_prompt",
-              "sample_temperature", "coherence_halt_below", "coherence_patience", "eval_every", "prefetch",
-              "record_batches", "max_cpu_hours")
+              "sample_temperature", "coherence_halt_below", "coherence_patience", "coherence_arm_score", "eval_every",
+              "eval_tokens", "prefetch", "record_batches", "max_cpu_hours")
 CONTINUE_KEYS = ("max_steps",)  # raising it continues the run from its newest checkpoint
 
 
