@@ -14,7 +14,7 @@ from andrea.audit import run_audit
 from andrea.config import load_config
 from andrea.trainer import Trainer
 from conftest import REPO
-from test_judges import FakeEndpoint
+from test_judges import KEY, FakeEndpoint, debug_logging_everywhere, leaks
 from test_trainer import MODEL, TRAIN, shards  # noqa: F401  (fixture)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -87,6 +87,31 @@ def test_audit_with_an_endpoint_records_scores_and_failures(trained, tmp_path):
     assert df["judge_score"].tolist()[:3] == [7.0, 7.0, None] or df["judge_score"].notna().sum() == 5
     assert df.loc[2, "judge_error"] == "HTTP 400"
     assert "judge-model" in summary["external_judge"] and "1 unscored" in summary["external_judge"]
+
+
+def test_the_api_key_reaches_the_endpoint_and_no_log_or_audit_file(trained, tmp_path, monkeypatch, caplog):
+    cfg, ckpt, shards = trained  # noqa: F811
+    monkeypatch.setenv("ANDREA_JUDGE_API_KEY", KEY)
+    debug_logging_everywhere(caplog)
+    # sample 1: refused with the key quoted; 2: a reason quoting it; 3: unscored, the last reply quoting it
+    e = FakeEndpoint(["401", "500", "echo", "malformed", "echo_prose", "echo_prose"])
+    try:
+        a = audit_cfg(cfg, base_url=e.url, model="judge-model", retries=2, backoff_s=0.01, timeout_s=5)
+        run_audit(ckpt, shards, a, cfg["curriculum"]["heldout_every"], tmp_path / "audit")
+    finally:
+        e.close()
+    assert [r["auth"] for r in e.requests] == [f"Bearer {KEY}"] * 9
+    out = tmp_path / "audit"
+    written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert {"samples.jsonl", "scores.parquet", "summary.json", "report.md", "report.html"} <= set(written)
+    assert [f for f in written if KEY.encode() in (out / f).read_bytes()] == []
+    df = pd.read_parquet(out / "scores.parquet")  # compressed on disk: look at the values too
+    assert not df.astype(str).apply(lambda c: c.str.contains(KEY, regex=False)).any().any()
+    assert df.loc[0, "judge_error"] == "HTTP 401: Incorrect API key provided: Bearer [redacted]"
+    assert df.loc[1, "judge_reason"] == "graded for Bearer [redacted]" and df.loc[1, "judge_score"] == 5.0
+    assert df.loc[2, "judge_error"] == "unparseable reply: no score 0-10 in the reply: 'I will not grade this for Bearer [redacted].'"
+    assert df["judge_score"].notna().sum() == 4
+    assert leaks(caplog) == []
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
