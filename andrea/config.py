@@ -78,7 +78,9 @@ def validate_config(config: dict, source: str = "config") -> dict:
                 f"{source} is invalid:\n  models.{name}.d_model: {m['d_model']} is not divisible "
                 f"by n_head={m['n_head']}"
             )
+    _check_hermes3_location(config, source)
     for name, s in config["sources"].items():
+        _check_source_location(name, s, source)
         if s["adapter"] == "hermes3" and name not in HERMES3_PARTS:
             raise ConfigError(
                 f"{source} is invalid:\n  sources.{name}.adapter: the hermes3 adapter serves only "
@@ -90,6 +92,45 @@ def validate_config(config: dict, source: str = "config") -> dict:
                 f"pull_hermes3 stage; set location: pull (point hermes3.location at your data)"
             )
     return config
+
+
+def _check_source_location(name: str, s: dict, source: str) -> None:
+    """A hub location must be well formed, and only record-reading adapters take one."""
+    from andrea.hub import HUB_FORM, NOT_FROM_HUB, is_hub_location, parse_hub_location
+
+    key = f"sources.{name}.location"
+    if s["location"] == "hub":
+        raise ConfigError(f"{source} is invalid:\n  {key}: name the dataset: {HUB_FORM}")
+    if not is_hub_location(s["location"]):
+        return
+    try:
+        parse_hub_location(s["location"])
+    except ValueError as e:
+        raise ConfigError(f"{source} is invalid:\n  {key}: {e}") from None
+    if s["adapter"] in NOT_FROM_HUB:
+        raise ConfigError(f"{source} is invalid:\n  {key}: hub datasets are not supported here: {NOT_FROM_HUB[s['adapter']]}")
+
+
+def _check_hermes3_location(config: dict, source: str) -> None:
+    """`hermes3.location: hub:ID[@REV][:SPLIT]` is the short form of `location: hub` with hub_id,
+    hub_revision and hub_split; it is rewritten to that form (which pull_hermes3 and its version
+    read). With `location: hub`, those three keys must make a valid hub location."""
+    from andrea.hub import is_hub_location, parse_hub_location
+
+    h = config["hermes3"]
+    try:
+        if is_hub_location(h["location"]):
+            key = "hermes3.location"
+            loc = parse_hub_location(h["location"])
+            if loc.subset is not None:
+                raise ValueError(f"{h['location']!r} names a subset; pull_hermes3 reads a dataset's default subset (hub:<id>[@<revision>][:<split>])")
+            h.update(location="hub", hub_id=loc.dataset, hub_revision=loc.revision, hub_split=loc.split)
+        elif h["location"] == "hub":
+            key = "hermes3.hub_id, hub_revision, hub_split"
+            rev = f"@{h['hub_revision']}" if h["hub_revision"] is not None else ""
+            parse_hub_location(f"hub:{h['hub_id']}{rev}:{h['hub_split']}")
+    except ValueError as e:
+        raise ConfigError(f"{source} is invalid:\n  {key}: {e}") from None
 
 
 def load_config(path: str | Path, overrides: dict | None = None) -> dict:

@@ -5,14 +5,13 @@ validate its ShareGPT layout, split it by category into three sources, write ver
 from __future__ import annotations
 
 import logging
-import os
-import threading
 from pathlib import Path
 from typing import Iterator
 
 import pyarrow as pa
 
 from andrea.config import HERMES3_PARTS
+from andrea.hub import RECORD_DIR_READS, HubLocation, HubUnreachable, iter_hub_rows  # noqa: F401 (HubUnreachable: re-exported)
 from andrea.io import AtomicParquetWriter, Manifest, progress
 from andrea.records import RawRow, Tally, embedded_location, iter_rows
 
@@ -30,10 +29,6 @@ PULL_SCHEMA = pa.schema(
         ),
     ]
 )
-
-
-class HubUnreachable(RuntimeError):
-    """The Hugging Face hub could not be reached (or would not answer) in time."""
 
 
 def validate_sharegpt(row) -> tuple[list[dict] | None, str | None, str]:
@@ -77,55 +72,20 @@ def part_of(category: str, categories: dict[str, list[str]]) -> str:
     return "hermes3-general"
 
 
-def _probe_hub(hub_id: str, revision: str | None, timeout: float) -> None:
-    """Ask the hub for the dataset's metadata with a hard deadline, so a dead network fails
-    fast with advice instead of hanging inside a download."""
-    result: dict = {}
-
-    def probe() -> None:
-        try:
-            from huggingface_hub import HfApi
-
-            HfApi().dataset_info(hub_id, revision=revision, timeout=timeout)
-            result["ok"] = True
-        except Exception as e:  # noqa: BLE001 - reported below with its type
-            result["error"] = e
-
-    t = threading.Thread(target=probe, daemon=True, name="hub-probe")
-    t.start()
-    t.join(timeout + 1.0)
-    advice = (
-        "To run without the hub, set hermes3.location in config/config.yaml to a local "
-        "Parquet/JSON/JSONL file or directory (a copy of the dataset fetched on a machine that "
-        "has network, e.g. with `hf download --repo-type dataset "
-        f"{hub_id} --local-dir DIR`), or to `embedded` for the built-in demo corpus."
-    )
-    if t.is_alive():
-        raise HubUnreachable(f"the Hugging Face hub did not answer for {hub_id} within {timeout:g} s. {advice}")
-    err = result.get("error")
-    if err is not None:
-        name = type(err).__name__
-        if "RepositoryNotFound" in name or "NotFound" in name:
-            raise HubUnreachable(f"the hub has no dataset {hub_id!r} ({name}). {advice}")
-        raise HubUnreachable(f"could not reach the Hugging Face hub for {hub_id} ({name}: {err}). {advice}")
+def hub_location(hcfg: dict) -> HubLocation:
+    return HubLocation(hcfg["hub_id"], hcfg["hub_revision"], None, hcfg["hub_split"])
 
 
-def iter_hub_rows(hub_id: str, split: str, revision: str | None, timeout: float) -> Iterator[RawRow]:
-    os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", str(int(timeout)))
-    os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", str(int(timeout)))
-    _probe_hub(hub_id, revision, timeout)
-    import datasets
-
-    ds = datasets.load_dataset(hub_id, split=split, revision=revision, streaming=True)
-    for i, row in enumerate(ds):
-        yield RawRow(where=f"hub:{hub_id}[{split}] row {i}", key=f"{i}", value=row)
-
-
-def source_rows(hcfg: dict) -> tuple[Iterator[RawRow], Path | None]:
-    """The raw rows for the configured location, and the local path read (None for the hub)."""
+def source_rows(hcfg: dict, read: dict | None = None) -> tuple[Iterator[RawRow], Path | None]:
+    """The raw rows for the configured location, and the local path read (None for the hub;
+    then `read` receives the commit and mirror that were read)."""
     loc = hcfg["location"]
     if loc == "hub":
-        return iter_hub_rows(hcfg["hub_id"], hcfg["hub_split"], hcfg["hub_revision"], hcfg["hub_timeout_s"]), None
+        rows = iter_hub_rows(
+            hub_location(hcfg), "hermes3.location", hcfg["hub_timeout_s"], RECORD_DIR_READS,
+            "Or set it to `embedded` for the built-in demo corpus.", read,
+        )
+        return rows, None
     path = embedded_location("hermes3") if loc == "embedded" else Path(loc)
     return iter_rows(path), path
 
@@ -134,12 +94,13 @@ def pull_hermes3(hcfg: dict, out_dir: str | Path, version: str, strict: bool = F
     """Run the stage: write <out_dir>/<part>.parquet for the three parts and manifest.json.
     Returns the manifest's counts."""
     out_dir = Path(out_dir)
-    rows, local = source_rows(hcfg)
+    hub_read = hub_location(hcfg).as_input() if hcfg["location"] == "hub" else None
+    rows, local = source_rows(hcfg, hub_read)
     manifest = Manifest("pull_hermes3", version, {"hermes3": hcfg, "strict": strict})
     if local is not None:
         manifest.add_input(local)
     else:
-        manifest.data["inputs"].append({"hub": hcfg["hub_id"], "split": hcfg["hub_split"], "revision": hcfg["hub_revision"]})
+        manifest.data["inputs"].append(hub_read)  # the commit and mirror are filled in as it is read
 
     tally = Tally()
     per_part = {p: 0 for p in HERMES3_PARTS}

@@ -19,6 +19,7 @@ from typing import Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from andrea.hub import HubUnreachable, is_hub_location, parse_hub_location
 from andrea.io import AtomicParquetWriter, Manifest, progress, write_text_atomic
 from andrea.records import MalformedRecord, Tally
 from andrea.sources import ADAPTERS, Context, Skip, resolve_location
@@ -98,6 +99,10 @@ def prep_megachat(
                 if ctx.pull_dir is None:
                     raise ValueError(f"sources.{name}: location 'pull' needs the pull_hermes3 output (--pull-dir)")
                 manifest.add_input(ctx.pull_dir / f"{name}.parquet", source=name)
+            elif is_hub_location(scfg["location"]):
+                # filled with the commit (and mirror) read as the rows stream in
+                ctx.hub_reads[name] = {"source": name, **parse_hub_location(scfg["location"]).as_input(), "adapter": scfg["adapter"]}
+                manifest.data["inputs"].append(ctx.hub_reads[name])
             else:
                 try:
                     loc = resolve_location(name, scfg)
@@ -141,6 +146,13 @@ def prep_megachat(
                     counts[name] = {"skipped_source": str(e)}
                     continue
                 raise FileNotFoundError(f"sources.{name}.location: {e}") from None
+            except HubUnreachable as e:
+                if scfg["optional"] and tally.read == 0:
+                    log.warning("prep_megachat: source %s skipped (optional): %s", name, e)
+                    counts[name] = {"skipped_source": str(e)}
+                    manifest.data["inputs"].remove(ctx.hub_reads[name])
+                    continue
+                raise
             except MalformedRecord as e:
                 raise MalformedRecord(f"source {name}: {e}") from None
             counts[name] = {**tally.as_dict(), "duplicates": dupes, **kinds}

@@ -1,8 +1,13 @@
-"""Source adapters: each turns one kind of local input into megachat documents.
+"""Source adapters: each turns one kind of input into megachat documents.
 
 An adapter is a generator `adapter(name, cfg, ctx)` yielding `Doc` for usable documents and
 `Skip` for records it could not use (with a reason, counted by the stage). Documents are either
 a conversation (`turns`: role/text pairs, roles system|user|assistant) or plain `text`.
+
+Inputs are local files, the embedded corpus, or (for the adapters whose input is records) a
+dataset on the Hugging Face hub, `location: hub:<dataset id>[@revision][:split]` (andrea.hub),
+whose records hold the columns the adapter's docstring names (README, "Sources from the Hugging
+Face hub", has the table).
 """
 
 from __future__ import annotations
@@ -14,14 +19,15 @@ import re
 import subprocess
 import sysconfig
 import tokenize
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
 import pyarrow.parquet as pq
 
 from andrea.hermes3 import validate_sharegpt
-from andrea.records import BAD_ENCODING, ESCAPED_BYTE, embedded_location, escaped_byte_lines, iter_rows, undecodable
+from andrea.hub import NOT_FROM_HUB, RECORD_DIR_READS, is_hub_location, iter_hub_rows, parse_hub_location
+from andrea.records import BAD_ENCODING, ESCAPED_BYTE, RawRow, embedded_location, escaped_byte_lines, iter_rows, undecodable
 
 log = logging.getLogger("andrea.sources")
 
@@ -47,6 +53,7 @@ class Context:
     """What adapters may need besides their own config."""
 
     pull_dir: Path | None = None  # pull_hermes3 output, for the hermes3 parts
+    hub_reads: dict = field(default_factory=dict)  # source -> its manifest input, filled as a hub dataset is read
 
 
 Adapter = Callable[[str, dict, Context], Iterator["Doc | Skip"]]
@@ -61,16 +68,55 @@ def adapter(name: str):
     return register
 
 
+# What `location: DIR` reads after `hf download ... --local-dir DIR` (None: the adapter reads other
+# files from a folder, so a downloaded dataset is read through ANDREA_HUB_MIRROR instead)
+LOCAL_DIR_READS = {
+    "sharegpt": RECORD_DIR_READS,
+    "messages": RECORD_DIR_READS,
+    "oasst": RECORD_DIR_READS,
+    "dictionary": "its .tsv/.txt lines and Parquet/JSON/JSONL records are read",
+}
+
+
 def resolve_location(source: str, cfg: dict) -> Path | None:
     """The local path an adapter reads, or None when the location is not a path (pull)."""
     loc = cfg["location"]
     if loc == "pull":
         return None
+    if is_hub_location(loc):
+        raise ValueError(f"sources.{source}.location: {loc} is a hub dataset, not a path; {NOT_FROM_HUB.get(cfg['adapter'], 'this adapter reads local files')}")
     if loc == "embedded":
         return embedded_location(source)
     if loc == "stdlib":
         return Path(sysconfig.get_paths()["stdlib"])
     return Path(loc)
+
+
+def hub_rows(source: str, cfg: dict, ctx: Context) -> Iterator[RawRow]:
+    """Rows of the source's hub dataset (its location is `hub:...`)."""
+    loc = parse_hub_location(cfg["location"])
+    return iter_hub_rows(
+        loc, f"sources.{source}.location", local_dir_reads=LOCAL_DIR_READS.get(cfg["adapter"]), read=ctx.hub_reads.get(source)
+    )
+
+
+def _rows(source: str, cfg: dict, ctx: Context) -> Iterator[RawRow]:
+    """The source's records: from its hub dataset, or its local files."""
+    if is_hub_location(cfg["location"]):
+        return hub_rows(source, cfg, ctx)
+    return iter_rows(resolve_location(source, cfg))
+
+
+def _hub_texts(source: str, cfg: dict, ctx: Context) -> Iterator[tuple[str, str, str] | Skip]:
+    """(document key, where, text) of each record of a hub dataset's `text` column."""
+    for raw in hub_rows(source, cfg, ctx):
+        row = raw.value
+        text = row.get("text") if isinstance(row, dict) else None
+        if not isinstance(text, str):
+            yield Skip("missing_text", raw.where, "needs a `text` column" if not isinstance(row, dict) or "text" not in row else type(text).__name__)
+            continue
+        rid = row.get("id")
+        yield (str(rid) if rid not in (None, "") else raw.key), raw.where, text
 
 
 def _files(location: Path, suffixes: tuple[str, ...]) -> list[Path]:
@@ -108,7 +154,7 @@ def hermes3_parts(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
 @adapter("sharegpt")
 def sharegpt(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     """`conversations`: list of {from: system|human|gpt, value} (chat, synthetic-chat, ...)."""
-    for raw in iter_rows(resolve_location(name, cfg)):
+    for raw in _rows(name, cfg, ctx):
         if raw.broken:
             yield Skip(raw.broken, raw.where, raw.detail)
             continue
@@ -127,7 +173,7 @@ MESSAGE_ROLES = {"system": "system", "user": "user", "assistant": "assistant"}
 @adapter("messages")
 def messages(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     """`messages`: list of {role: system|user|assistant, content} (smoltalk and the OpenAI layout)."""
-    for raw in iter_rows(resolve_location(name, cfg)):
+    for raw in _rows(name, cfg, ctx):
         if raw.broken:
             yield Skip(raw.broken, raw.where, raw.detail)
             continue
@@ -181,9 +227,10 @@ def _oasst_tree_from_flat(messages: list[dict]) -> list[dict]:
 @adapter("oasst")
 def oasst(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     """OpenAssistant: message trees (`prompt` with nested `replies`, as in *.trees.jsonl) or flat
-    messages (`message_id`, `parent_id`, `role`, `text`), turned into threads."""
+    messages (`message_id`, `parent_id`, `role`, `text`), turned into threads. Flat messages are
+    all read before their trees are built (a message may come before its parent)."""
     flat: list[dict] = []
-    for raw in iter_rows(resolve_location(name, cfg)):
+    for raw in _rows(name, cfg, ctx):
         if raw.broken:
             yield Skip(raw.broken, raw.where, raw.detail)
             continue
@@ -216,6 +263,10 @@ def _oasst_docs(tree_id: str, root: dict, cfg: dict, where: str) -> Iterator[Doc
 def dictionary(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     """Word definitions as `> define X` / `< X is ...` exchanges. Input: records with `word` and
     `definition`, or `.tsv`/`.txt` lines `word<TAB>definition`."""
+    if is_hub_location(cfg["location"]):
+        for raw in hub_rows(name, cfg, ctx):
+            yield _definition_record(raw)
+        return
     loc = resolve_location(name, cfg)
     files = _files(loc, (".tsv", ".txt", ".jsonl", ".json", ".parquet"))
     for path in files:
@@ -229,12 +280,15 @@ def dictionary(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
                     yield _definition(word, definition if sep else "", where, f"{path.name}:{lineno}")
         else:
             for raw in iter_rows(path):
-                if raw.broken:
-                    yield Skip(raw.broken, raw.where, raw.detail)
-                elif not isinstance(raw.value, dict):
-                    yield Skip("not_an_object", raw.where)
-                else:
-                    yield _definition(raw.value.get("word"), raw.value.get("definition"), raw.where, raw.key)
+                yield _definition_record(raw)
+
+
+def _definition_record(raw: RawRow) -> Doc | Skip:
+    if raw.broken:
+        return Skip(raw.broken, raw.where, raw.detail)
+    if not isinstance(raw.value, dict):
+        return Skip("not_an_object", raw.where)
+    return _definition(raw.value.get("word"), raw.value.get("definition"), raw.where, raw.key)
 
 
 def _definition(word, definition, where: str, key: str) -> Doc | Skip:
@@ -280,11 +334,15 @@ def chunk_paragraphs(text: str, limit: int) -> list[str]:
     return chunks
 
 
-def _text_chunks(name: str, cfg: dict, suffixes: tuple[str, ...], clean) -> Iterator[Doc | Skip]:
+def _text_chunks(name: str, cfg: dict, ctx: Context, suffixes: tuple[str, ...], clean) -> Iterator[Doc | Skip]:
     """Whole files cut into chunks. Bytes that are not UTF-8 cost the chunk (the document) that
     holds them, not the file: a book with one stray Latin-1 byte keeps its other chunks. The bytes
     are kept as escapes (surrogateescape) through cleaning and chunking, which only cut text and
-    strip whitespace, so a chunk holding one is found, and its line in the file named."""
+    strip whitespace, so a chunk holding one is found, and its line in the file named. From the hub,
+    each record's `text` is what a file would be."""
+    if is_hub_location(cfg["location"]):
+        yield from _hub_text_chunks(name, cfg, ctx, clean)
+        return
     loc = resolve_location(name, cfg)
     for path in _files(loc, suffixes):
         rel = path.name if loc.is_file() else path.relative_to(loc).as_posix()
@@ -314,16 +372,31 @@ def _text_chunks(name: str, cfg: dict, suffixes: tuple[str, ...], clean) -> Iter
                 yield Doc(doc_id=f"{rel}#{k}", text=chunk)
 
 
+def _hub_text_chunks(name: str, cfg: dict, ctx: Context, clean) -> Iterator[Doc | Skip]:
+    for item in _hub_texts(name, cfg, ctx):
+        if isinstance(item, Skip):
+            yield item
+            continue
+        key, where, text = item
+        for k, chunk in enumerate(chunk_paragraphs(clean(text), cfg["chunk_chars"])):
+            if len(chunk) < cfg["min_chars"]:
+                yield Skip("too_short", f"{where} chunk {k}")
+            else:
+                yield Doc(doc_id=f"{key}#{k}", text=chunk)
+
+
 @adapter("plaintext")
 def plaintext(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
-    """Books and other prose: `.txt` files, Gutenberg boilerplate removed, cut into chunks."""
-    yield from _text_chunks(name, cfg, (".txt",), strip_gutenberg)
+    """Books and other prose: `.txt` files (from the hub: records' `text`), Gutenberg boilerplate
+    removed, cut into chunks."""
+    yield from _text_chunks(name, cfg, ctx, (".txt",), strip_gutenberg)
 
 
 @adapter("markdown")
 def markdown(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
-    """Repository documentation: Markdown / reStructuredText files of a directory, in chunks."""
-    yield from _text_chunks(name, cfg, (".md", ".markdown", ".rst"), lambda t: t.strip())
+    """Repository documentation: Markdown / reStructuredText files of a directory (from the hub:
+    records' `text`), in chunks."""
+    yield from _text_chunks(name, cfg, ctx, (".md", ".markdown", ".rst"), lambda t: t.strip())
 
 
 IRC_MESSAGE = re.compile(r"^\[?(?:\d{4}-\d\d-\d\d[ T])?\d{1,2}:\d{2}(?::\d{2})?\]?\s+<[@+%~&]?([^>\s]+)>\s?(.*)$")
@@ -333,39 +406,53 @@ IRC_EVENT = re.compile(r"^\[?(?:\d{4}-\d\d-\d\d[ T])?\d{1,2}:\d{2}(?::\d{2})?\]?
 
 @adapter("irc")
 def irc(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
-    """IRC logs (irssi/weechat-like `[HH:MM] <nick> text` lines). Joins, parts and mode changes are
-    dropped; consecutive messages are grouped into documents of about `chunk_chars`."""
+    """IRC logs (irssi/weechat-like `[HH:MM] <nick> text` lines; from the hub: one log per record's
+    `text`). Joins, parts and mode changes are dropped; consecutive messages are grouped into
+    documents of about `chunk_chars`."""
+    if is_hub_location(cfg["location"]):
+        for item in _hub_texts(name, cfg, ctx):
+            if isinstance(item, Skip):
+                yield item
+            else:
+                key, where, text = item
+                yield from _irc_docs(key, where, enumerate(text.splitlines(), 1), cfg)
+        return
     loc = resolve_location(name, cfg)
     for path in _files(loc, (".log", ".txt")):
         rel = path.name if loc.is_file() else path.relative_to(loc).as_posix()
-        lines: list[str] = []
-        k = 0
-        size = 0
-        for lineno, line in _text_lines(path):
-            if isinstance(line, UnicodeDecodeError):  # the line alone is lost, as an unparsed one is
-                yield Skip(BAD_ENCODING, f"{path}:line {lineno}", undecodable(line))
-                continue
-            if not line.strip() or IRC_EVENT.match(line):
-                continue
-            m = IRC_MESSAGE.match(line)
-            if m:
-                msg = f"<{m.group(1)}> {m.group(2)}".rstrip()
-            elif (m := IRC_ACTION.match(line)) is not None:
-                msg = f"* {m.group(1)} {m.group(2)}".rstrip()
-            else:
-                yield Skip("unparsed_line", f"{path}:line {lineno}", line[:60])
-                continue
-            lines.append(msg)
-            size += len(msg) + 1
-            if size >= cfg["chunk_chars"]:
-                yield Doc(doc_id=f"{rel}#{k}", text="\n".join(lines))
-                lines, size, k = [], 0, k + 1
-        if lines:
-            text = "\n".join(lines)
-            if len(text) >= cfg["min_chars"]:
-                yield Doc(doc_id=f"{rel}#{k}", text=text)
-            else:
-                yield Skip("too_short", f"{path} chunk {k}")
+        yield from _irc_docs(rel, str(path), _text_lines(path), cfg)
+
+
+def _irc_docs(rel: str, where: str, lines, cfg: dict) -> Iterator[Doc | Skip]:
+    """Documents of one log: `lines` gives (line number, line or its decode error)."""
+    chunk: list[str] = []
+    k = 0
+    size = 0
+    for lineno, line in lines:
+        if isinstance(line, UnicodeDecodeError):  # the line alone is lost, as an unparsed one is
+            yield Skip(BAD_ENCODING, f"{where}:line {lineno}", undecodable(line))
+            continue
+        if not line.strip() or IRC_EVENT.match(line):
+            continue
+        m = IRC_MESSAGE.match(line)
+        if m:
+            msg = f"<{m.group(1)}> {m.group(2)}".rstrip()
+        elif (m := IRC_ACTION.match(line)) is not None:
+            msg = f"* {m.group(1)} {m.group(2)}".rstrip()
+        else:
+            yield Skip("unparsed_line", f"{where}:line {lineno}", line[:60])
+            continue
+        chunk.append(msg)
+        size += len(msg) + 1
+        if size >= cfg["chunk_chars"]:
+            yield Doc(doc_id=f"{rel}#{k}", text="\n".join(chunk))
+            chunk, size, k = [], 0, k + 1
+    if chunk:
+        text = "\n".join(chunk)
+        if len(text) >= cfg["min_chars"]:
+            yield Doc(doc_id=f"{rel}#{k}", text=text)
+        else:
+            yield Skip("too_short", f"{where} chunk {k}")
 
 
 # ---------------------------------------------------------------- code repositories

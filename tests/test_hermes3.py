@@ -171,17 +171,29 @@ def test_silent_hub_times_out_instead_of_hanging(tmp_path):
     assert took < 30
 
 
-def test_hub_code_path_streams_through_datasets(config, tmp_path, monkeypatch):
-    """The hub path is `datasets.load_dataset(..., streaming=True)`; a local dataset directory
-    takes the same code path without any network (only the reachability probe is bypassed)."""
-    import andrea.hermes3 as h
+def test_hub_location_streams_through_datasets_from_a_mirror(config, tmp_path, monkeypatch):
+    """`hermes3.location: hub:<id>@<commit>` runs `datasets.load_dataset(..., streaming=True)`; with
+    ANDREA_HUB_MIRROR holding a copy of the repository it reads that copy instead of the hub
+    (offline mode on: nothing may reach the network)."""
+    import datasets.config
+    import huggingface_hub.constants
 
-    repo = tmp_path / "Hermes-3-Dataset"
+    from andrea.config import validate_config
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("ANDREA_HUB_MIRROR", str(tmp_path / "mirror"))
+    repo = tmp_path / "mirror" / "NousResearch" / "Hermes-3-Dataset"
     write_jsonl(repo / "data" / "train.jsonl", [GOOD, sharegpt(("human", "hi"), ("gpt", "yo"), category="roleplay")])
-    probed = []
-    monkeypatch.setattr(h, "_probe_hub", lambda *a: probed.append(a))
-    counts = pull_hermes3(hcfg(config, "hub", hub_id=str(repo)), tmp_path / "out", "v1")
-    assert probed and counts["kept"] == 2
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    meta = repo / ".cache" / "huggingface" / "download" / "data" / "train.jsonl.metadata"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(f"{commit}\n{'0' * 40}\n{time.time() + 60}\n")
+    raw = {**config, "hermes3": {**config["hermes3"], "location": f"hub:NousResearch/Hermes-3-Dataset@{commit}"}}
+    counts = pull_hermes3(validate_config(raw)["hermes3"], tmp_path / "out", "v1")
+    assert counts["kept"] == 2
     assert counts["per_part"]["hermes3-roleplay"] == 1
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    assert manifest["inputs"] == [{"hub": str(repo), "split": "train", "revision": None}]
+    assert manifest["inputs"] == [{"hub": "NousResearch/Hermes-3-Dataset", "revision": commit, "subset": None, "split": "train",
+                                   "commit": commit, "mirror": str(repo)}]

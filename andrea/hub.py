@@ -1,0 +1,249 @@
+"""Datasets on the Hugging Face hub: `hub:<dataset id>[@revision][:split]` locations, read with
+`datasets` in streaming mode (so `max_docs` stops the download early), and a reachability probe
+with a hard deadline, so that an unreachable hub fails in seconds with advice instead of hanging.
+
+A local mirror stands in for the hub without changing the configuration or any stage version:
+with ANDREA_HUB_MIRROR=DIR, the dataset `owner/name` is read from DIR/owner/name when that folder
+exists (a copy made with `hf download --repo-type dataset owner/name --local-dir DIR/owner/name`).
+It is read by the same `datasets.load_dataset` call, which takes the subsets and splits from the
+copy's README.md as it would from the hub's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from andrea.records import RawRow
+
+log = logging.getLogger("andrea.hub")
+
+HUB_PREFIX = "hub:"
+HUB_TIMEOUT_S = 20.0  # an unreachable hub fails within about this (the sources' deadline)
+MIRROR_ENV = "ANDREA_HUB_MIRROR"
+RECORD_DIR_READS = "every Parquet/JSON/JSONL file under it is read"  # what `location: DIR` does for record adapters
+HUB_FORM = "hub:<owner>/<name>[@<revision>][:<split>] or hub:<owner>/<name>[@<revision>]:<subset>:<split>"
+
+# Adapters that read files or repositories, not records: a hub location is refused for them.
+NOT_FROM_HUB = {
+    "hermes3": "the hermes3 parts come from the pull_hermes3 stage (set hermes3.location: hub:<id> instead)",
+    "docstrings": "the docstrings adapter parses Python source trees with `ast`; download the package or "
+    "repository and set the location to its folder",
+    "git_log": "the git_log adapter reads a git repository's history; clone it and set the location to the clone",
+}
+
+# Repository ids as the hub spells them; git refs cannot hold ':' or '@{', so ':' ends a revision.
+DATASET_ID = re.compile(r"^[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?(?:/[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?)?$")
+REVISION = re.compile(r"^[^\s:@~^?*\[\\]+$")
+SUBSET = re.compile(r"^[\w.-]+$")
+SPLIT = re.compile(r"^\w+(?:\.\w+)*$")  # the split names `datasets` accepts
+FULL_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+class HubUnreachable(RuntimeError):
+    """The Hugging Face hub could not be reached (or would not answer) in time."""
+
+
+class HubDatasetError(ValueError):
+    """The hub (or the mirror) answered, but the dataset cannot be read as configured."""
+
+
+@dataclass(frozen=True)
+class HubLocation:
+    dataset: str
+    revision: str | None = None
+    subset: str | None = None
+    split: str = "train"
+
+    def __str__(self) -> str:
+        s = HUB_PREFIX + self.dataset + (f"@{self.revision}" if self.revision else "")
+        return s + (f":{self.subset}" if self.subset else "") + f":{self.split}"
+
+    def as_input(self) -> dict:
+        """How a manifest names what was read."""
+        return {"hub": self.dataset, "revision": self.revision, "subset": self.subset, "split": self.split}
+
+
+def is_hub_location(location) -> bool:
+    return isinstance(location, str) and location.startswith(HUB_PREFIX)
+
+
+def parse_hub_location(text: str) -> HubLocation:
+    """`hub:ID[@REV][:SPLIT]` or `hub:ID[@REV]:SUBSET:SPLIT` (split `train` when absent).
+    Raises ValueError saying what is wrong and what the form is."""
+    if not is_hub_location(text):
+        raise ValueError(f"{text!r} is not a hub location ({HUB_FORM})")
+    body = text[len(HUB_PREFIX):]
+    if "[" in body:
+        raise ValueError(f"{text!r}: split slices such as train[:10%] are not supported; use max_docs to read fewer rows")
+    parts = body.split(":")
+    if len(parts) > 3:
+        raise ValueError(f"{text!r} has too many ':'-separated fields; the form is {HUB_FORM}")
+    head, fields = parts[0], parts[1:]
+    dataset, at, revision = head.partition("@")
+    if not dataset:
+        raise ValueError(f"{text!r} names no dataset; the form is {HUB_FORM}")
+    if not DATASET_ID.match(dataset) or "--" in dataset or ".." in dataset:
+        raise ValueError(f"{text!r}: {dataset!r} is not a hub dataset id (owner/name); the form is {HUB_FORM}")
+    if at and not revision:
+        raise ValueError(f"{text!r} has '@' but no revision after it; the form is {HUB_FORM}")
+    if revision and not REVISION.match(revision):
+        raise ValueError(f"{text!r}: {revision!r} is not a revision (a commit hash, branch or tag)")
+    subset, split = (None, "train") if not fields else (None, fields[0]) if len(fields) == 1 else fields
+    if subset is not None and not SUBSET.match(subset):
+        raise ValueError(f"{text!r}: {subset!r} is not a subset name; the form is {HUB_FORM}")
+    if not SPLIT.match(split):
+        raise ValueError(f"{text!r}: {split!r} is not a split name (letters, digits, '_'); the form is {HUB_FORM}")
+    return HubLocation(dataset, revision or None, subset, split)
+
+
+def download_advice(loc: HubLocation, key: str, local_dir_reads: str | None) -> str:
+    """How to run without the hub. `local_dir_reads` says what `key: DIR` would read, for the
+    adapters that read a downloaded folder as it is (None for those that do not)."""
+    rev = f" --revision {loc.revision}" if loc.revision else ""
+    fetch = f"`hf download --repo-type dataset {loc.dataset}{rev} --local-dir DIR`"
+    mirror = (
+        f"keep this location and set {MIRROR_ENV}=M with the copy at M/{loc.dataset} (read as from the hub: "
+        "the same subset, split and stage version)"
+    )
+    if local_dir_reads:
+        return (
+            f"To use a local copy, run {fetch} on a machine with network and bring DIR here; then set {key} "
+            f"to DIR ({local_dir_reads}), or {mirror}."
+        )
+    return f"To use a local copy, run {fetch} on a machine with network and bring DIR here; then {mirror}."
+
+
+def probe_hub(loc: HubLocation, timeout: float, key: str, advice: str) -> str | None:
+    """Ask the hub for the dataset's metadata with a hard deadline; returns the commit the
+    revision stands for. Raises HubUnreachable (naming the config `key`, with `advice`) when the
+    hub is out of reach, offline mode is on, or the dataset or revision does not exist."""
+    result: dict = {}
+
+    def probe() -> None:
+        try:
+            from huggingface_hub import HfApi
+
+            result["sha"] = HfApi().dataset_info(loc.dataset, revision=loc.revision, timeout=timeout).sha
+        except Exception as e:  # noqa: BLE001 - reported below with its type
+            result["error"] = e
+
+    t = threading.Thread(target=probe, daemon=True, name="hub-probe")
+    t.start()
+    t.join(timeout + 1.0)
+    if t.is_alive():
+        raise HubUnreachable(f"{key}: the Hugging Face hub did not answer for {loc.dataset} within {timeout:g} s. {advice}")
+    err = result.get("error")
+    if err is None:
+        return result.get("sha")
+    name = type(err).__name__
+    if "OfflineMode" in name:
+        raise HubUnreachable(f"{key}: {loc.dataset} is on the Hugging Face hub and offline mode is on (HF_HUB_OFFLINE). {advice}")
+    if "GatedRepo" in name:
+        raise HubUnreachable(
+            f"{key}: {loc.dataset} is a gated dataset: accept its terms on https://huggingface.co/datasets/{loc.dataset} "
+            f"and set HF_TOKEN ({name}). {advice}"
+        )
+    if "RevisionNotFound" in name:
+        raise HubUnreachable(f"{key}: the hub's dataset {loc.dataset} has no revision {loc.revision!r} ({name}). {advice}")
+    if "RepositoryNotFound" in name or "NotFound" in name:
+        raise HubUnreachable(f"{key}: the hub has no dataset {loc.dataset!r} ({name}). {advice}")
+    raise HubUnreachable(f"{key}: could not reach the Hugging Face hub for {loc.dataset} ({name}: {err}). {advice}")
+
+
+def mirror_dir(loc: HubLocation) -> Path | None:
+    """The mirror's copy of the dataset, when ANDREA_HUB_MIRROR is set and holds one."""
+    root = os.environ.get(MIRROR_ENV)
+    if not root:
+        return None
+    path = Path(root) / loc.dataset
+    if path.is_dir():
+        return path
+    log.info("%s=%s has no %s; reading it from the hub", MIRROR_ENV, root, loc.dataset)
+    return None
+
+
+def mirror_commit(path: Path, loc: HubLocation) -> str | None:
+    """The commit an `hf download --local-dir` copy was made from (huggingface_hub writes it as the
+    first line of .cache/huggingface/download/<file>.metadata). A location that pins a full commit
+    hash must match it: a stage version names that commit, so a copy of another one is refused."""
+    commits = set()
+    meta = path / ".cache" / "huggingface" / "download"
+    for f in sorted(meta.rglob("*.metadata")) if meta.is_dir() else []:
+        first = f.read_text(encoding="utf-8", errors="replace").partition("\n")[0].strip()
+        if FULL_COMMIT.match(first):
+            commits.add(first)
+    if len(commits) > 1:
+        raise HubDatasetError(f"the mirror copy {path} mixes files of commits {', '.join(sorted(commits))}; download it again")
+    commit = commits.pop() if commits else None
+    if loc.revision and FULL_COMMIT.match(loc.revision):
+        if commit is None:
+            log.warning("%s: cannot check that the mirror copy %s is commit %s (no download metadata)", loc, path, loc.revision)
+        elif commit != loc.revision:
+            raise HubDatasetError(
+                f"the mirror copy {path} is commit {commit}, but the location pins {loc.revision}; download "
+                f"that revision (`hf download --repo-type dataset {loc.dataset} --revision {loc.revision} "
+                f"--local-dir {path}`) or change the location"
+            )
+    return commit
+
+
+def iter_hub_rows(
+    loc: HubLocation,
+    key: str,
+    timeout: float = HUB_TIMEOUT_S,
+    local_dir_reads: str | None = None,
+    extra_advice: str = "",
+    read: dict | None = None,
+) -> Iterator[RawRow]:
+    """Rows of a hub dataset's split, streamed. `key` is the config key that holds the location
+    (named in errors). `read`, when given, receives what was read: the commit and the mirror path."""
+    advice = download_advice(loc, key, local_dir_reads) + (f" {extra_advice}" if extra_advice else "")
+    mirror = mirror_dir(loc)
+    if mirror is not None:
+        try:
+            commit = mirror_commit(mirror, loc)
+        except HubDatasetError as e:
+            raise HubDatasetError(f"{key}: {e}") from None
+        path, revision = str(mirror), None
+        log.info("%s: reading the mirror copy %s%s", loc, mirror, f" (commit {commit})" if commit else "")
+    else:
+        # huggingface_hub reads these when it is imported: set before the first import
+        os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", str(int(timeout)))
+        os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", str(int(timeout)))
+        commit = probe_hub(loc, timeout, key, advice)
+        path, revision = loc.dataset, loc.revision
+        if commit and not (loc.revision and FULL_COMMIT.match(loc.revision)):
+            log.info("%s is commit %s on the hub; to pin it: %s", loc, commit, HubLocation(loc.dataset, commit, loc.subset, loc.split))
+    if read is not None:
+        read.update(commit=commit, mirror=str(mirror) if mirror else None)
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(path, name=loc.subset, split=loc.split, revision=revision, streaming=True)
+    except (ValueError, FileNotFoundError) as e:  # no such subset or split, no data files
+        raise HubDatasetError(f"{key}: {loc} cannot be read: {e}") from None
+    except ConnectionError as e:
+        raise HubUnreachable(f"{key}: {loc}: the hub stopped answering ({e}). {advice}") from None
+    where = f"{loc}{f' (mirror {mirror})' if mirror else ''}"
+    i = 0
+    rows = iter(ds)
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except ConnectionError as e:  # the stream broke after the probe
+            raise HubUnreachable(f"{key}: {loc}: the hub stopped answering at row {i} ({e}). {advice}") from None
+        except UnicodeDecodeError as e:  # a stream cannot skip past a row it cannot decode
+            hint = "; read from a downloaded copy (location: DIR), such rows are skipped one by one" if local_dir_reads else ""
+            raise HubDatasetError(f"{key}: {where} row {i}: a string is not valid UTF-8 ({e.reason}){hint}") from None
+        except Exception as e:  # noqa: BLE001 - a data file that does not parse or match the others' columns
+            raise HubDatasetError(f"{key}: {where} row {i}: cannot be read ({type(e).__name__}: {e})") from None
+        yield RawRow(where=f"{where} row {i}", key=str(i), value=row)
+        i += 1
