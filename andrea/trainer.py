@@ -334,6 +334,10 @@ class Trainer:
         path = self.ckpt_dir / name
         self._flush_log()  # loss.jsonl holds every step before this one when the state names it
         state = self._state(name)
+        # the previous checkpoint must be on disk before this one is queued (it was queued
+        # checkpoint_every steps ago, so this rarely waits): a crash then loses less than
+        # 2 x checkpoint_every steps, and at most checkpoint_every once a write has finished
+        self._wait_checkpoint()
         self._submit_write(self._write_checkpoint, path, self.step, self._host_copy(), state, reason)
         if wait:
             self._wait_checkpoint()

@@ -345,8 +345,9 @@ def test_plan_estimate_is_within_a_quarter_of_the_actual_time(shards, tmp_path):
 @pytest.mark.slow
 def test_kill_9_at_twenty_moments_never_loses_more_than_a_checkpoint_interval(shards, tmp_path):
     """SIGKILL (no chance to clean up) at 20 moments — random times, and the moment a checkpoint
-    file is being written — then resume each time: never a crash, never more than
-    checkpoint_every steps lost, and the end is byte-identical to the uninterrupted run."""
+    file is being written — then resume each time: never a crash, less than 2 x checkpoint_every
+    steps lost (checkpoints are written in the background: the newest may still be in flight, the
+    one before is always on disk), and the end is byte-identical to the uninterrupted run."""
     import random
 
     cfg = write_config(tmp_path / "config.yaml", max_steps=4000, eval_every=400, sample_every=1000)
@@ -379,7 +380,7 @@ def test_kill_9_at_twenty_moments_never_loses_more_than_a_checkpoint_interval(sh
         resumed = [l for l in err.splitlines() if "resumed micro at step" in l]
         if resumed:  # where this attempt picked up must be within one interval of where the last was killed
             step = int(resumed[0].split("at step ")[1].split()[0])
-            assert step >= before - every, (i, step, before)
+            assert step > before - 2 * every, (i, step, before)
         if proc.returncode == 0:
             break  # it finished before the kill
     print(f"{kills} kills, {mid_writes} while a checkpoint file was being written")
