@@ -35,6 +35,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/tokens.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/audit.smk"
+include: "workflow/rules/export.smk"
 
 
 rule all:

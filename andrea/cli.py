@@ -13,6 +13,7 @@
     andrea dashboard RUN_DIR          live loss dashboard on http://127.0.0.1:8050
     andrea sample --ckpt DIR --prompt TEXT   a continuation from a trained model
     andrea audit --model M            stage 7: samples, judges and a report
+    andrea export --ckpt DIR          a trained model as a Hugging Face directory (GPT-2 layout)
     andrea shape score TEXT | -       system-prompt-shape score of a text, with its features
     andrea shape eval                 precision and recall on the labelled set: held out and in-sample
     andrea shape fit                  refit the shape scorer's weights on the labelled set
@@ -243,6 +244,18 @@ def cmd_audit(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from andrea.export import export_hf
+
+    cfg = _config(args)
+    model_dir = args.ckpt.parent  # results/<model>
+    audit = model_dir / "audit" / "summary.json"
+    result = export_hf(args.ckpt, args.out or model_dir / "hf", args.which, shards=args.shards,
+                       audit_summary=audit if audit.exists() else None, sampling=cfg["audit"], mcfg=cfg["megachat"])
+    print(json.dumps(result))
+    return 0
+
+
 def cmd_shape_score(args) -> int:
     from andrea.shape import shape_score
 
@@ -395,6 +408,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--ckpt", type=Path, help="default: results/<model>/ckpt")
     sp.add_argument("--out", type=Path, help="default: results/<model>/audit")
     sp.set_defaults(fn=cmd_audit)
+
+    sp = with_config(sub.add_parser("export", help="a trained model as a Hugging Face directory that transformers loads (GPT-2)"))
+    sp.add_argument("--ckpt", required=True, type=Path, help="the model's ckpt directory (results/<model>/ckpt)")
+    sp.add_argument("--out", type=Path, help="default: results/<model>/hf, beside the ckpt directory")
+    sp.add_argument("--which", choices=("final", "best"), default="final",
+                    help="final.bin or best.bin (the lowest validation loss) (default: %(default)s)")
+    sp.add_argument("--shards", type=Path, help="the model's shards.json (default: beside the ckpt directory)")
+    sp.set_defaults(fn=cmd_export)
 
     sh = sub.add_parser("shape", help="the system-prompt-shape scorer")
     shsub = sh.add_subparsers(dest="shape_command", required=True, metavar="ACTION")
