@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from andrea.report_pages import filter_shape_page, saturation_page
-from conftest import snakemake, write_jsonl
+from conftest import REPO, snakemake, write_jsonl
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 COUNTS = ("read", "kept", "dropped_shape", "dropped_empty", "system_turns_removed")
@@ -54,6 +54,28 @@ def test_a_page_from_a_foreign_json_names_the_file(tmp_path):
     with pytest.raises(ValueError, match=r"saturation.json: missing key\(s\) n_candidates"):
         saturation_page(tmp_path / "saturation.json", tmp_path / "page.html")
     assert not (tmp_path / "page.html").exists()
+
+
+def rule_edges(graph: str, svg: bool) -> set[tuple[str, str]]:
+    """The (from rule, to rule) edges of a rule graph: Snakemake's dot text, or the SVG dot drew."""
+    if svg:
+        labels = dict(re.findall(r'<title>(\d+)</title>\s*<path[^>]*/>\s*<text[^>]*>([^<]+)</text>', graph))
+        pairs = re.findall(r"<title>(\d+)&#45;&gt;(\d+)</title>", graph)
+    else:
+        labels = dict(re.findall(r'^\s*(\d+)\[label = "([^"]+)"', graph, re.M))
+        pairs = re.findall(r"^\s*(\d+) -> (\d+)$", graph, re.M)
+    return {(labels[a], labels[b]) for a, b in pairs}
+
+
+@pytest.mark.slow
+def test_the_readme_rule_graph_is_the_workflow_s():
+    """workflow/report/rulegraph.svg (README) shows the rules and edges Snakemake has now; when it
+    does not, regenerate it: snakemake --rulegraph | dot -Tsvg > workflow/report/rulegraph.svg"""
+    dot = snakemake(REPO, "--rulegraph", "--quiet").stdout
+    drawn = (REPO / "workflow" / "report" / "rulegraph.svg").read_text(encoding="utf-8")
+    edges = rule_edges(dot, svg=False)
+    assert ("filter_shape", "render_filter_report") in edges and len(edges) >= 12
+    assert rule_edges(drawn, svg=True) == edges
 
 
 def report_results(report_html: Path) -> dict:
