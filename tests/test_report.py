@@ -14,6 +14,7 @@ import pytest
 
 from andrea.report_pages import filter_shape_page, saturation_page
 from conftest import REPO, snakemake, write_jsonl
+from test_workflow import QUICK_TRAIN, set_config
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 COUNTS = ("read", "kept", "dropped_shape", "dropped_empty", "system_turns_removed")
@@ -117,24 +118,10 @@ window.addEventListener("load", function () {
 });
 </script>"""
 
-QUICK = {"sources": {"repo-docstrings": {"max_docs": 200}},
-         "train": {"ANDREA-tiny": {"max_steps": 20, "sample_every": 10, "sample_tokens": 20, "eval_every": 10}},
-         "audit": {"max_new_tokens": 20, "samples_per_prompt": 1}}
-
-
-def set_quick(workdir):
-    import yaml
-
-    from andrea.config import deep_merge
-
-    path = workdir / "config" / "config.yaml"
-    path.write_text(yaml.safe_dump(deep_merge(yaml.safe_load(path.read_text()), QUICK), sort_keys=False))
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
 def test_the_quickstart_report_shows_the_audit_its_plots_and_the_data_pages(workflow_dir, tmp_path):
-    set_quick(workflow_dir)
+    set_config(workflow_dir, QUICK_TRAIN)  # 20 steps: a sample and validations, so every plot is drawn
     snakemake(workflow_dir)
     report = tmp_path / "report.html"
     snakemake(workflow_dir, "--report", str(report))
