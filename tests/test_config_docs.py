@@ -42,7 +42,10 @@ def test_the_reference_has_a_row_for_every_key_with_its_default():
               if not ({"properties", "$ref"} & set(sub) or isinstance(sub.get("additionalProperties"), dict) and "properties" in sub["additionalProperties"])
               and p.split(".")[0] not in ("train",)]  # train's keys are the $defs' (one table for defaults and models)
     assert sorted(rows) == sorted(p.rsplit(".", 1)[-1] for p in leaves)
-    section = lambda title: doc.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+    def section(title):
+        return doc.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
     train = section("`train.defaults` and `train.<model>`")
     assert f"| `lr` | number &gt; 0 | `{TRAIN_DEFAULTS['lr']}` | starts a new run |" in train  # defaults from the trainer's table
     assert "| `max_steps` | integer ≥ 1 | `200000` | continues the run |" in train

@@ -118,6 +118,7 @@ window.addEventListener("load", function () {
 });
 </script>"""
 
+
 @pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
 def test_the_quickstart_report_shows_the_audit_its_plots_and_the_data_pages(workflow_dir, tmp_path):
@@ -143,7 +144,10 @@ def test_the_quickstart_report_shows_the_audit_its_plots_and_the_data_pages(work
     dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", driven.as_uri()], capture_output=True, text=True, timeout=120).stdout
     body = re.search(r"<body[^>]*>", dom).group(0)
     assert 'data-driven="1"' in body, body[:2000]
-    attr = lambda name: dict(json.loads(re.search(rf'data-{name}="([^"]*)"', body).group(1).replace("&quot;", '"')))
+
+    def attr(name):  # what the driver recorded: [label, what was shown] per result
+        return dict(json.loads(re.search(rf'data-{name}="([^"]*)"', body).group(1).replace("&quot;", '"')))
+
     audit_shown = attr("audit")
     assert audit_shown["report"] == "html:Audit of ANDREA-tiny"  # the audit's own page, in the report
     for plot in ("loss", "validation", "coherence_training", "scores_by_domain"):
