@@ -5,6 +5,7 @@
 #   snakemake --cores 2 results/ANDREA-12M/shards.json   tokenizer and shards for one model
 #   snakemake --cores 1 filter_shape    one stage and whatever it needs
 #   snakemake --cores 1 --forcerun prep_megachat filter_shape
+#   snakemake --report report.html      after a run: the audit, its plots and the data pages in one page
 #
 # Each stage writes into a directory named by a hash of its parameters and of the versions
 # upstream of it (andrea/versions.py): a changed parameter re-runs exactly that stage and the
@@ -26,6 +27,9 @@ from andrea.config import SCHEMA_PATH, validate_config
 configfile: "config/config.yaml"
 
 
+report: "workflow/report/workflow.rst"
+
+
 validate(config, str(SCHEMA_PATH))
 config.update(validate_config(config, source="config/config.yaml"))
 
@@ -36,9 +40,12 @@ include: "workflow/rules/tokens.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/audit.smk"
 include: "workflow/rules/export.smk"
+include: "workflow/rules/report.smk"
 
 
 rule all:
     default_target: True
     input:
         f"{RESULTS}/ANDREA-tiny/audit",
+        rules.render_filter_report.output,
+        expand(rules.render_saturation.output, n=model_n_segments("ANDREA-tiny")),

@@ -1,6 +1,7 @@
 """The `andrea` command: every pipeline stage, callable outside Snakemake too.
 
     andrea config validate            check config/config.yaml against the schema
+    andrea config docs [-o PATH]      the configuration reference (config/README.md), from the schema
     andrea versions                   the version (output directory) of each stage
     andrea pull-hermes3               stage 1: Hermes-3 → three Parquet sources
     andrea prep-megachat              stage 2: every source → one megachat Parquet
@@ -51,6 +52,18 @@ def _config(args):
 def cmd_config_validate(args) -> int:
     cfg = _config(args)
     print(f"{args.config}: valid ({len(cfg['sources'])} sources, {len(cfg['models'])} models)")
+    return 0
+
+
+def cmd_config_docs(args) -> int:
+    from andrea.config import config_docs
+    from andrea.io import write_text_atomic
+
+    text = config_docs()
+    if args.output:
+        write_text_atomic(args.output, text)
+    else:
+        sys.stdout.write(text)
     return 0
 
 
@@ -340,6 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("config", help="check the configuration")
     csub = c.add_subparsers(dest="config_command", required=True, metavar="ACTION")
     with_config(csub.add_parser("validate", help="validate the config against its schema")).set_defaults(fn=cmd_config_validate)
+    sp = csub.add_parser("docs", help="print the configuration reference (config/README.md), generated from the schema")
+    sp.add_argument("--output", "-o", type=Path, help="write it to this file instead")
+    sp.set_defaults(fn=cmd_config_docs)
     with_config(sub.add_parser("versions", help="print each stage's versioned output directory")).set_defaults(fn=cmd_versions)
 
     sp = with_config(sub.add_parser("pull-hermes3", help="stage pull_hermes3: Hermes-3 → three Parquet sources"))

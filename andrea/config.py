@@ -207,3 +207,156 @@ def deep_merge(base: dict, extra: dict) -> dict:
 def vocab_size(model: dict) -> int:
     """256 byte tokens + N Harris segments + 1 BOS (SPEC §2)."""
     return 256 + model["n_segments"] + 1
+
+
+# ---------------------------------------------------------------------------- config/README.md
+# The configuration reference is generated from the schema's descriptions (andrea config docs), so
+# the two cannot drift apart: tests/test_config_docs.py regenerates it and compares.
+
+DOCS_PATH = "config/README.md"
+MAP_KEY_NAMES = {"sources": "<source>", "models": "<model>", "train": "<model>"}  # names of map entries
+
+
+def _resolve(sub: dict, schema: dict) -> tuple[dict, str | None]:
+    """A property's schema with a local $ref followed (its own keys win), and the $defs name."""
+    ref = sub.get("$ref")
+    if not ref:
+        return sub, None
+    name = ref.removeprefix("#/$defs/")
+    return {**schema["$defs"][name], **{k: v for k, v in sub.items() if k != "$ref"}}, name
+
+
+def _is_section(sub: dict) -> bool:
+    extra = sub.get("additionalProperties")
+    return "properties" in sub or (isinstance(extra, dict) and ("properties" in extra or "$ref" in extra))
+
+
+def _type_text(sub: dict) -> str:
+    if "enum" in sub:
+        return "one of " + ", ".join(f"`{v}`" for v in sub["enum"])
+    names = {"string": "string", "integer": "integer", "number": "number", "boolean": "boolean", "null": "null",
+             "array": "list", "object": "mapping"}
+    types = sub.get("type", "object")
+    text = " or ".join(names[t] for t in (types if isinstance(types, list) else [types]))
+    if types == "array" and "items" in sub:
+        noun, _, rest = _type_text(sub["items"]).partition(" ")
+        text = f"list of {noun}s" + (f" {rest}" if rest else "")
+    if types == "object" and isinstance(sub.get("additionalProperties"), dict):
+        text = f"mapping of name to {_type_text(sub['additionalProperties'])}"
+    lo = f"[{sub['minimum']}" if "minimum" in sub else f"({sub['exclusiveMinimum']}" if "exclusiveMinimum" in sub else None
+    hi = f"{sub['maximum']}]" if "maximum" in sub else f"{sub['exclusiveMaximum']})" if "exclusiveMaximum" in sub else None
+    if lo and hi:
+        text += f" in {lo}, {hi}"
+    elif lo:
+        text += f" ≥ {lo[1:]}" if lo[0] == "[" else f" > {lo[1:]}"
+    elif hi:
+        text += f" ≤ {hi[:-1]}" if hi[-1] == "]" else f" < {hi[:-1]}"
+    if sub.get("minLength") or sub.get("minItems"):
+        text = "non-empty " + text
+    return text
+
+
+def _prose(text: str | None) -> str:
+    """A description as one line of a Markdown table cell: HTML-special characters escaped (an
+    unescaped <model> would vanish as an unknown tag), pipes escaped."""
+    import html
+
+    return html.escape(" ".join((text or "").split()), quote=False).replace("|", "\\|")
+
+
+def config_docs(schema: dict | None = None) -> str:
+    """config/README.md: the configuration reference, a table per section of the schema (key, type,
+    default, description). Training settings take their defaults from TRAIN_DEFAULTS and say
+    whether changing one continues a run or starts a new one (andrea.versions)."""
+    import json
+
+    from andrea.versions import CONTINUE_KEYS, WATCH_KEYS
+
+    schema = load_schema() if schema is None else schema
+    sections: list[tuple[str, str, list[str]]] = []  # (title, description, table lines)
+
+    def cell(value) -> str:
+        return f"`{json.dumps(value, ensure_ascii=False)}`"
+
+    def table(node: dict, def_name: str | None) -> list[str]:
+        train = def_name == "train_settings"
+        head = ["| key | type | default | description |", "|---|---|---|---|"]
+        if train:
+            head = ["| key | type | default | changing it | description |", "|---|---|---|---|---|"]
+        rows = []
+        for key, raw in node.get("properties", {}).items():
+            sub, _ = _resolve(raw, schema)
+            if _is_section(sub):
+                continue
+            if key in node.get("required", ()):
+                default = "required"
+            elif "default" in sub:
+                default = cell(sub["default"])
+            elif train and key in TRAIN_DEFAULTS:
+                default = cell(TRAIN_DEFAULTS[key])
+            else:
+                default = "—"
+            cols = [f"`{key}`", _prose(_type_text(sub)), default]
+            if train:
+                cols.append("continues the run" if key in WATCH_KEYS + CONTINUE_KEYS else "starts a new run")
+            rows.append("| " + " | ".join(cols + [_prose(sub.get("description"))]) + " |")
+        return head + rows if rows else []
+
+    def sentences(*parts: str) -> str:
+        parts = [p[0].upper() + p[1:] for p in parts if p]
+        return " ".join(p if p.endswith(".") else p + "." for p in parts)
+
+    def walk(path: str, node: dict, def_name: str | None, intro: str = "") -> None:
+        description = sentences(intro, _prose(node.get("description")))
+        if def_name == "train_settings":
+            description = sentences(description, "Changing a setting marked *continues the run* re-runs train, which goes on "
+                                    "with the same run from its newest checkpoint; any other change starts a new run "
+                                    "directory (results/&lt;model&gt;/runs/&lt;key&gt;, andrea.versions.train_run_key)")
+        # the nested sections: [title, schema, $defs name, notes]; entries of one $ref share one
+        children: list[list] = []
+
+        def add(title: str, raw: dict, key: str | None, note: str = "") -> None:
+            sub, name = _resolve(raw, schema)
+            if name and key and raw.get("description"):  # a $ref's own description
+                note = f"`{key}`: {_prose(raw['description'])}"
+            same = next((c for c in children if name and c[2] == name), None)
+            if same:
+                same[0] += f"` and `{title}"
+                same[3].append(note)
+            else:
+                children.append([title, schema["$defs"][name] if name else sub, name, [note]])
+
+        for key, raw in node.get("properties", {}).items():
+            sub, _ = _resolve(raw, schema)
+            if _is_section(sub):
+                add(f"{path}.{key}" if path else key, raw, key)
+            elif sub.get("type") == "array" and "properties" in sub.get("items", {}):
+                add(f"{path}.{key}[]", sub["items"], None, f"Each item of `{key}`: {_prose(sub.get('description'))}")
+        extra = node.get("additionalProperties")
+        if isinstance(extra, dict) and _is_section(_resolve(extra, schema)[0]):
+            add(f"{path}.{MAP_KEY_NAMES.get(path, '<name>')}", extra, None)
+        rows = table(node, def_name)
+        if not rows and len(children) == 1 and path:  # a map of sections: one section for its entries
+            title, sub, name, notes = children[0]
+            walk(title, sub, name, sentences(description, *notes))
+            return
+        sections.append((path, description, rows))
+        for title, sub, name, notes in children:
+            walk(title, sub, name, sentences(*notes))
+
+    walk("", schema, None)
+    out = ["# Configuration reference", "",
+           "Every key of `config/config.yaml`, section by section. The file is validated against",
+           "`andrea/schemas/config.schema.yaml` when the workflow starts and by every `andrea` command: an",
+           "unknown key or a wrong type fails before any job runs, naming the key. A key left out takes",
+           "the default shown.", "",
+           "This page is generated from the schema's descriptions: edit those, then run",
+           "`andrea config docs --output config/README.md` (tests/test_config_docs.py fails while the two differ).",
+           ""]
+    for title, description, rows in sections:
+        out += [f"## {'`' + title + '`' if title else 'Top level'}", ""]
+        if description:
+            out += [description, ""]
+        if rows:
+            out += rows + [""]
+    return "\n".join(out)

@@ -6,7 +6,14 @@ rule audit:
         ckpt=f"{RESULTS}/{{model}}/ckpt",
         shards=f"{RESULTS}/{{model}}/shards.json",
     output:
-        directory(f"{RESULTS}/{{model}}/audit"),
+        report(
+            directory(f"{RESULTS}/{{model}}/audit"),
+            patterns=["{page,report}.html", "plots/{page}.png"],
+            caption="../report/audit.rst",
+            category="Audit",
+            subcategory="{model}",
+            labels={"page": "{page}"},
+        ),
     log:
         f"{RESULTS}/logs/audit/{{model}}.log",
     benchmark:
