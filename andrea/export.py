@@ -53,7 +53,7 @@ import numpy as np
 from andrea.checkpoint import read_weights
 from andrea.io import Manifest, sha256_file
 from andrea.model import LN_EPS, ModelConfig, n_params, param_layout, views
-from andrea.tokenizer import BOS, FIRST_SEGMENT, N_BYTES, HarrisTokenizer
+from andrea.tokenizer import BOS, FIRST_SEGMENT, N_BYTES, HarrisTokenizer, _trie_pattern
 
 log = logging.getLogger("andrea.export")
 
@@ -95,25 +95,11 @@ def _onig_escape(ch: str) -> str:
 
 
 def segment_regex(segments: list[str]) -> str:
-    """Oniguruma regex matching, at any position, the longest segment there or else one character
-    (the trie shape of andrea.tokenizer's scanner: each node an alternation of its children,
-    optional where a segment ends, so backtracking tries the deepest match first)."""
-    trie: dict = {}
-    for s in segments:
-        node = trie
-        for ch in s:
-            node = node.setdefault(ch, {})
-        node[""] = True
-
-    def build(node: dict) -> str:
-        alts = [_onig_escape(ch) + build(child) for ch, child in sorted((k, v) for k, v in node.items() if k)]
-        if not alts:
-            return ""
-        body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
-        return f"(?:{body})?" if "" in node else body
-
-    alts = [_onig_escape(ch) + build(child) for ch, child in sorted(trie.items())]
-    return "|".join([*alts, r"[\s\S]"])
+    """Oniguruma regex matching, at any position, the longest segment there or else one character:
+    our encoder's own trie pattern (andrea.tokenizer), quoted for Oniguruma, then any character."""
+    if not segments:
+        return r"[\s\S]"
+    return _trie_pattern(segments, escape=_onig_escape) + r"|[\s\S]"
 
 
 def _bos_token(token_strings: set[str]) -> str:

@@ -53,8 +53,11 @@ LETTERS = re.compile(r"[^\W\d_]+")
 # --------------------------------------------------------------------------- encoding
 
 
-def _trie_pattern(segments: list[str]) -> str:
-    """A regex whose leftmost match at any position is the longest segment starting there."""
+def _trie_pattern(segments: list[str], escape=re.escape) -> str:
+    """A regex whose leftmost match at any position is the longest segment starting there (each
+    trie node an alternation of its children, optional where a segment ends, so backtracking tries
+    the deepest match first). `escape` quotes one character for the regex dialect: Python's `re`
+    here, Oniguruma for the exported Hugging Face tokenizer (andrea/export.py)."""
     trie: dict = {}
     for s in segments:
         node = trie
@@ -63,7 +66,7 @@ def _trie_pattern(segments: list[str]) -> str:
         node[""] = True
 
     def build(node: dict) -> str:
-        alts = [re.escape(ch) + build(child) for ch, child in sorted((k, v) for k, v in node.items() if k)]
+        alts = [escape(ch) + build(child) for ch, child in sorted((k, v) for k, v in node.items() if k)]
         if not alts:
             return ""
         body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"

@@ -27,6 +27,27 @@ def write_jsonl(path: Path, rows) -> Path:
     return path
 
 
+def with_sources(config: dict, sources: dict, **top) -> dict:
+    """A validated config that reads only `sources` (plus top-level overrides such as strict)."""
+    from andrea.config import validate_config
+
+    raw = {k: v for k, v in config.items() if k != "sources"}
+    raw["sources"] = sources
+    raw.update(top)
+    return validate_config(raw)
+
+
+def run_prep(cfg: dict, out: Path):
+    """prep_megachat into `out`: its counts, the megachat rows and the manifest."""
+    import pyarrow.parquet as pq
+
+    from andrea.megachat import prep_megachat
+
+    counts = prep_megachat(cfg, out, "v1")
+    rows = pq.read_table(out / "megachat.parquet").to_pylist()
+    return counts, rows, json.loads((out / "manifest.json").read_text())
+
+
 def sharegpt(*turns, **extra):
     return {"conversations": [{"from": f, "value": v} for f, v in turns], **extra}
 

@@ -12,7 +12,7 @@ import pytest
 from andrea.hermes3 import pull_hermes3
 from andrea.megachat import prep_megachat
 from andrea.records import MalformedRecord
-from conftest import sharegpt
+from conftest import run_prep, sharegpt, with_sources
 
 LATIN1 = "café".encode("latin-1")  # b"caf\xe9": the é is one byte that UTF-8 cannot start a character with
 
@@ -29,19 +29,8 @@ def with_bad_byte(row: dict, marker: str = "MARK") -> bytes:
     return line.replace(marker.encode(), LATIN1)
 
 
-def only(config, sources: dict, **top) -> dict:
-    from andrea.config import validate_config
-
-    raw = {k: v for k, v in config.items() if k != "sources"}
-    raw["sources"] = sources
-    raw.update(top)
-    return validate_config(raw)
-
-
 def prep(cfg, tmp_path):
-    counts = prep_megachat(cfg, tmp_path / "prep", "v1")
-    rows = pq.read_table(tmp_path / "prep" / "megachat.parquet").to_pylist()
-    manifest = json.loads((tmp_path / "prep" / "manifest.json").read_text())
+    counts, rows, manifest = run_prep(cfg, tmp_path / "prep")
     return counts["per_source"], rows, manifest
 
 
@@ -122,7 +111,7 @@ def test_pull_hermes3_parquet_with_invalid_utf8_skips_the_row(config, tmp_path):
 def test_sharegpt_adapter(config, tmp_path):
     src = tmp_path / "chat.jsonl"
     src.write_bytes(jsonl_bytes(with_bad_byte(BAD), GOOD))
-    per_source, rows, manifest = prep(only(config, {"chat": {"adapter": "sharegpt", "location": str(src)}}), tmp_path)
+    per_source, rows, manifest = prep(with_sources(config, {"chat": {"adapter": "sharegpt", "location": str(src)}}), tmp_path)
     assert_counted(per_source["chat"], f"{src}:line 1")
     assert len(rows) == 1
     assert manifest["counts"]["per_source"]["chat"]["bad_encoding_at"] == [f"{src}:line 1"]
@@ -133,7 +122,7 @@ def test_messages_adapter(config, tmp_path):
     bad = {"messages": [{"role": "user", "content": "a MARK please"}, {"role": "assistant", "content": "here"}]}
     src = tmp_path / "smol.jsonl"
     src.write_bytes(jsonl_bytes(good, with_bad_byte(bad)))
-    per_source, rows, _ = prep(only(config, {"smoltalk": {"adapter": "messages", "location": str(src)}}), tmp_path)
+    per_source, rows, _ = prep(with_sources(config, {"smoltalk": {"adapter": "messages", "location": str(src)}}), tmp_path)
     assert_counted(per_source["smoltalk"], f"{src}:line 2")
     assert len(rows) == 1
 
@@ -145,7 +134,7 @@ def test_oasst_adapter(config, tmp_path):
 
     src = tmp_path / "oasst.trees.jsonl"
     src.write_bytes(jsonl_bytes(tree(1, "Why?"), with_bad_byte(tree(2, "A MARK?")), tree(3, "How?")))
-    per_source, rows, _ = prep(only(config, {"oasst": {"adapter": "oasst", "location": str(src)}}), tmp_path)
+    per_source, rows, _ = prep(with_sources(config, {"oasst": {"adapter": "oasst", "location": str(src)}}), tmp_path)
     assert_counted(per_source["oasst"], f"{src}:line 2")
     assert [r["doc_id"] for r in rows] == ["t1#0", "t3#0"]
 
@@ -153,7 +142,7 @@ def test_oasst_adapter(config, tmp_path):
 def test_dictionary_adapter_tsv_lines(config, tmp_path):
     src = tmp_path / "dict.tsv"
     src.write_bytes(b"cat\ta small animal\n" + LATIN1 + b"\ta drink made from coffee\ndog\ta loyal animal\n")
-    per_source, rows, _ = prep(only(config, {"dictionary": {"adapter": "dictionary", "location": str(src)}}), tmp_path)
+    per_source, rows, _ = prep(with_sources(config, {"dictionary": {"adapter": "dictionary", "location": str(src)}}), tmp_path)
     assert_counted(per_source["dictionary"], f"{src}:line 2")
     assert per_source["dictionary"]["first_skipped_example"]["bad_encoding"].endswith("byte 0xe9 at column 4 is not valid UTF-8")
     assert [r["turns"][0]["text"] for r in rows] == ["define cat", "define dog"]
@@ -166,7 +155,7 @@ def test_plaintext_adapter_skips_the_chunk_not_the_book(config, tmp_path):
     paragraphs[2] = paragraphs[2].replace(b"word", LATIN1, 1)
     header = b"Header with a stray \xff byte\n*** START OF THE PROJECT GUTENBERG EBOOK X ***\n\n"
     (books / "b.txt").write_bytes(header + b"\n\n".join(paragraphs) + b"\n")
-    cfg = only(config, {"gutenberg": {"adapter": "plaintext", "location": str(books), "chunk_chars": 200}})
+    cfg = with_sources(config, {"gutenberg": {"adapter": "plaintext", "location": str(books), "chunk_chars": 200}})
     per_source, rows, _ = prep(cfg, tmp_path)
     # the header's bad byte is cut with the header; paragraph 2 (line 8 of the file) is lost alone
     assert_counted(per_source["gutenberg"], f"{books / 'b.txt'} chunk 2 (line 8)")
@@ -178,7 +167,7 @@ def test_markdown_adapter(config, tmp_path):
     docs.mkdir()
     (docs / "good.md").write_text("# Guide\n\nThis guide explains how the pipeline works in detail.\n")
     (docs / "bad.md").write_bytes(b"# Menu\n\nThe " + LATIN1 + b" serves coffee every morning of the week.\n")
-    per_source, rows, _ = prep(only(config, {"repo-docs": {"adapter": "markdown", "location": str(docs)}}), tmp_path)
+    per_source, rows, _ = prep(with_sources(config, {"repo-docs": {"adapter": "markdown", "location": str(docs)}}), tmp_path)
     assert_counted(per_source["repo-docs"], f"{docs / 'bad.md'} chunk 0 (line 3)")
     assert [r["doc_id"] for r in rows] == ["good.md#0"]
 
@@ -186,7 +175,7 @@ def test_markdown_adapter(config, tmp_path):
 def test_irc_adapter_skips_the_line(config, tmp_path):
     src = tmp_path / "chan.log"
     src.write_bytes(b"[10:01] <alice> hello there everyone\n[10:02] <bob> a " + LATIN1 + b" for me\n[10:03] <bob> hi alice\n")
-    per_source, rows, _ = prep(only(config, {"irc": {"adapter": "irc", "location": str(src), "min_chars": 10}}), tmp_path)
+    per_source, rows, _ = prep(with_sources(config, {"irc": {"adapter": "irc", "location": str(src), "min_chars": 10}}), tmp_path)
     assert_counted(per_source["irc"], f"{src}:line 2")
     assert rows[0]["text"] == "<alice> hello there everyone\n<bob> hi alice"
 
@@ -198,7 +187,7 @@ def test_docstrings_adapter_skips_the_file(config, tmp_path):
     (pkg / "bad.py").write_bytes(b'"""A module docstring long enough to keep."""\n\nNAME = "' + LATIN1 + b'"\n')
     # a file that declares Latin-1 is valid Python and read as such
     (pkg / "latin.py").write_bytes(b'# -*- coding: latin-1 -*-\n"""Le ' + LATIN1 + b' du coin, assez long."""\n')
-    cfg = only(config, {"repo-docstrings": {"adapter": "docstrings", "location": str(pkg), "min_chars": 10}})
+    cfg = with_sources(config, {"repo-docstrings": {"adapter": "docstrings", "location": str(pkg), "min_chars": 10}})
     per_source, rows, _ = prep(cfg, tmp_path)
     assert_counted(per_source["repo-docstrings"], f"{pkg / 'bad.py'}:line 3")
     assert {r["doc_id"]: r["text"] for r in rows} == {
@@ -228,7 +217,7 @@ def test_git_log_adapter_skips_the_commit(config, tmp_path):
     (repo / "g").write_text("2")
     run("add", "g")
     run("commit", "-q", "-m", "Add the third file of the history")
-    cfg = only(config, {"repo-commits": {"adapter": "git_log", "location": str(repo), "min_chars": 10}})
+    cfg = with_sources(config, {"repo-commits": {"adapter": "git_log", "location": str(repo), "min_chars": 10}})
     per_source, rows, _ = prep(cfg, tmp_path)
     assert_counted(per_source["repo-commits"], f"{repo} commit {bad_sha[:12]}")
     assert [r["text"] for r in rows] == ["Add the third file of the history", "Add the first file of the history"]
@@ -237,7 +226,7 @@ def test_git_log_adapter_skips_the_commit(config, tmp_path):
 def test_strict_prep_names_the_source_file_and_line(config, tmp_path):
     src = tmp_path / "dict.tsv"
     src.write_bytes(b"cat\ta small animal\n" + LATIN1 + b"\ta drink\n")
-    cfg = only(config, {"dictionary": {"adapter": "dictionary", "location": str(src)}}, strict=True)
+    cfg = with_sources(config, {"dictionary": {"adapter": "dictionary", "location": str(src)}}, strict=True)
     with pytest.raises(MalformedRecord, match=r"source dictionary: .*dict\.tsv:line 2: bad_encoding: byte 0xe9"):
         prep_megachat(cfg, tmp_path / "prep", "v1")
     assert not (tmp_path / "prep" / "megachat.parquet").exists()

@@ -24,8 +24,7 @@ import pytest
 
 from andrea.config import ConfigError, validate_config
 from andrea.hub import MIRROR_ENV, HubDatasetError, HubUnreachable
-from andrea.megachat import prep_megachat
-from conftest import REPO, sharegpt
+from conftest import REPO, run_prep, sharegpt, with_sources
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 OTHER_COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
@@ -84,19 +83,8 @@ def msgs(*pairs, **extra):
     return {"messages": [{"role": r, "content": c} for r, c in pairs], **extra}
 
 
-def only(config, sources: dict, **top) -> dict:
-    raw = {k: v for k, v in config.items() if k != "sources"}
-    raw["sources"] = sources
-    raw.update(top)
-    return validate_config(raw)
-
-
 def prep(cfg, tmp_path):
-    out = tmp_path / "prep"
-    counts = prep_megachat(cfg, out, "v1")
-    rows = pq.read_table(out / "megachat.parquet").to_pylist()
-    manifest = json.loads((out / "manifest.json").read_text())
-    return counts, rows, manifest
+    return run_prep(cfg, tmp_path / "prep")
 
 
 # ---------------------------------------------------------------- configuration
@@ -119,7 +107,7 @@ def prep(cfg, tmp_path):
 )
 def test_a_malformed_or_unsupported_hub_location_names_the_key(config, adapter, location, says):
     with pytest.raises(ConfigError) as e:
-        only(config, {"src": {"adapter": adapter, "location": location}})
+        with_sources(config, {"src": {"adapter": adapter, "location": location}})
     assert "sources.src.location" in str(e.value)
     assert says in str(e.value)
 
@@ -140,7 +128,7 @@ def test_hub_id_revision_subset_and_split_are_part_of_the_prep_version(config, t
 
     def version(location, hermes3="embedded"):
         raw = {**config, "hermes3": {**config["hermes3"], "location": hermes3}}
-        return stage_versions(only(raw, {"smoltalk": {"adapter": "messages", "location": location}}))
+        return stage_versions(with_sources(raw, {"smoltalk": {"adapter": "messages", "location": location}}))
 
     base = version("hub:HuggingFaceTB/smoltalk:all:train")
     prep_versions = {
@@ -200,7 +188,7 @@ def test_every_record_adapter_reads_its_hub_dataset(config, tmp_path, monkeypatc
     hub_dataset(mirror, "org/docs", {"default": {"train": [{"text": "# Install\n\nRun the installer, then restart the shell to pick up the path."}]}}, fmt="jsonl")
     hub_dataset(mirror, "org/irc", {"default": {"train": [{"id": "chan", "text": "[10:00] <ann> is the build green?\n[10:01] -!- bob joined\n[10:02] <bob> yes, since this morning\nnot a message"}]}})
 
-    cfg = only(config, {
+    cfg = with_sources(config, {
         "chat": {"adapter": "sharegpt", "location": "hub:org/chat"},
         "smoltalk": {"adapter": "messages", "location": "hub:org/smoltalk:all:train"},
         "oasst": {"adapter": "oasst", "location": "hub:org/oasst:validation"},
@@ -250,7 +238,7 @@ def test_max_docs_stops_reading_the_stream(config, tmp_path, monkeypatch):
     monkeypatch.setenv(MIRROR_ENV, str(mirror))
     first = [msgs(("user", f"question {i}"), ("assistant", f"answer {i}")) for i in range(5)]
     hub_dataset(mirror, "org/big", {"default": {"train": [first, "{not json\n"]}}, fmt="jsonl")
-    cfg = only(config, {"smoltalk": {"adapter": "messages", "location": "hub:org/big", "max_docs": 3}})
+    cfg = with_sources(config, {"smoltalk": {"adapter": "messages", "location": "hub:org/big", "max_docs": 3}})
     counts, rows, _ = prep(cfg, tmp_path)
     assert counts["per_source"]["smoltalk"]["kept"] == 3 and len(rows) == 3
     cfg["sources"]["smoltalk"]["max_docs"] = None  # the whole split does reach the broken file
@@ -262,11 +250,11 @@ def test_a_pinned_commit_must_match_the_mirror_copy(config, tmp_path, monkeypatc
     mirror = tmp_path / "mirror"
     monkeypatch.setenv(MIRROR_ENV, str(mirror))
     hub_dataset(mirror, "org/chat", {"default": {"train": [sharegpt(("human", "hi"), ("gpt", "hello"))]}}, commit=COMMIT)
-    cfg = only(config, {"chat": {"adapter": "sharegpt", "location": f"hub:org/chat@{COMMIT}"}})
+    cfg = with_sources(config, {"chat": {"adapter": "sharegpt", "location": f"hub:org/chat@{COMMIT}"}})
     counts, _, manifest = prep(cfg, tmp_path)
     assert counts["per_source"]["chat"]["kept"] == 1
     assert manifest["inputs"][0]["commit"] == COMMIT and manifest["inputs"][0]["revision"] == COMMIT
-    cfg = only(config, {"chat": {"adapter": "sharegpt", "location": f"hub:org/chat@{OTHER_COMMIT}"}})
+    cfg = with_sources(config, {"chat": {"adapter": "sharegpt", "location": f"hub:org/chat@{OTHER_COMMIT}"}})
     with pytest.raises(HubDatasetError, match=rf"sources\.chat\.location: .* is commit {COMMIT}, but the location pins {OTHER_COMMIT}"):
         prep(cfg, tmp_path / "other")
 
@@ -276,7 +264,7 @@ def test_an_unknown_split_or_subset_is_a_clear_error(config, tmp_path, monkeypat
     monkeypatch.setenv(MIRROR_ENV, str(mirror))
     hub_dataset(mirror, "org/smoltalk", {"all": {"train": [msgs(("user", "a"), ("assistant", "b"))]}, "x": {"train": [msgs(("user", "c"), ("assistant", "d"))]}})
     for location, missing in [("hub:org/smoltalk:all:validation", "validation"), ("hub:org/smoltalk:nosuch:train", "nosuch")]:
-        cfg = only(config, {"smoltalk": {"adapter": "messages", "location": location}})
+        cfg = with_sources(config, {"smoltalk": {"adapter": "messages", "location": location}})
         with pytest.raises(HubDatasetError) as e:
             prep(cfg, tmp_path / missing)
         assert "sources.smoltalk.location" in str(e.value) and missing in str(e.value)
@@ -289,7 +277,7 @@ def test_bytes_that_are_not_utf8_stop_the_stream_naming_the_row(config, tmp_path
     (root / "data").mkdir(parents=True)
     text = pa.array([b"A good first book, long enough to keep.", b"bad \xff byte"], pa.binary()).view(pa.string())
     pq.write_table(pa.table({"text": text}), root / "data" / "train-0.parquet")
-    cfg = only(config, {"gutenberg": {"adapter": "plaintext", "location": "hub:org/books"}})
+    cfg = with_sources(config, {"gutenberg": {"adapter": "plaintext", "location": "hub:org/books"}})
     with pytest.raises(HubDatasetError, match=r"sources\.gutenberg\.location: hub:org/books:train .* row 1: .*not valid UTF-8"):
         prep(cfg, tmp_path)
 
@@ -298,7 +286,7 @@ def test_bytes_that_are_not_utf8_stop_the_stream_naming_the_row(config, tmp_path
 
 
 def test_offline_without_a_mirror_fails_at_once_naming_the_fix(config, tmp_path):
-    cfg = only(config, {"smoltalk": {"adapter": "messages", "location": "hub:HuggingFaceTB/smoltalk@main:all:train"}})
+    cfg = with_sources(config, {"smoltalk": {"adapter": "messages", "location": "hub:HuggingFaceTB/smoltalk@main:all:train"}})
     t0 = time.monotonic()
     with pytest.raises(HubUnreachable) as e:
         prep(cfg, tmp_path)
@@ -311,7 +299,7 @@ def test_offline_without_a_mirror_fails_at_once_naming_the_fix(config, tmp_path)
 
 
 def test_plaintext_from_the_hub_offers_only_the_mirror(config, tmp_path):
-    cfg = only(config, {"gutenberg": {"adapter": "plaintext", "location": "hub:manu/project_gutenberg:en"}})
+    cfg = with_sources(config, {"gutenberg": {"adapter": "plaintext", "location": "hub:manu/project_gutenberg:en"}})
     with pytest.raises(HubUnreachable) as e:
         prep(cfg, tmp_path)
     assert "set sources.gutenberg.location to DIR" not in str(e.value)  # it reads .txt files, not Parquet
@@ -321,7 +309,7 @@ def test_plaintext_from_the_hub_offers_only_the_mirror(config, tmp_path):
 def test_an_optional_hub_source_out_of_reach_is_skipped(config, tmp_path):
     local = tmp_path / "chat.jsonl"
     local.write_text(json.dumps(sharegpt(("human", "hi"), ("gpt", "hello"))) + "\n")
-    cfg = only(config, {
+    cfg = with_sources(config, {
         "chat": {"adapter": "sharegpt", "location": str(local)},
         "smoltalk": {"adapter": "messages", "location": "hub:HuggingFaceTB/smoltalk:all:train", "optional": True},
     })
