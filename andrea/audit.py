@@ -16,14 +16,12 @@ import base64
 import html
 import json
 import logging
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from andrea.io import read_jsonl
+from andrea.io import atomic_dir, read_jsonl, read_run_log
 from andrea.evaluation import heldout_report
 from andrea.judges import ExternalJudge, builtin_scores
 from andrea.sampling import chat_prompt, generate, load_model
@@ -41,9 +39,8 @@ def plots(run_dir: Path | None, df: pd.DataFrame, out: Path) -> dict[str, Path]:
 
     out.mkdir(parents=True, exist_ok=True)
     made = {}
-    records = read_jsonl(run_dir / "loss.jsonl") if run_dir else []
-    loss = [r for r in records if r.get("kind", "train") == "train"]
-    evals = [r for r in records if r.get("kind") == "eval" and r.get("bpb") is not None]
+    loss, evals = read_run_log(run_dir / "loss.jsonl") if run_dir else ([], [])
+    evals = [r for r in evals if r.get("bpb") is not None]
     if loss:
         fig, ax = plt.subplots(figsize=(7, 3.2))
         steps = [r["step"] for r in loss]
@@ -100,10 +97,16 @@ def run_audit(ckpt_dir: str | Path, shards_json: str | Path, acfg: dict, heldout
               mcfg: dict | None = None) -> dict:
     ckpt_dir, out = Path(ckpt_dir), Path(out_dir)
     lm = load_model(ckpt_dir)
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     judge = ExternalJudge.from_config(acfg["judge"])
+    try:
+        with atomic_dir(out) as tmp:  # the audit directory appears complete, or not at all
+            return _audit(lm, judge, shards_json, acfg, heldout_every, tmp, mcfg)
+    finally:
+        if judge is not None:
+            judge.close()
+
+
+def _audit(lm, judge, shards_json, acfg: dict, heldout_every: int, tmp: Path, mcfg: dict | None) -> dict:
     if judge is None:
         log.info("external judge not configured (%s / %s unset): built-in judges only",
                  acfg["judge"]["base_url_env"], acfg["judge"]["model_env"])
@@ -131,7 +134,7 @@ def run_audit(ckpt_dir: str | Path, shards_json: str | Path, acfg: dict, heldout
     shards = {s: Shard(meta["shard_dir"], s, tokenizer_hash=meta["tokenizer_hash"]) for s, c in meta["sources"].items() if c["n_docs"]}
     seq_len = lm.meta.get("train", {}).get("seq_len") or lm.cfg.context
     ppl = heldout_report(lm.cfg, lm.weights, lm.tokenizer.token_bytes, shards, heldout_every, seq_len, acfg["heldout_tokens"],
-                         backend=acfg.get("backend", "auto"), precision=lm.meta.get("precision", "auto"))
+                         backend=acfg.get("backend", "auto"), trained_precision=lm.meta.get("precision"))
     log.info("held-out: %s nats/token, %s bits/byte, perplexity %s over %d sources (%s)", ppl["overall"]["loss"],
              ppl["overall"]["bpb"], ppl["overall"]["perplexity"], len(ppl["per_source"]), ppl["backend"])
 
@@ -159,8 +162,6 @@ def run_audit(ckpt_dir: str | Path, shards_json: str | Path, acfg: dict, heldout
     }
     (tmp / "summary.json").write_text(json.dumps(summary, indent=2))
     write_reports(tmp, summary, df, ppl, figs)
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
     return summary
 
 
@@ -168,7 +169,7 @@ def write_reports(d: Path, summary: dict, df: pd.DataFrame, ppl: dict, figs: dic
     key = "judge_score" if df["judge_score"].notna().any() else "coherence"
     ranked = df.sort_values(key, ascending=False)
     best, worst = ranked.head(3), ranked.tail(3).iloc[::-1]
-    cols = ["coherence", "coh_share", "coh_gate", "coh_bigram", "coh_trigram", "coh_chars", "distinct_2", "repetition"]
+    cols = ["coherence", "english_rate", "coh_gate", "coh_bigram", "coh_trigram", "coh_chars", "distinct_2", "repetition"]
     by_domain = df.groupby("domain")[[c for c in cols if c in df.columns]].mean().round(3)
 
     md = [f"# Audit of {summary['model']} at step {summary['step']}", ""]

@@ -39,8 +39,10 @@ class BatchStream:
         self.bandit, self.shards, self.rng = bandit, shards, rng
         self.B, self.accum, self.T = batch_size, grad_accum, seq_len
         self.prepare = prepare  # engine.prepare, or None for plain (inputs, targets) arrays
+        self.heldout_every = bandit.c.get("heldout_every", 0)  # rows step over held-out documents
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="andrea-data") if prefetch else None
         self.pending: tuple[int, Future] | None = None
+        self.current: tuple[int, dict] | None = None  # the step and draw state of the batch get() last gave
 
     # ------------------------------------------------------------------ draw state
     def draw_state(self) -> dict:
@@ -54,9 +56,14 @@ class BatchStream:
 
     def state_for(self, step: int) -> dict:
         """The draw state a checkpoint at `step` must save: from before the batch of `step` was
-        drawn, whether or not it has been drawn already."""
-        if self.pending is not None and self.pending[0] == step:
-            return self.pending[1].result().draw_state
+        drawn, whether it is still to come, being drawn ahead, or already handed out (a halt
+        checkpoints the step that failed)."""
+        if self.pending is not None:
+            batch = self.pending[1].result()  # also: nothing is drawing while the state is read
+            if self.pending[0] == step:
+                return batch.draw_state
+        if self.current is not None and self.current[0] == step:
+            return self.current[1]
         return self.draw_state()
 
     # ------------------------------------------------------------------ batches
@@ -65,7 +72,7 @@ class BatchStream:
         rows = self.bandit.draw(self.B * self.accum, self.rng)
         x = np.empty((len(rows), self.T + 1), dtype=np.uint16)
         for i, (src, doc) in enumerate(rows):
-            x[i] = self.shards[src].window(doc, self.T)[0]
+            x[i] = self.shards[src].window(doc, self.T, self.heldout_every)[0]
         micro = []
         for i in range(0, len(rows), self.B):
             inputs, targets = x[i : i + self.B, :-1], x[i : i + self.B, 1:]
@@ -84,17 +91,21 @@ class BatchStream:
             pstep, fut = self.pending
             self.pending = None
             batch = fut.result()  # re-raises what went wrong in the thread (e.g. a damaged shard)
-            if pstep == step:
-                return batch
-            self.restore(batch.draw_state)  # drawn for another step: undo it
-        return self.make(step)
+            if pstep != step:
+                self.restore(batch.draw_state)  # drawn for another step: undo it
+                batch = self.make(step)
+        else:
+            batch = self.make(step)
+        self.current = (step, batch.draw_state)
+        return batch
 
     def close(self) -> None:
         """Drop a batch drawn ahead (restoring the draw state) and stop the thread."""
-        if self.pending is not None:
-            batch = self.pending[1].result()
-            self.pending = None
-            self.restore(batch.draw_state)
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
-            self.pool = None
+        try:
+            if self.pending is not None:
+                fut, self.pending = self.pending[1], None
+                self.restore(fut.result().draw_state)
+        finally:
+            if self.pool is not None:
+                self.pool.shutdown(wait=True)
+                self.pool = None

@@ -251,7 +251,10 @@ def cmd_audit(args) -> int:
     cfg = _config(args)
     _model_n(cfg, args.model)
     res = Path(cfg["results_dir"]) / args.model
-    summary = run_audit(args.ckpt or res / "ckpt", res / "shards.json", cfg["audit"], cfg["curriculum"]["heldout_every"],
+    from andrea.config import train_settings
+
+    heldout_every = train_settings(cfg, args.model)["curriculum"]["heldout_every"]  # the model's, as it trained
+    summary = run_audit(args.ckpt or res / "ckpt", res / "shards.json", cfg["audit"], heldout_every,
                         args.out or res / "audit", cfg["megachat"])
     print(json.dumps(summary, indent=2))
     return 0

@@ -63,7 +63,7 @@ class Arm:
     heldout_every: int = 0  # document i is held out (never trained on) when i % every == every − 1
 
     def is_heldout(self, doc: int) -> bool:
-        return self.heldout_every > 0 and doc % self.heldout_every == self.heldout_every - 1
+        return is_heldout(doc, self.heldout_every)
 
     @property
     def n_train(self) -> int:
@@ -72,6 +72,12 @@ class Arm:
     @property
     def coverage(self) -> float:
         return self.n_seen / self.n_train if self.n_train else 1.0
+
+
+def is_heldout(doc: int, every: int) -> bool:
+    """The held-out rule: document i of a source is never trained on when i % every == every − 1
+    (every ≤ 0: none). Validation and the audit score those documents."""
+    return every > 0 and doc % every == every - 1
 
 
 def coverage_bonus(coverage: float, strength: float = 0.3) -> float:

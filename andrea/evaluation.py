@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from andrea.curriculum import is_heldout
+
 LN2 = math.log(2.0)
 
 
@@ -40,9 +42,9 @@ class EvalSet:
         return len(self.windows) * self.seq_len
 
 
-def heldout_documents(n_docs: int, heldout_every: int) -> range:
-    """Indices of a source's held-out documents (the curriculum's rule: i % every == every − 1)."""
-    return range(heldout_every - 1, n_docs, heldout_every) if heldout_every > 0 else range(0)
+def heldout_documents(n_docs: int, heldout_every: int) -> list[int]:
+    """Indices of a source's held-out documents (andrea.curriculum.is_heldout)."""
+    return [d for d in range(heldout_every - 1, n_docs, max(1, heldout_every)) if is_heldout(d, heldout_every)]
 
 
 def build_eval_set(shards: dict, heldout_every: int, seq_len: int, tokens_per_source: int, token_bytes: np.ndarray) -> EvalSet:
@@ -99,19 +101,28 @@ def summarise(es: EvalSet, window_loss: np.ndarray, seconds: float | None = None
     return out
 
 
-def evaluate(engine, es: EvalSet) -> dict:
-    """Forward passes only, on the engine's backend (the GPU when it runs there), in batches of
-    the engine's batch size (the last one padded with repeats whose losses are dropped)."""
-    t0 = time.perf_counter()
+def prepare_batches(engine, es: EvalSet) -> list:
+    """The set's windows as the engine's batches, checked and converted once (the last batch
+    padded with repeats whose losses are dropped); forward-only, so no backward plan."""
     B = engine.B
-    losses = np.empty(len(es), dtype=np.float64)
+    out = []
     for i in range(0, len(es), B):
-        idx = np.arange(i, i + B) % len(es)
-        x = es.windows[idx].astype(np.int64)
-        engine.forward(x[:, :-1], x[:, 1:])
-        rows = np.asarray(engine.row_losses(), dtype=np.float64)
-        k = min(B, len(es) - i)
-        losses[i : i + k] = rows[:k]
+        x = es.windows[np.arange(i, i + B) % len(es)]
+        out.append(engine.prepare(x[:, :-1], x[:, 1:], backward=False))
+    return out
+
+
+def evaluate(engine, es: EvalSet, batches: list | None = None) -> dict:
+    """Forward passes only, on the engine's backend (the GPU when it runs there), in batches of
+    the engine's batch size; `batches` from prepare_batches (made here when not given)."""
+    t0 = time.perf_counter()
+    batches = prepare_batches(engine, es) if batches is None else batches
+    losses = np.empty(len(es), dtype=np.float64)
+    for n, batch in enumerate(batches):
+        engine.forward(batch)
+        i = n * engine.B
+        k = min(engine.B, len(es) - i)
+        losses[i : i + k] = np.asarray(engine.row_losses(), dtype=np.float64)[:k]
     return summarise(es, losses, time.perf_counter() - t0)
 
 
@@ -136,10 +147,11 @@ def _score_stream_on_host(model, stream: np.ndarray, token_bytes: np.ndarray) ->
 
 
 def heldout_report(cfg, weights: np.ndarray, token_bytes: np.ndarray, shards: dict, heldout_every: int, seq_len: int,
-                   tokens_per_source: int, backend: str = "auto", precision: str = "auto") -> dict:
+                   tokens_per_source: int, backend: str = "auto", trained_precision: str | None = None) -> dict:
     """The audit's held-out loss for every source that has held-out documents: nats/token,
     bits/byte and perplexity. Windows of `seq_len` run on the engine of the resolved backend (the
-    GPU when there is one); a source whose held-out text is shorter than one window is scored
+    GPU when there is one: in the precision the model was trained in, or bf16 if that was fp32 on
+    the CPU; on the CPU in fp32); a source whose held-out text is shorter than one window is scored
     whole on the host."""
     from andrea.engine import Engine, resolve_backend
     from andrea.sampling import InferenceModel
@@ -149,7 +161,9 @@ def heldout_report(cfg, weights: np.ndarray, token_bytes: np.ndarray, shards: di
     sums = {}  # source -> (nats, tokens, bytes)
     info = {"seq_len": seq_len, "backend": None}
     if len(es):
-        be, prec, why = resolve_backend(backend, precision)
+        be, prec, why = resolve_backend(backend, "auto")
+        if be == "cupy" and trained_precision in ("fp32", "bf16", "fp16"):
+            prec = trained_precision
         info.update(backend=be, precision=prec, backend_reason=why)
         engine = Engine(cfg, batch_size=min(8, len(es)), seq_len=seq_len, backend=be, precision=prec)
         engine.load_state(weights)

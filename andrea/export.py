@@ -45,15 +45,14 @@ import importlib
 import json
 import logging
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 
 from andrea.checkpoint import read_weights
-from andrea.io import Manifest, sha256_file
+from andrea.io import Manifest, atomic_dir, sha256_file
 from andrea.model import LN_EPS, ModelConfig, n_params, param_layout, views
-from andrea.tokenizer import BOS, FIRST_SEGMENT, N_BYTES, HarrisTokenizer, _trie_pattern
+from andrea.tokenizer import BOS, FIRST_SEGMENT, N_BYTES, HarrisTokenizer, trie_pattern
 
 log = logging.getLogger("andrea.export")
 
@@ -99,7 +98,7 @@ def segment_regex(segments: list[str]) -> str:
     our encoder's own trie pattern (andrea.tokenizer), quoted for Oniguruma, then any character."""
     if not segments:
         return r"[\s\S]"
-    return _trie_pattern(segments, escape=_onig_escape) + r"|[\s\S]"
+    return trie_pattern(segments, escape=_onig_escape) + r"|[\s\S]"
 
 
 def _bos_token(token_strings: set[str]) -> str:
@@ -300,10 +299,14 @@ def model_card(meta: dict, cfg: ModelConfig, step: int, which: str, bos: str, sh
             lines += ["", f"Compression: {' and '.join(bpt)}."]
     lines += ["", f"Tokenizer hash: `{meta.get('tokenizer_hash')}`.", "", "## Training", "", "| | |", "|---|---|"]
     rows = [("steps", _fmt(meta.get("step"))), ("batch size × sequence length",
-            f"{train.get('batch_size')} × {train.get('seq_len') or cfg.context}" if train.get("batch_size") else None),
+            f"{train.get('batch_size')} × {train.get('seq_len') or cfg.context}"
+            + (f", {train['grad_accum']} micro-batches per step" if train.get("grad_accum", 1) > 1 else "")
+            if train.get("batch_size") else None),
             ("learning rate", train.get("lr")), ("seed", train.get("seed"))]
-    if train.get("batch_size"):
-        tokens = meta.get("step", 0) * train["batch_size"] * (train.get("seq_len") or cfg.context)
+    if meta.get("tokens_seen") is not None:  # counted by the trainer (grad_accum and resumes included)
+        rows.append(("tokens trained on", f"{meta['tokens_seen']:,}"))
+    elif train.get("batch_size"):
+        tokens = meta.get("step", 0) * train["batch_size"] * train.get("grad_accum", 1) * (train.get("seq_len") or cfg.context)
         rows.append(("tokens trained on", f"{tokens:,}"))
     ev = meta.get("last_eval") or {}
     if ev.get("loss") is not None:
@@ -383,10 +386,7 @@ def export_hf(ckpt_dir: str | Path, out_dir: str | Path, which: str = "final", s
 
     t, bos = hf_tokenizer(tok)
     check_tokenizer(t, tok)
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:  # into a temporary directory, renamed when complete
+    with atomic_dir(out) as tmp:  # into a temporary directory, renamed when complete
         tensors = gpt2_tensors(cfg, ck.weights)
         safetensors_numpy.save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         t.save(str(tmp / "tokenizer.json"))
@@ -413,11 +413,6 @@ def export_hf(ckpt_dir: str | Path, out_dir: str | Path, which: str = "final", s
             manifest.data["outputs"].append({"path": p.name, "bytes": p.stat().st_size, "sha256": sha256_file(p)})
         manifest.data["counts"] = {"n_params": n_params(cfg), "step": ck.step, "tensors": len(tensors)}
         manifest.write(tmp / "manifest.json")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
     log.info("exported %s (%s, step %d) to %s", ckpt_dir, which, ck.step, out)
     return {"out": str(out), "which": which, "step": ck.step, "n_params": n_params(cfg), "files": sorted(os.listdir(out))}
 

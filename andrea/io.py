@@ -60,6 +60,38 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             tmp.unlink()
 
 
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a fresh temporary directory beside `path`; when the block succeeds it replaces
+    `path` whole (a directory output is then either the old one or the complete new one)."""
+    import shutil
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """`dst` becomes the same bytes as `src`, atomically: a hard link where the file system allows
+    it (a 1 GB checkpoint costs nothing), else a copy."""
+    import shutil
+
+    src, dst = Path(src), Path(dst)
+    with atomic_path(dst) as tmp:
+        tmp.unlink()
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
@@ -135,6 +167,13 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
         except json.JSONDecodeError:
             break
     return rows
+
+
+def read_run_log(path: str | os.PathLike) -> tuple[list[dict], list[dict]]:
+    """A run's loss.jsonl as (training records, validation records): one line per step, and the
+    validation records marked `"kind": "eval"` (andrea/trainer.py)."""
+    records = read_jsonl(path)
+    return ([r for r in records if r.get("kind", "train") == "train"], [r for r in records if r.get("kind") == "eval"])
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

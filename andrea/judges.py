@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 import httpx2
 import tenacity
 
-from andrea.coherence import WORD, coherence_score, distinct_n, real_word_share
+from andrea.coherence import WORD, coherence_score, distinct_n
 
 log = logging.getLogger("andrea.judges")
 
@@ -66,22 +66,22 @@ def repetition_rate(words: list[str], n: int = 4) -> float:
 
 
 def builtin_scores(text: str) -> dict:
-    found = WORD.findall(text)
-    words = [w.lower() for w in found]
+    """The built-in judges of one sample. The coherence score's parts come with it (its bigram and
+    trigram points are 35 x distinct-2 and distinct-3; its real-word share is `english_rate`)."""
+    words = [w.lower() for w in WORD.findall(text)]
     c = coherence_score(text)
     return {
         "coherence": round(c.score, 2),
         # the coherence score's parts (andrea/coherence.py): gate(real-word share) x novelty x (…)
-        "coh_share": round(c.share, 4),
         "coh_gate": round(c.gate, 4),
         "coh_bigram": round(c.bigram, 2),
         "coh_trigram": round(c.trigram, 2),
         "coh_chars": round(c.chars, 2),
         "distinct_1": round(distinct_n(words, 1), 4),
-        "distinct_2": round(distinct_n(words, 2), 4),
-        "distinct_3": round(distinct_n(words, 3), 4),
+        "distinct_2": round(c.bigram / 35.0, 4),
+        "distinct_3": round(c.trigram / 35.0, 4),
         "repetition": round(repetition_rate(words), 4),
-        "english_rate": round(real_word_share(found), 4),
+        "english_rate": round(c.share, 4),  # real words' share of the letters
         "n_words": len(words),
         "n_chars": len(text),
     }

@@ -74,21 +74,29 @@ class Shard:
             raise IndexError(f"{self.source}: document {i} out of range 0..{self.n_docs - 1}")
         return self.tokens[self.offsets[i] + 1 : self.offsets[i + 1]]
 
-    def window(self, i: int, T: int) -> tuple[np.ndarray, int]:
+    def window(self, i: int, T: int, heldout_every: int = 0) -> tuple[np.ndarray, int]:
         """T + 1 tokens starting at document i's BOS (inputs are [:T], targets [1:]), running on
-        into the following documents and wrapping round to the shard's start; with the doc index."""
+        into the following documents and wrapping round to the shard's start; with the doc index.
+        With `heldout_every`, the held-out documents (andrea.curriculum.is_heldout) are stepped
+        over: a training row never reads a token of one."""
         if not 0 <= i < self.n_docs:
             raise IndexError(f"{self.source}: document {i} out of range 0..{self.n_docs - 1}")
-        start = int(self.offsets[i])
+        every = heldout_every if heldout_every > 0 and self.n_docs >= heldout_every else 0
         need = T + 1
         out = np.empty(need, dtype=np.uint16)
-        got = 0
-        pos = start
+        got, d, lap = 0, i, 0
         while got < need:
-            take = min(need - got, self.n_tokens - pos)
-            out[got : got + take] = self.tokens[pos : pos + take]
+            # documents d .. end-1 are contiguous training text (up to the next held-out one, or the end)
+            end = self.n_docs if not every else min(self.n_docs, d + (every - 1 - d % every))
+            a, b = int(self.offsets[d]), int(self.offsets[end])
+            take = min(need - got, b - a)
+            out[got : got + take] = self.tokens[a : a + take]
             got += take
-            pos = 0
+            d = end + 1 if every and end < self.n_docs else end  # step over the held-out document
+            if d >= self.n_docs:  # round to the shard's start
+                d, lap = 0, lap + 1
+                if lap > 1 and got == 0:
+                    raise ValueError(f"{self.source}: no training text outside the held-out documents")
         return out, i
 
 

@@ -53,7 +53,7 @@ LETTERS = re.compile(r"[^\W\d_]+")
 # --------------------------------------------------------------------------- encoding
 
 
-def _trie_pattern(segments: list[str], escape=re.escape) -> str:
+def trie_pattern(segments: list[str], escape=re.escape) -> str:
     """A regex whose leftmost match at any position is the longest segment starting there (each
     trie node an alternation of its children, optional where a segment ends, so backtracking tries
     the deepest match first). `escape` quotes one character for the regex dialect: Python's `re`
@@ -93,7 +93,7 @@ class HarrisTokenizer:
         self._ids = {s: FIRST_SEGMENT + i for i, s in enumerate(self.segments)}
         self._bytes = [bytes([i]) for i in range(N_BYTES)] + [b""] + [s.encode("utf-8") for s in self.segments]
         self._bytes += [b""] * (self.vocab_size - len(self._bytes))  # unused IDs of an unsaturated vocabulary
-        self._splitter = re.compile("(" + _trie_pattern(self.segments) + ")") if self.segments else None
+        self._splitter = re.compile("(" + trie_pattern(self.segments) + ")") if self.segments else None
 
     @property
     def token_bytes(self) -> np.ndarray:

@@ -36,8 +36,6 @@ import hashlib
 import json
 import logging
 import math
-import os
-import shutil
 import signal
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -51,8 +49,8 @@ from andrea.coherence import coherence_score
 from andrea.config import TRAIN_DEFAULTS, train_settings  # noqa: F401  (re-exported: the settings' home)
 from andrea.curriculum import Bandit
 from andrea.engine import Engine, materialise, resolve_backend
-from andrea.evaluation import build_eval_set, evaluate
-from andrea.io import atomic_path, read_jsonl, write_json_atomic, write_text_atomic
+from andrea.evaluation import build_eval_set, evaluate, prepare_batches
+from andrea.io import atomic_dir, link_or_copy, read_jsonl, sha256_file, write_json_atomic, write_text_atomic
 from andrea.model import ModelConfig, flops_per_token, n_params
 from andrea.optim import NonFiniteCounter, NonFiniteHalt, OptimConfig, train_step
 from andrea.sampling import InferenceModel, generate
@@ -116,14 +114,6 @@ def _checkpoint_sha256(step: int, arrays) -> str:
     return h.hexdigest()
 
 
-def _file_sha256(path: Path, chunk: int = 1 << 24) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 class Trainer:
     def __init__(self, config: dict, model: str, shards_json: str | Path, run_dir: str | Path, force: bool = False):
         if model not in config["models"]:
@@ -169,13 +159,15 @@ class Trainer:
         self.engine = None
         self.batches: BatchStream | None = None
         self.eval_set = None
+        self.eval_batches: list = []
         self._log_pool: ThreadPoolExecutor | None = None
         self._log_fh = None
-        self._last_log: Future | None = None
+        self._log_writes: list[Future] = []
         self._ckpt_pool: ThreadPoolExecutor | None = None
         self._ckpt_writes: list[Future] = []
         self._resumed = False
         self.timing: dict = {}
+        self.plan_doc: dict | None = None  # what plan.json holds (the actual time is added at the end)
 
     # ------------------------------------------------------------------ plan
     def plan(self) -> dict:
@@ -320,9 +312,9 @@ class Trainer:
     def _host_copy(self) -> tuple:
         """The weights and Adam state as of this step, for the writer thread (Engine.snapshot: on
         the GPU a device-side copy, brought to the host by the writer; training goes on)."""
-        return tuple(self.engine.snapshot(a) for a in (self.engine.w, self.engine.m, self.engine.v))
+        return tuple(self._snapshot(a) for a in (self.engine.w, self.engine.m, self.engine.v))
 
-    def _host(self, a):
+    def _snapshot(self, a):
         return self.engine.snapshot(a)
 
     def save_checkpoint(self, reason: str = "periodic", wait: bool = False) -> Path:
@@ -370,11 +362,6 @@ class Trainer:
         while self._ckpt_writes:
             self._ckpt_writes.pop(0).result()
 
-    @staticmethod
-    def _copy_atomic(src: Path, dst: Path) -> None:
-        with atomic_path(dst) as tmp:
-            shutil.copyfile(src, tmp)
-
     def _intact_checkpoint(self):
         """The newest checkpoint that passes its checks, with its state; the problems found with
         newer ones. A checkpoint passes when its state file is there, the file's size and header
@@ -402,7 +389,7 @@ class Trainer:
             if ck.step != st["step"]:
                 problems.append(f"{path}: holds step {ck.step}, its state says {st['step']}")
                 continue
-            if st.get("sha256") and _file_sha256(path) != st["sha256"]:
+            if st.get("sha256") and sha256_file(path) != st["sha256"]:
                 problems.append(f"{path}: SHA-256 differs from the one recorded when it was written (damaged)")
                 continue
             return st, ck, problems
@@ -474,16 +461,22 @@ class Trainer:
     # ------------------------------------------------------------------ records
     def _log_record(self, rec: dict) -> None:
         """Append a record to loss.jsonl from the background writer (in order)."""
-        self._last_log = self._log_pool.submit(self._write_line, json.dumps, rec)
+        self._submit_log(self._write_line, rec)
 
-    def _write_line(self, dumps, rec: dict) -> None:
-        self._log_fh.write(dumps(rec) + "\n")
+    def _submit_log(self, fn, *args) -> None:
+        """Queue a write on the log thread; a write that failed (a full disk) is raised here, at
+        the next step, not lost; and the queue never holds more than a few steps."""
+        while self._log_writes and (self._log_writes[0].done() or len(self._log_writes) > 64):
+            self._log_writes.pop(0).result()
+        self._log_writes.append(self._log_pool.submit(fn, *args))
+
+    def _write_line(self, rec: dict) -> None:
+        self._log_fh.write(json.dumps(rec) + "\n")
         self._log_fh.flush()
 
     def _flush_log(self) -> None:
-        if self._last_log is not None:
-            fut, self._last_log = self._last_log, None
-            fut.result()
+        while self._log_writes:
+            self._log_writes.pop(0).result()
 
     def _record_batch(self, tokens: np.ndarray) -> None:
         """With record_batches: this step's token rows, appended to parity/batches.bin."""
@@ -493,7 +486,7 @@ class Trainer:
             with open(path, "ab") as fh:
                 fh.write(data)
 
-        self._last_log = self._log_pool.submit(append)
+        self._submit_log(append)
 
     def _start_recording(self) -> None:
         d = self.run_dir / "parity"
@@ -533,7 +526,7 @@ class Trainer:
 
     def validate(self) -> dict:
         """Loss on the fixed held-out set, recorded; best.bin follows the best validation loss."""
-        r = evaluate(self.engine, self.eval_set)
+        r = evaluate(self.engine, self.eval_set, self.eval_batches)
         rec = {"kind": "eval", "step": self.step, **r}
         self._log_record(rec)
         self.last_eval = rec
@@ -542,7 +535,7 @@ class Trainer:
                  r["bpb"] or float("nan"), per, r["seconds"])
         if r["loss"] is not None and math.isfinite(r["loss"]) and r["loss"] < self.best:
             self.best = r["loss"]
-            self._submit_write(self._write_best, self.step, self._host(self.engine.w))
+            self._submit_write(self._write_best, self.step, self._snapshot(self.engine.w))
         return rec
 
     # ------------------------------------------------------------------ run
@@ -583,6 +576,8 @@ class Trainer:
                 if not len(self.eval_set):
                     log.warning("validation: no source has held-out text for a window; no validation loss (best.bin by smoothed loss)")
                     self.eval_set = None
+                else:
+                    self.eval_batches = prepare_batches(self.engine, self.eval_set)  # once: the windows are fixed
             mem = self.engine.memory_plan()
             warm = self._warmup()
             est = self._estimate(warm)
@@ -599,6 +594,7 @@ class Trainer:
                 "train_version": train_version(self.config, self.model_name),
             })
             write_json_atomic(self.run_dir / "plan.json", plan)
+            self.plan_doc = plan
             periodic = []
             if self.eval_set is not None:
                 periodic.append(f"validation {est['eval_s']:.2f} s every {s['eval_every']} steps")
@@ -625,10 +621,14 @@ class Trainer:
             finally:
                 for sig, h in previous.items():
                     signal.signal(sig, h)
-                self.batches.close()
-                self._flush_log()
-                self._log_fh.close()
-                self._wait_checkpoint()
+                try:
+                    self.batches.close()
+                finally:
+                    try:
+                        self._flush_log()
+                    finally:
+                        self._log_fh.close()
+                        self._wait_checkpoint()
         finally:
             self._log_pool.shutdown(wait=True)
             self._ckpt_pool.shutdown(wait=True)
@@ -660,6 +660,9 @@ class Trainer:
             try:
                 res = train_step(self.engine, batch.micro, self.step, self.oc, self.nonfinite)
             except NonFiniteHalt as e:
+                # the checkpoint is the failing step's start; a resume (with, say, a lower lr)
+                # gets max_nonfinite fresh tries
+                self.nonfinite.consecutive = 0
                 self.save_checkpoint("non-finite halt", wait=True)
                 raise NonFiniteHalt(f"{e} Checkpoint: {self.ckpt_dir}") from None
             if not res.skipped:
@@ -699,8 +702,10 @@ class Trainer:
             ckpt_due = self.step % s["checkpoint_every"] == 0
             if self.eval_set is None and ckpt_due and self.smma is not None and self.smma < self.best:
                 self.best = self.smma  # no validation set: best.bin by the smoothed training loss
+                # best.bin first: the state written with the checkpoint then never names a best
+                # that is not on disk
+                self._submit_write(self._write_best, self.step, self._snapshot(self.engine.w))
                 self.save_checkpoint()
-                self._submit_write(self._write_best, self.step, self._host(self.engine.w))
             elif ckpt_due:
                 self.save_checkpoint()
             if self.step % s["sample_every"] == 0 and self.low_samples >= s["coherence_patience"]:
@@ -713,31 +718,24 @@ class Trainer:
         elapsed = time.perf_counter() - t_start
         self.timing["loop_s"] = elapsed
         self.timing["steps"] = self.step - steps_start
-        e = self.engine
         final = self.run_dir / "final.bin"
-        if self.step % s["checkpoint_every"]:  # else the periodic checkpoint of this step is already there
+        newest = self.ckpt_dir / f"step_{self.step:06d}.bin"
+        if not newest.exists():  # a periodic checkpoint (of this attempt or an earlier one) may be it
             self.save_checkpoint("end of run")
         self._wait_checkpoint()
-        write_checkpoint(final, self.step, e.host(e.w), e.host(e.m), e.host(e.v))
+        link_or_copy(newest, final)  # final.bin is the last checkpoint's bytes
         if not (self.run_dir / "best.bin").exists():
-            self._copy_atomic(final, self.run_dir / "best.bin")
+            link_or_copy(final, self.run_dir / "best.bin")
         if self.timing.get("estimate"):
             est = self.timing["estimate"]["estimated_remaining_s"]
             log.info("finished at step %d in %s (the plan estimated %s)", self.step, human_duration(elapsed), human_duration(est))
-            plan_path = self.run_dir / "plan.json"
-            plan = json.loads(plan_path.read_text())
-            plan["actual_remaining_s"] = elapsed
-            write_json_atomic(plan_path, plan)
+            self.plan_doc["actual_remaining_s"] = elapsed
+            write_json_atomic(self.run_dir / "plan.json", self.plan_doc)
         return {"finished": True, "step": self.step, "ema": self.ema, "smma": self.smma,
                 "val_loss": self.last_eval["loss"] if self.last_eval else None, "seconds": elapsed}
 
     def _export(self, out: Path) -> None:
         """The workflow's output: final and best weights plus what they are, in one directory."""
-        tmp = out.with_name(f".{out.name}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        shutil.copyfile(self.run_dir / "final.bin", tmp / "final.bin")
-        shutil.copyfile(self.run_dir / "best.bin", tmp / "best.bin")
         meta = {
             "model": self.model_name,
             "model_config": self.cfg.__dict__,
@@ -748,6 +746,7 @@ class Trainer:
             "run_key": run_key(self.config, self.model_name),
             "train_version": train_version(self.config, self.model_name),
             "step": self.step,
+            "tokens_seen": self.tokens_seen,
             "smma": self.smma,
             "ema": self.ema,
             "best_val_loss": self.best if (self.last_eval and math.isfinite(self.best)) else None,
@@ -756,6 +755,7 @@ class Trainer:
             "tokenizer_hash": self.shards_meta["tokenizer_hash"],
             "run_dir": str(self.run_dir),
         }
-        (tmp / "run.json").write_text(json.dumps(meta, indent=2))
-        shutil.rmtree(out, ignore_errors=True)
-        os.replace(tmp, out)
+        with atomic_dir(out) as tmp:
+            link_or_copy(self.run_dir / "final.bin", tmp / "final.bin")
+            link_or_copy(self.run_dir / "best.bin", tmp / "best.bin")
+            (tmp / "run.json").write_text(json.dumps(meta, indent=2))

@@ -54,6 +54,9 @@ WATCH_KEYS = ("checkpoint_every", "keep_checkpoints", "sample_every", "sample_to
               "sample_temperature", "coherence_halt_below", "coherence_patience", "coherence_arm_score", "eval_every",
               "eval_tokens", "prefetch", "record_batches", "max_cpu_hours")
 CONTINUE_KEYS = ("max_steps",)  # raising it continues the run from its newest checkpoint
+# watch settings that cannot change what a finished run's outputs hold: not in the rule's version,
+# so editing them never re-runs a finished train (a running or resumed one reads them as it goes)
+OUTPUT_NEUTRAL_KEYS = ("prefetch", "max_cpu_hours", "keep_checkpoints", "record_batches")
 
 
 def train_run_key(config: dict, model: str) -> str:
@@ -78,7 +81,7 @@ def train_version(config: dict, model: str) -> str:
 
     s = train_settings(config, model)
     policy = {k: {f: v.get(f) for f in ("floor", "cap")} for k, v in config["sources"].items() if v["enabled"]}
-    watched = {k: s[k] for k in WATCH_KEYS + CONTINUE_KEYS if k in s}
+    watched = {k: s[k] for k in WATCH_KEYS + CONTINUE_KEYS if k in s and k not in OUTPUT_NEUTRAL_KEYS}
     return _digest({"run": train_run_key(config, model), "policy": policy, "watched": watched})
 
 

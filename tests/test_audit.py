@@ -49,7 +49,7 @@ def test_audit_without_an_endpoint_runs_the_builtin_judges_and_says_so(trained, 
     assert summary["external_judge"].startswith("not run: no endpoint configured")
     df = pd.read_parquet(out / "scores.parquet")
     assert list(df["domain"].unique()) == ["general", "biology"] or len(df) == 6
-    assert {"coherence", "coh_share", "coh_gate", "coh_bigram", "coh_trigram", "coh_chars", "distinct_1", "distinct_2", "distinct_3",
+    assert {"coherence", "coh_gate", "coh_bigram", "coh_trigram", "coh_chars", "distinct_1", "distinct_2", "distinct_3",
             "repetition", "english_rate"} <= set(df.columns)
     assert (df["coherence"] <= 100 * df["coh_gate"] + 1e-6).all()  # the gate caps the score
     assert df["judge_score"].isna().all()

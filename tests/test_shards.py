@@ -1,5 +1,6 @@
 import json
 
+import numpy as np
 import pytest
 
 from andrea.io import AtomicParquetWriter
@@ -82,3 +83,35 @@ def test_shard_from_another_tokenizer_is_refused(setup, tmp_path):
     encode_shards(mc, seg_path, tmp_path / "out", ["chat"], {}, "v")
     with pytest.raises(ShardError, match="re-run encode"):
         Shard(tmp_path / "out", "chat", tokenizer_hash="0" * 64)
+
+
+def test_training_windows_never_read_a_held_out_document():
+    """A row runs on from its document into the next ones, and wraps round the shard; with
+    heldout_every it steps over the held-out documents, so validation never scores trained text."""
+    from andrea.shards import Shard
+
+    class Synthetic(Shard):  # document d's tokens are all d (no files needed)
+        def __init__(self, lengths):
+            self.source, self.n_docs = "s", len(lengths)
+            self.offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.uint64)
+            self.tokens = np.repeat(np.arange(len(lengths), dtype=np.uint16), lengths)
+            self.n_tokens = len(self.tokens)
+
+    rng = np.random.default_rng(0)
+    checked = 0
+    for _ in range(500):
+        n, every, T = int(rng.integers(1, 90)), int(rng.integers(0, 8)), int(rng.integers(1, 300))
+        lengths = rng.integers(1, 25, n)
+        held = lambda d: every > 0 and n >= every and d % every == every - 1  # noqa: E731
+        i = int(rng.integers(0, n))
+        if held(i):
+            continue
+        want, order = [], list(range(i, n))  # by hand: the training documents from i on, round and round
+        while len(want) < T + 1:
+            want += [d for d in order if not held(d) for _ in range(int(lengths[d]))]
+            order = list(range(n))
+        window, doc = Synthetic(lengths).window(i, T, every)
+        assert doc == i and window.tolist() == want[: T + 1], (n, every, T, i)
+        assert not any(held(int(t)) for t in window)
+        checked += 1
+    assert checked > 300

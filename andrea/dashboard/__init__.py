@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
 
-from andrea.io import read_jsonl
+from andrea.io import read_jsonl, read_run_log
 
 log = logging.getLogger("andrea.dashboard")
 
@@ -25,9 +25,7 @@ MAX_POINTS = 2000
 def loss_series(run_dir: Path) -> dict:
     """loss.jsonl as columns: training records thinned to at most MAX_POINTS points (every k-th
     step, last kept), and every validation record."""
-    records = read_jsonl(run_dir / "loss.jsonl")
-    rows = [r for r in records if r.get("kind", "train") == "train"]
-    evals = [r for r in records if r.get("kind") == "eval"]
+    rows, evals = read_run_log(run_dir / "loss.jsonl")
     eval_sources = sorted({s for r in evals for s in r.get("sources", {})})
     k = max(1, -(-len(rows) // MAX_POINTS))
     picked = rows[::k]

@@ -388,12 +388,13 @@ def plan_tokens(host) -> np.ndarray:
 
 def upload_tokens(host, dev, plan=None) -> None:
     """Copy a batch of token IDs into the device buffer `dev`, with its embedding-backward plan
-    (plan_tokens; made here when not given)."""
-    packed = plan_tokens(host) if plan is None else plan
-    key = (dev.data.ptr, dev.size)
-    if key not in _embed_plans:
-        _embed_plans[key] = cp.zeros(packed.size, dtype=cp.int32)
-    _embed_plans[key].set(packed)
+    (plan_tokens) when given: a batch without one only goes forward (validation); the next
+    training batch uploads its own plan before any backward reads it."""
+    if plan is not None:
+        key = (dev.data.ptr, dev.size)
+        if key not in _embed_plans:
+            _embed_plans[key] = cp.zeros(plan.size, dtype=cp.int32)
+        _embed_plans[key].set(plan)
     dev.set(np.ascontiguousarray(host, dtype=dev.dtype).reshape(dev.shape))
 
 
@@ -402,7 +403,8 @@ def embed_bwd(dout, tokens, dwte, dwpe):
     _k("elementwise", "embed_bwd_wpe")((_blocks(T * C),), (256,), (dout, dwpe, np.int32(B), np.int32(T), np.int32(C)))
     plan = _embed_plans.get((tokens.data.ptr, tokens.size))
     if plan is None:  # tokens not uploaded through upload_tokens: plan on the host now
-        upload_tokens(cp.asnumpy(tokens), tokens)
+        host = cp.asnumpy(tokens)
+        upload_tokens(host, tokens, plan=plan_tokens(host))
         plan = _embed_plans[(tokens.data.ptr, tokens.size)]
     n = tokens.size
     _k("elementwise", "embed_bwd_planned")((n,), (256,), (dout, plan[:n], plan[n:2 * n + 1], plan[2 * n + 1:3 * n + 1],

@@ -85,7 +85,7 @@ class PreparedBatch:
 
     tokens: np.ndarray
     targets: np.ndarray
-    plan: object = None
+    plan: object = None  # None: forward only (no backward plan made or uploaded)
 
 
 @dataclass
@@ -200,10 +200,11 @@ class Engine:
         return ("wte" if self.cfg.tied_head else "head")
 
     # -------------------------------------------------------------- forward / backward
-    def prepare(self, tokens, targets) -> "PreparedBatch":
+    def prepare(self, tokens, targets, backward: bool = True) -> "PreparedBatch":
         """Check a micro-batch and do its host-side work (e.g. the CuPy backend plans the embedding
-        backward from the token IDs). Pure host work that touches no engine buffer, so the trainer
-        runs it in a background thread while the previous step runs on the device."""
+        backward from the token IDs; not for a batch that only goes forward). Pure host work that
+        touches no engine buffer, so the trainer runs it in a background thread while the
+        previous step runs on the device."""
         tokens = np.asarray(tokens)
         targets = np.asarray(targets)
         if tokens.shape != (self.B, self.T) or targets.shape != (self.B, self.T):
@@ -211,7 +212,7 @@ class Engine:
         if tokens.max(initial=0) >= self.cfg.vocab_size or targets.max(initial=0) >= self.cfg.vocab_size or tokens.min(initial=0) < 0:
             raise ValueError(f"token IDs must lie in 0..{self.cfg.vocab_size - 1}")
         index = getattr(self.be, "INDEX_DTYPE", np.int64)
-        plan = self.be.plan_tokens(tokens) if hasattr(self.be, "plan_tokens") else None
+        plan = self.be.plan_tokens(tokens) if backward and hasattr(self.be, "plan_tokens") else None
         return PreparedBatch(np.ascontiguousarray(tokens, dtype=index), np.ascontiguousarray(targets, dtype=index), plan)
 
     def _upload(self, tokens, targets=None) -> None:
@@ -220,7 +221,7 @@ class Engine:
             self.be.set_precision(self.precision)
         if hasattr(self.be, "set_loss_scale"):  # the device copy is the backend's: other engines may have set it
             self.be.set_loss_scale(self.loss_scale)
-        if hasattr(self.be, "upload_tokens"):  # the backend plans the embedding backward from them
+        if hasattr(self.be, "upload_tokens"):  # with the embedding backward's plan, when made
             self.be.upload_tokens(batch.tokens, self.tokens, plan=batch.plan)
         else:
             self.tokens[...] = self.xp.asarray(batch.tokens)
@@ -236,6 +237,8 @@ class Engine:
         """One micro-batch: forward, then backward (gradients added into self.g). Returns the mean
         loss of each batch row, on the host. With CUDA graphs the pass is one graph launch.
         `tokens` may be a PreparedBatch (then no targets)."""
+        if isinstance(tokens, PreparedBatch) and tokens.plan is None and hasattr(self.be, "plan_tokens"):
+            raise ValueError("this batch was prepared for a forward pass only (prepare(..., backward=False))")
         self._upload(tokens, targets)
         if self.graphs:
             if self._captured is None:

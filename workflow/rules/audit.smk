@@ -27,7 +27,9 @@ rule audit:
         mem_mb=8000,
     params:
         audit=config["audit"],
-        heldout_every=config["curriculum"]["heldout_every"],
+        heldout_every=lambda wildcards: train_settings(config, wildcards.model)["curriculum"][
+            "heldout_every"
+        ],
         megachat=config["megachat"],
     script:
         "../scripts/audit.py"

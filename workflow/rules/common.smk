@@ -1,7 +1,7 @@
 import os
 from pathlib import Path
 
-from andrea.config import HERMES3_PARTS
+from andrea.config import HERMES3_PARTS, train_settings
 from andrea.records import embedded_location
 from andrea.versions import (
     stage_dir,

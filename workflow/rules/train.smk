@@ -23,6 +23,5 @@ rule train:
     params:
         version=lambda wildcards: train_version(config, wildcards.model),
         run_dir=lambda wildcards: f"{RESULTS}/{wildcards.model}/runs/{train_run_key(config, wildcards.model)}",
-        force=config.get("force_train", False),
     script:
         "../scripts/train.py"

@@ -20,7 +20,7 @@ if __name__ == "__main__":
     setup_logging(snakemake.log[0])
     log = logging.getLogger("andrea.train")
     model, shards = snakemake.wildcards.model, snakemake.input.shards
-    trainer = Trainer(snakemake.config, model, shards, snakemake.params.run_dir, force=snakemake.params.force)
+    trainer = Trainer(snakemake.config, model, shards, snakemake.params.run_dir, force=snakemake.config.get("force_train", False))
     try:
         result = trainer.run(out_dir=snakemake.output[0])
     except TrainingRefused as e:  # expected refusals: one paragraph, no traceback
