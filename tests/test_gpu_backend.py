@@ -479,3 +479,28 @@ def test_snapshot_holds_the_value_at_its_step():
     a *= 2  # the next steps change the weights
     got = snap.host()
     assert np.array_equal(got, want) and snap.copy is None
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_forward_only_batches_between_steps_change_nothing(precision):
+    """Validation uploads its windows without the embedding backward's plan (prepare(...,
+    backward=False)); the training steps around it, graph replays included, give the same bytes
+    as steps with no validation in between, and a forward-only batch cannot be trained on."""
+    from andrea.evaluation import EvalSet, evaluate, prepare_batches
+
+    windows = np.random.default_rng(40).integers(0, CFG.vocab_size, (6, 129)).astype(np.uint16)
+    es = EvalSet(128, windows, np.zeros(6, np.int64), np.full(6, 128), ["s"], {})
+    runs = []
+    for with_eval in (False, True):
+        e = Engine(CFG, 4, 128, backend="cupy", seed=6, precision=precision)
+        evb = prepare_batches(e, es)
+        losses = []
+        for step in range(3):
+            losses.append(train_step(e, [batch(30 + step)], step, OptimConfig(lr=1e-3, warmup_steps=1)).loss)
+            if with_eval:
+                r = evaluate(e, es, evb)
+                assert 0 < r["loss"] < 20
+        runs.append((losses, e.host(e.w).tobytes()))
+        with pytest.raises(ValueError, match="forward pass only"):
+            e.forward_backward(evb[0])
+    assert runs[0] == runs[1]
