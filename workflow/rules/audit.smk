@@ -1,7 +1,7 @@
 rule audit:
     """Samples, built-in judges (and an external judge when configured), loss and bits per byte on
-    held-out documents (on the GPU when there is one), and a report. Its parameters are the audit section only: changing the prompt
-    set re-runs the audit, not the training."""
+    held-out documents (on the GPU when there is one), and a report. Its parameters are the audit
+    section only: changing the prompt set re-runs the audit, not the training."""
     input:
         ckpt=f"{RESULTS}/{{model}}/ckpt",
         shards=f"{RESULTS}/{{model}}/shards.json",
@@ -27,9 +27,9 @@ rule audit:
         mem_mb=8000,
     params:
         audit=config["audit"],
-        heldout_every=lambda wildcards: train_settings(config, wildcards.model)["curriculum"][
-            "heldout_every"
-        ],
+        heldout_every=lambda wildcards: train_settings(config, wildcards.model)[
+            "curriculum"
+        ]["heldout_every"],
         megachat=config["megachat"],
     script:
         "../scripts/audit.py"
