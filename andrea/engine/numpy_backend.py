@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 
+from andrea.engine.backend import Backend
+
 GELU_C = math.sqrt(2.0 / math.pi)
 
 
@@ -300,3 +302,32 @@ def adamw(w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale=1
     np.divide(m, tmp, out=tmp)
     tmp *= lr / bc1
     w -= tmp
+
+
+# ----------------------------------------------------------------------------- the backend object
+
+
+class NumpyBackend(Backend):
+    """The functions above as the engine's backend (andrea/engine/backend.py): fp32 on the CPU
+    (float64 too, for gradient checks: the dtype is the buffers')."""
+
+    name = "numpy"
+    embed_fwd = staticmethod(embed_fwd)
+    embed_bwd = staticmethod(embed_bwd)
+    layernorm_fwd = staticmethod(layernorm_fwd)
+    add_layernorm_fwd = staticmethod(add_layernorm_fwd)
+    layernorm_bwd = staticmethod(layernorm_bwd)
+    attn_qkv_fwd = staticmethod(attn_qkv_fwd)
+    attn_qkv_bwd = staticmethod(attn_qkv_bwd)
+    attn_fwd = staticmethod(attn_fwd)
+    attn_bwd = staticmethod(attn_bwd)
+    attn_out_fwd = staticmethod(attn_out_fwd)
+    attn_out_bwd = staticmethod(attn_out_bwd)
+    mlp_fwd = staticmethod(mlp_fwd)
+    mlp_bwd = staticmethod(mlp_bwd)
+    loss_fwd = staticmethod(loss_fwd)
+    loss_bwd = staticmethod(loss_bwd)
+    grad_norm_partial = staticmethod(grad_norm_partial)
+    grad_norm_final = staticmethod(grad_norm_final)
+    grad_scale = staticmethod(grad_scale)
+    adamw = staticmethod(adamw)

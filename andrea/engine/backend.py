@@ -1,0 +1,214 @@
+"""The backend interface: every kernel pair of the model (SPEC §3.1), the optimizer's steps, and
+the buffer services an engine needs, as methods of one object.
+
+Each Engine owns its backend object; a backend keeps no process-wide mutable state (its
+precision, loss scale, weight copies, scratch buffers and BLAS handles are its own), so two
+engines in one process (a training run and its validation, or a bf16 and an fp32 model in a
+benchmark) never step on each other.
+
+What a backend can do beyond the required methods is declared, not probed: the class attributes
+under "capabilities" say whether it replays a pass as a CUDA graph, recomputes GELU in the
+backward pass, plans the embedding backward from the token IDs on the host, and which
+precisions it computes in. The defaults below are the plain answers (no, no, no, fp32), with
+plain implementations of the buffer services for a backend whose arrays live where NumPy's do.
+
+Conventions for the kernel pairs (the NumPy backend is the reference): a function writes into
+buffers it is given; backward functions *add* weight gradients (`+=`), so micro-batches add into
+one gradient buffer; input gradients marked "+=" in the docstrings accumulate, the rest overwrite.
+Shapes: B batch, T time, d model width, H heads, D head width, M MLP width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from typing import Callable, ClassVar
+
+import numpy as np
+
+
+class Backend(abc.ABC):
+    """One device's kernels and buffers, in one precision."""
+
+    name: ClassVar[str]
+    # ------------------------------------------------------------------ capabilities (declared)
+    precisions: ClassVar[tuple[str, ...]] = ("fp32",)
+    can_capture: ClassVar[bool] = False  # capture(fn) records a pass as a replayable CUDA graph
+    plans_tokens: ClassVar[bool] = False  # plan_tokens() makes an embedding-backward plan on the host
+    index_dtype: ClassVar[type] = np.int64  # token and target IDs on the device
+    decay_dtype: ClassVar[type] = np.float32  # the weight-decay mask
+
+    def __init__(self, precision: str = "fp32"):
+        if precision not in self.precisions:
+            raise ValueError(f"precision {precision!r}: the {self.name} backend computes in {', '.join(self.precisions)}")
+        self.precision = precision
+
+    @property
+    def recomputes_gelu(self) -> bool:
+        """mlp_bwd recomputes a = gelu(h) into the buffer it is given, so the engine allocates one
+        such buffer for all layers instead of one per layer."""
+        return False
+
+    # ------------------------------------------------------------------ buffers
+    xp: ClassVar[object] = np  # the array module of the backend's arrays
+
+    def plan_buffer(self, name: str, shape: tuple, dtype, n_head: int) -> tuple[tuple, object]:
+        """The engine's buffer `name` as this backend stores it: (shape, dtype). A backend may keep
+        a buffer in another layout or type (e.g. 16-bit activations, q/k/v interleaved)."""
+        return shape, dtype
+
+    def zeros(self, shape, dtype):
+        return self.xp.zeros(shape, dtype=dtype)
+
+    def register_weights(self, w, head) -> None:
+        """The flat weight buffer `w` (and `head`, the output head's view into it), for a backend
+        that keeps a copy of the weights in another type (refreshed by adamw)."""
+
+    def invalidate_weight_cache(self) -> None:
+        """The weights changed outside adamw (a load): derived copies are stale."""
+
+    def plan_tokens(self, tokens: np.ndarray):
+        """Host-side work on a batch's token IDs for the embedding backward (plans_tokens), or None.
+        Touches no device buffer: the trainer runs it in a background thread."""
+        return None
+
+    def upload_tokens(self, host: np.ndarray, dev, plan=None) -> None:
+        """Copy token IDs into the device buffer `dev`, with their plan when one was made."""
+        dev[...] = self.xp.asarray(host)
+
+    def upload(self, host: np.ndarray, dev) -> None:
+        dev[...] = self.xp.asarray(host)
+
+    def to_host(self, a) -> np.ndarray:
+        """A buffer as a NumPy array (the array itself where it already is one)."""
+        return np.asarray(a)
+
+    def snapshot(self, a):
+        """The value of `a` now, for a writer thread to bring to the host later: an array, or an
+        object with .host() (engine.materialise turns either into a NumPy array)."""
+        return np.array(a, copy=True)
+
+    def set_loss_scale(self, scale: float) -> None:
+        """Gradients of the 16-bit path come out multiplied by `scale` (fp16 loss scaling)."""
+        if scale != 1.0:
+            raise ValueError(f"the {self.name} backend in {self.precision} has no loss scaling")
+
+    def capture(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """`fn`, recorded once and replayed (can_capture)."""
+        raise NotImplementedError(f"the {self.name} backend cannot capture a pass")
+
+    def release(self) -> None:
+        """Free what the backend keeps between calls (scratch, weight copies); the engine that owns
+        it must not train on after this."""
+
+    # ------------------------------------------------------------------ embedding
+    @abc.abstractmethod
+    def embed_fwd(self, tokens, wte, wpe, out) -> None:
+        """out[b, t] = wte[tokens[b, t]] + wpe[t] (wpe may be a slice starting at a later position)."""
+
+    @abc.abstractmethod
+    def embed_bwd(self, dout, tokens, dwte, dwpe) -> None:
+        """dwte[tokens[b, t]] += dout[b, t], dwpe[t] += Σ_b dout[b, t], in a fixed order."""
+
+    # ------------------------------------------------------------------ layernorm
+    @abc.abstractmethod
+    def layernorm_fwd(self, x, g, b, out, mean, rstd, eps) -> None:
+        """out = (x − mean)·rstd·γ + β over the last axis; saves mean and rstd."""
+
+    @abc.abstractmethod
+    def add_layernorm_fwd(self, x, f, res, g, b, out, mean, rstd, eps) -> None:
+        """res = x + f (the residual add), out = LayerNorm(res)."""
+
+    @abc.abstractmethod
+    def layernorm_bwd(self, dout, x, mean, rstd, g, dx, dg, db, branch=None) -> None:
+        """dx += LayerNorm's input gradient; dγ, dβ +=; with `branch`, the updated dx is copied
+        there too (the gradient of the residual branch that joined the stream here)."""
+
+    # ------------------------------------------------------------------ attention
+    @abc.abstractmethod
+    def attn_qkv_fwd(self, x, wq, wk, wv, qkv, n_head) -> None:
+        """q, k, v = x·W_Q, x·W_K, x·W_V, split into heads, into the qkv buffer."""
+
+    @abc.abstractmethod
+    def attn_qkv_bwd(self, dqkv, x, wq, wk, wv, dx, dwq, dwk, dwv) -> None:
+        """dx = Σ dq·W_Qᵀ + dk·W_Kᵀ + dv·W_Vᵀ (overwrites); dW += xᵀ·dq, …"""
+
+    @abc.abstractmethod
+    def attn_fwd(self, qkv, y, lse) -> None:
+        """Causal softmax(q·kᵀ/√D)·v per head into y[B, T, d]; saves each score row's log-sum-exp."""
+
+    @abc.abstractmethod
+    def attn_bwd(self, dy, qkv, y, lse, dqkv) -> None:
+        """dq, dk, dv from dy, recomputing the probabilities from lse."""
+
+    @abc.abstractmethod
+    def attn_out_fwd(self, y, wo, out) -> None:
+        """out = y·W_O."""
+
+    @abc.abstractmethod
+    def attn_out_bwd(self, dout, y, wo, dy, dwo) -> None:
+        """dy = dout·W_Oᵀ; dW_O += yᵀ·dout."""
+
+    def qkv_heads(self, qkv):
+        """q, k, v of a qkv buffer as [B, H, T, D] views (the layout plan_buffer chose)."""
+        return qkv[0], qkv[1], qkv[2]
+
+    def attn_cached_fwd(self, qkv, k_cache, v_cache, pos: int, y) -> None:
+        """Generation: the keys and values of this chunk's n positions go into the cache at
+        [pos, pos + n) ([B, H, T_max, D] each); its queries attend causally over the cache's first
+        pos + n positions. Written with the array module, so any backend that stores qkv as
+        [3, B, H, T, D] (or says otherwise in qkv_heads) has it."""
+        xp = self.xp
+        q, k, v = self.qkv_heads(qkv)
+        B, H, n, D = q.shape
+        k_cache[:, :, pos:pos + n] = k
+        v_cache[:, :, pos:pos + n] = v
+        K, V = k_cache[:, :, :pos + n], v_cache[:, :, :pos + n]
+        s = xp.matmul(q.astype(xp.float32), K.transpose(0, 1, 3, 2).astype(xp.float32)) * (1.0 / math.sqrt(D))
+        # query i (at position pos + i) sees keys 0..pos + i
+        s += xp.triu(xp.full((n, pos + n), -xp.inf, dtype=xp.float32), pos + 1)
+        s -= s.max(axis=-1, keepdims=True)
+        p = xp.exp(s)
+        p /= p.sum(axis=-1, keepdims=True)
+        y[...] = xp.matmul(p, V.astype(xp.float32)).transpose(0, 2, 1, 3).reshape(B, n, H * D).astype(y.dtype)
+
+    # ------------------------------------------------------------------ MLP
+    @abc.abstractmethod
+    def mlp_fwd(self, x, w1, w2, h, a, out) -> None:
+        """h = x·W_1 (saved), a = gelu(h) (saved unless recomputes_gelu), out = a·W_2."""
+
+    @abc.abstractmethod
+    def mlp_bwd(self, dout, x, h, a, w1, w2, dx, dw1, dw2) -> None:
+        """dx = the MLP's input gradient (overwrites); dW_1, dW_2 +=."""
+
+    # ------------------------------------------------------------------ loss and head
+    @abc.abstractmethod
+    def loss_fwd(self, x, w, targets, probs, losses) -> float | None:
+        """logits = x·wᵀ, softmax into `probs`, per-position cross-entropy into losses[B, T];
+        returns the mean loss (None while a graph is being captured)."""
+
+    @abc.abstractmethod
+    def loss_bwd(self, x, w, targets, probs, dx, dw, dloss: float = 1.0) -> None:
+        """Gradient of the mean loss times dloss: dx = dlogits·w (overwrites), dw += dlogitsᵀ·x."""
+
+    def logits_fwd(self, x, w):
+        """Generation: logits = x·wᵀ for the rows of x ([n, d] → [n, V], fp32)."""
+        xp = self.xp
+        return xp.matmul(x.reshape(-1, x.shape[-1]).astype(xp.float32), w.T.astype(xp.float32))
+
+    # ------------------------------------------------------------------ optimizer
+    @abc.abstractmethod
+    def grad_norm_partial(self, grads, partial) -> None:
+        """Stage 1 of the global norm: per-block sums of squares into `partial` (fp64)."""
+
+    @abc.abstractmethod
+    def grad_norm_final(self, partial) -> float:
+        """Stage 2: the square root of their sum, on the host."""
+
+    @abc.abstractmethod
+    def grad_scale(self, grads, scale: float) -> None:
+        """grads *= scale."""
+
+    @abc.abstractmethod
+    def adamw(self, w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale=1.0) -> None:
+        """One fused AdamW update over the flat buffers (gradients times gscale first)."""
