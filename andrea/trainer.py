@@ -247,7 +247,7 @@ class Trainer:
         ids = [BOS, *self.tok.encode(self.s["sample_prompt"]).tolist()]
         rng = np.random.default_rng(0)
         t0 = time.perf_counter()
-        model = InferenceModel(self.cfg, self.engine.host(self.engine.w))
+        model = self._sampler()
         generate(model, ids, 1, rng, self.s["sample_temperature"], stop_at_bos=False)
         fixed = time.perf_counter() - t0
         times = []
@@ -500,12 +500,18 @@ class Trainer:
         write_json_atomic(d / "meta.json", meta)
 
     # ------------------------------------------------------------------ sampling and validation
+    def _sampler(self) -> InferenceModel:
+        """The generation model over the engine's own weights, on its device (read in place, never
+        written: samples cost no copy of the weights and see every update)."""
+        if self._inference is None:
+            self._inference = InferenceModel(self.cfg, self.engine.w, backend=self.engine.backend)
+        return self._inference
+
     def sample(self) -> dict:
         prompt = self.s["sample_prompt"]
         ids = [BOS, *self.tok.encode(prompt).tolist()]
         rng = np.random.default_rng([self.s["seed"], 0x5A3, self.step])  # never touches the training RNG
-        model = InferenceModel(self.cfg, self.engine.host(self.engine.w))  # reads the weights, never writes them
-        out = generate(model, ids, self.s["sample_tokens"], rng, self.s["sample_temperature"])
+        out = generate(self._sampler(), ids, self.s["sample_tokens"], rng, self.s["sample_temperature"])
         text = self.tok.decode(out, errors="replace")
         score = coherence_score(text)
         rec = {"step": self.step, "prompt": prompt, "text": text, "coherence": round(score.score, 2), "parts": score.as_dict()}
@@ -565,6 +571,7 @@ class Trainer:
         plan = self.plan()  # may refuse before anything big is allocated
         self.engine = Engine(self.cfg, batch_size=self.B, seq_len=self.T, backend=self.backend, seed=s["seed"],
                              precision=self.precision)
+        self._inference = None  # the sampler over the engine's weights (made on first use)
         self._ckpt_pool = ThreadPoolExecutor(1, thread_name_prefix="andrea-checkpoint")
         self._log_pool = ThreadPoolExecutor(1, thread_name_prefix="andrea-log")
         try:
