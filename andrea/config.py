@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from andrea.io import read_document
+
 SCHEMA_PATH = Path(str(resources.files("andrea") / "schemas" / "config.schema.yaml"))
 HERMES3_PARTS = ("hermes3-general", "hermes3-creative", "hermes3-roleplay")
 
@@ -136,12 +138,7 @@ def _check_hermes3_location(config: dict, source: str) -> None:
 def load_config(path: str | Path, overrides: dict | None = None) -> dict:
     """Read, merge overrides (deep), validate, fill defaults."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    raw = read_document(path, "config file", error=ConfigError, fmt="yaml")
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level")
     if overrides:

@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import yaml
 
 from andrea import __version__
 
@@ -174,6 +175,24 @@ def read_run_log(path: str | os.PathLike) -> tuple[list[dict], list[dict]]:
     validation records marked `"kind": "eval"` (andrea/trainer.py)."""
     records = read_jsonl(path)
     return ([r for r in records if r.get("kind", "train") == "train"], [r for r in records if r.get("kind") == "eval"])
+
+
+def read_document(path: str | os.PathLike, what: str = "file", error: type[Exception] | None = None, fmt: str = "json") -> Any:
+    """The value a JSON (fmt="yaml": YAML) file holds. A missing file raises FileNotFoundError
+    "PATH: no such WHAT" (`what` may carry a hint: which stage writes it); one that does not parse
+    raises ValueError naming the path and the fault. `error`, a caller's own exception class, is
+    raised for both instead."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise (error or FileNotFoundError)(f"{path}: no such {what}") from None
+    try:
+        return yaml.safe_load(text) if fmt == "yaml" else json.loads(text)
+    except json.JSONDecodeError as e:
+        raise (error or ValueError)(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    except yaml.YAMLError as e:
+        raise (error or ValueError)(f"{path}: not valid YAML ({e})") from None
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

@@ -151,53 +151,57 @@ def hermes3_parts(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
             yield Doc(doc_id=row["doc_id"], turns=turns)
 
 
-@adapter("sharegpt")
-def sharegpt(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
-    """`conversations`: list of {from: system|human|gpt, value} (chat, synthetic-chat, ...)."""
+def _conversations(name: str, cfg: dict, ctx: Context, to_turns) -> Iterator[Doc | Skip]:
+    """One conversation per record: `to_turns(record)` gives (turns, None, "") for a usable record,
+    else (None, reason, detail). The record's `id` (when set) names the document, else its key."""
     for raw in _rows(name, cfg, ctx):
         if raw.broken:
             yield Skip(raw.broken, raw.where, raw.detail)
             continue
-        conv, reason, detail = validate_sharegpt(raw.value)
-        if conv is None:
+        turns, reason, detail = to_turns(raw.value)
+        if turns is None:
             yield Skip(reason, raw.where, detail)
             continue
         doc_id = raw.value.get("id")
-        turns = [{"role": SHAREGPT_TO_ROLE[t["from"]], "text": t["value"]} for t in conv]
         yield Doc(doc_id=str(doc_id) if doc_id not in (None, "") else raw.key, turns=turns)
+
+
+def _sharegpt_turns(row) -> tuple[list[dict] | None, str | None, str]:
+    conv, reason, detail = validate_sharegpt(row)
+    if conv is None:
+        return None, reason, detail
+    return [{"role": SHAREGPT_TO_ROLE[t["from"]], "text": t["value"]} for t in conv], None, ""
+
+
+@adapter("sharegpt")
+def sharegpt(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
+    """`conversations`: list of {from: system|human|gpt, value} (chat, synthetic-chat, ...)."""
+    return _conversations(name, cfg, ctx, _sharegpt_turns)
 
 
 MESSAGE_ROLES = {"system": "system", "user": "user", "assistant": "assistant"}
 
 
+def _message_turns(row) -> tuple[list[dict] | None, str | None, str]:
+    msgs = row.get("messages") if isinstance(row, dict) else None
+    if not isinstance(msgs, list) or not msgs:
+        return None, "missing_messages", ""
+    turns = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or m.get("role") not in MESSAGE_ROLES:
+            return None, "unknown_role", f"message {i}"
+        if not isinstance(m.get("content"), str) or not m["content"].strip():
+            return None, "empty_value", f"message {i}"
+        turns.append({"role": MESSAGE_ROLES[m["role"]], "text": m["content"]})
+    if not any(t["role"] == "user" for t in turns) or not any(t["role"] == "assistant" for t in turns):
+        return None, "no_dialogue", ""
+    return turns, None, ""
+
+
 @adapter("messages")
 def messages(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     """`messages`: list of {role: system|user|assistant, content} (smoltalk and the OpenAI layout)."""
-    for raw in _rows(name, cfg, ctx):
-        if raw.broken:
-            yield Skip(raw.broken, raw.where, raw.detail)
-            continue
-        row = raw.value
-        msgs = row.get("messages") if isinstance(row, dict) else None
-        if not isinstance(msgs, list) or not msgs:
-            yield Skip("missing_messages", raw.where)
-            continue
-        turns, bad = [], None
-        for i, m in enumerate(msgs):
-            if not isinstance(m, dict) or m.get("role") not in MESSAGE_ROLES:
-                bad = ("unknown_role", f"message {i}")
-                break
-            if not isinstance(m.get("content"), str) or not m["content"].strip():
-                bad = ("empty_value", f"message {i}")
-                break
-            turns.append({"role": MESSAGE_ROLES[m["role"]], "text": m["content"]})
-        if bad:
-            yield Skip(bad[0], raw.where, bad[1])
-            continue
-        if not any(t["role"] == "user" for t in turns) or not any(t["role"] == "assistant" for t in turns):
-            yield Skip("no_dialogue", raw.where)
-            continue
-        yield Doc(doc_id=str(row.get("id") or raw.key), turns=turns)
+    return _conversations(name, cfg, ctx, _message_turns)
 
 
 OASST_ROLE = {"prompter": "user", "assistant": "assistant"}

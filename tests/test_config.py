@@ -57,7 +57,7 @@ def test_semantic_checks_name_the_key():
 
 
 def test_missing_and_unparsable_config_files(tmp_path):
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(ConfigError, match="no such config file"):
         load_config(tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("sources: [unclosed\n")
