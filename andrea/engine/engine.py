@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from andrea import model
+from andrea.comm import SingleProcess
 from andrea.engine.backend import Backend
 from andrea.model import Activations, ModelConfig, Weights, decay_mask, init_weights, n_params, param_layout, views
 
@@ -121,8 +122,11 @@ class Engine:
     """One model's buffers and its forward/backward/optimizer steps on one backend."""
 
     def __init__(self, cfg: ModelConfig, batch_size: int, seq_len: int | None = None, backend: str = "numpy",
-                 dtype: str = "float32", seed: int = 0, precision: str = "fp32"):
+                 dtype: str = "float32", seed: int = 0, precision: str = "fp32", comm=None):
         self.cfg = cfg
+        # data parallelism: the ranks that average their gradients each step (andrea/comm.py); a
+        # SingleProcess communicator (the default) makes both calls below return at once
+        self.comm = comm if comm is not None else SingleProcess()
         self.B = batch_size
         self.T = seq_len or cfg.context
         if self.T > cfg.context:
@@ -246,6 +250,22 @@ class Engine:
         """Global L2 norm of all gradients: per-block partial sums, then one final reduction."""
         self.be.grad_norm_partial(self.g, self.scratch["norm_partial"])
         return self.be.grad_norm_final(self.scratch["norm_partial"])
+
+    def reduce_grads(self) -> None:
+        """Average the gradients over the ranks (in place, on the flat buffer); every rank then
+        holds the gradient of the whole global batch."""
+        if self.comm.size > 1:
+            self.comm.allreduce(self.g, "mean")
+
+    def gather_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The row losses of every rank's micro-batches, rank after rank, on every rank (so each
+        takes the same decisions: non-finite steps, the bandit's rewards)."""
+        if self.comm.size == 1:
+            return rows
+        n = len(rows)
+        out = np.zeros(n * self.comm.size, dtype=np.float64)
+        out[self.comm.rank * n:(self.comm.rank + 1) * n] = rows
+        return self.comm.allreduce_host(out, "sum")  # x + 0 = x exactly: a gather
 
     def scale_grads(self, scale: float) -> None:
         self.be.grad_scale(self.g, scale)
