@@ -44,7 +44,7 @@ def rel(a, b):
 
 
 def check(gb, cp, B, H, T, D, rng):
-    bf = gb.BF16
+    bf = gb.half
     qkv = rng.standard_normal((B, T, 3, H, D)).astype(bf)
     dy = rng.standard_normal((B, T, H, D)).astype(bf)
     heads = lambda a: a.astype(np.float64).transpose(0, 2, 1, 3)  # [B, T, H, D] -> [B, H, T, D]  # noqa: E731
@@ -52,9 +52,9 @@ def check(gb, cp, B, H, T, D, rng):
     g_qkv = cp.asarray(qkv)
     y = cp.zeros((B, T, H * D), bf)
     lse = cp.zeros((B, H, T), cp.float32)
-    gb.flash_attention_fwd(g_qkv, y, lse)
+    gb.attn_fwd(g_qkv, y, lse)
     dqkv = cp.zeros_like(g_qkv)
-    gb.flash_attention_bwd(cp.asarray(dy.reshape(B, T, H * D)), g_qkv, y, lse, dqkv)
+    gb.attn_bwd(cp.asarray(dy.reshape(B, T, H * D)), g_qkv, y, lse, dqkv)
     out = cp.asnumpy(dqkv).astype(np.float64)
     errs = {
         "y": rel(cp.asnumpy(y).astype(np.float64).reshape(B, T, H, D).transpose(0, 2, 1, 3), y_r),
@@ -63,7 +63,7 @@ def check(gb, cp, B, H, T, D, rng):
     }
     # deterministic: the same bytes twice
     dqkv2 = cp.zeros_like(g_qkv)
-    gb.flash_attention_bwd(cp.asarray(dy.reshape(B, T, H * D)), g_qkv, y, lse, dqkv2)
+    gb.attn_bwd(cp.asarray(dy.reshape(B, T, H * D)), g_qkv, y, lse, dqkv2)
     errs["same_bytes"] = bool((dqkv2.view(cp.uint16) == dqkv.view(cp.uint16)).all())
     return errs
 
@@ -80,14 +80,14 @@ def timed(cp, fn, reps=20):
 
 
 def time_ours(gb, cp, B, H, T, D):
-    bf = gb.BF16
+    bf = gb.half
     qkv = cp.asarray(np.random.default_rng(0).standard_normal((B, T, 3, H, D)).astype(bf))
     y = cp.zeros((B, T, H * D), bf)
     lse = cp.zeros((B, H, T), cp.float32)
     dy = cp.asarray(np.random.default_rng(1).standard_normal((B, T, H * D)).astype(bf))
     dqkv = cp.zeros_like(qkv)
-    fwd = timed(cp, lambda: gb.flash_attention_fwd(qkv, y, lse))
-    bwd = timed(cp, lambda: gb.flash_attention_bwd(dy, qkv, y, lse, dqkv))
+    fwd = timed(cp, lambda: gb.attn_fwd(qkv, y, lse))
+    bwd = timed(cp, lambda: gb.attn_bwd(dy, qkv, y, lse, dqkv))
     return fwd, bwd
 
 
@@ -119,8 +119,10 @@ def time_torch(B, H, T, D):
 
 def gemm_table(gb, cp, B, cfg_name, d, M, V, reps=20):
     """Every matrix product of one ANDREA training step at these sizes, timed alone (bf16 operands)."""
-    N, bf = B * 1024, gb.BF16
-    Vp = -(-V // gb.VOCAB_PAD) * gb.VOCAB_PAD
+    from andrea.engine.cupy import VOCAB_PAD
+
+    N, bf = B * 1024, gb.half
+    Vp = -(-V // VOCAB_PAD) * VOCAB_PAD
     z = lambda *s, dt=bf: cp.zeros(s, dt)  # noqa: E731
     x, w, wd = z(N, d), z(d, d), z(3 * d, d)
     h, w1, w2, wte, wtep = z(N, M), z(d, M), z(M, d), z(V, d), z(Vp, d)
@@ -159,7 +161,7 @@ def gemm_table(gb, cp, B, cfg_name, d, M, V, reps=20):
 
 
 OUT: dict = {}
-VARIANTS = ("1", "3", "2")  # flash attention: synchronous loads; cp.async + 4 blocks/SM; cp.async (the default)
+VARIANTS = ("2",)  # the package's flash attention (cp.async); variants 1 and 3 are no longer in it
 
 
 def main() -> None:
@@ -170,7 +172,9 @@ def main() -> None:
     args = ap.parse_args()
     import cupy as cp
 
-    from andrea.engine import cupy_backend as gb
+    from andrea.engine.cupy import CupyBackend
+
+    gb = CupyBackend("bf16")
 
     if args.once:
         time_ours(gb, cp, 8, 12, 1024, 64)
@@ -179,7 +183,6 @@ def main() -> None:
     rng = np.random.default_rng(0)
     print("correctness (bf16 inputs vs float64 reference; relative error)")
     for variant in VARIANTS:
-        gb.FLASH_VARIANT = variant
         for B, H, T, D in ((2, 3, 200, 64), (2, 3, 200, 32), (1, 2, 64, 64), (1, 1, 37, 16)):
             errs = check(gb, cp, B, H, T, D, rng)
             ok = all(v < 2e-2 for k, v in errs.items() if k != "same_bytes") and errs["same_bytes"]
@@ -194,10 +197,8 @@ def main() -> None:
         tt = time_torch(B, H, T, D)
         tcol = f"{tt[0] * 1e3:.3f} | {tt[1] * 1e3:.3f}" if tt else "— | —"
         for variant in VARIANTS:
-            gb.FLASH_VARIANT = variant
             f, b = time_ours(gb, cp, B, H, T, D)
             print(f"| {name} | {variant} | {f * 1e3:.3f} ({flops / f / 1e12:.0f}) | {b * 1e3:.3f} ({2.5 * flops / b / 1e12:.0f}) | {tcol} |")
-    gb.FLASH_VARIANT = VARIANTS[-1]
     if not args.no_gemm:
         for B in (8, 32):
             per_layer = gemm_table(gb, cp, B, "ANDREA-120M", 768, 3072, 8449)
