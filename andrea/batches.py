@@ -46,7 +46,7 @@ class BatchStream:
         self.rank, self.ranks = rank, ranks
         self.B, self.accum, self.T = batch_size, grad_accum, seq_len
         self.prepare = prepare  # engine.prepare, or None for plain (inputs, targets) arrays
-        self.heldout_every = bandit.c.get("heldout_every", 0)  # rows step over held-out documents
+        self.heldout_every = bandit.c.heldout_every  # rows step over held-out documents
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="andrea-data") if prefetch else None
         self.pending: tuple[int, Future] | None = None
         self.current: tuple[int, dict] | None = None  # the step and draw state of the batch get() last gave

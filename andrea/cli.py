@@ -2,6 +2,7 @@
 
     andrea config validate            check config/config.yaml against the schema
     andrea config docs [-o PATH]      the configuration reference (config/README.md), from the schema
+    andrea config show [--model M]    the effective configuration, defaults marked
     andrea versions                   the version (output directory) of each stage
     andrea pull-hermes3               stage 1: Hermes-3 → three Parquet sources
     andrea prep-megachat              stage 2: every source → one megachat Parquet
@@ -64,6 +65,13 @@ def cmd_config_docs(args) -> int:
         write_text_atomic(args.output, text)
     else:
         sys.stdout.write(text)
+    return 0
+
+
+def cmd_config_show(args) -> int:
+    from andrea.config import show_config
+
+    sys.stdout.write(show_config(args.config, args.model))
     return 0
 
 
@@ -359,6 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = csub.add_parser("docs", help="print the configuration reference (config/README.md), generated from the schema")
     sp.add_argument("--output", "-o", type=Path, help="write it to this file instead")
     sp.set_defaults(fn=cmd_config_docs)
+    sp = with_config(csub.add_parser("show", help="print the effective configuration (YAML), values taken from defaults marked"))
+    sp.add_argument("--model", help="that model's architecture and effective training settings, each marked with where it came from")
+    sp.set_defaults(fn=cmd_config_show)
     with_config(sub.add_parser("versions", help="print each stage's versioned output directory")).set_defaults(fn=cmd_versions)
 
     sp = with_config(sub.add_parser("pull-hermes3", help="stage pull_hermes3: Hermes-3 → three Parquet sources"))

@@ -12,23 +12,35 @@ non-finite step, and the scale doubles again after a run of clean steps (dynamic
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
+
+from andrea.settings import TrainSettings, builtin_train_defaults
+
+
+_DEFAULTS = builtin_train_defaults()  # the schema's: this module keeps no table of its own
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 3e-4  # peak
-    min_lr_ratio: float = 0.1  # cosine ends at min_lr = ratio · peak (decision)
-    warmup_steps: int = 2000
-    max_steps: int = 200_000
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    max_nonfinite: int = 5  # K: consecutive non-finite steps before halting
+    """The optimizer's view of a model's TrainSettings (OptimConfig.of). Built directly (tests,
+    benchmarks), a field left out takes the schema's default."""
+
+    lr: float = _DEFAULTS["lr"]  # peak
+    min_lr_ratio: float = _DEFAULTS["min_lr_ratio"]  # cosine ends at min_lr = ratio · peak (decision)
+    warmup_steps: int = _DEFAULTS["warmup_steps"]
+    max_steps: int = _DEFAULTS["max_steps"]
+    beta1: float = _DEFAULTS["beta1"]
+    beta2: float = _DEFAULTS["beta2"]
+    eps: float = 1e-8  # AdamW's guard against dividing by ~0; not a setting
+    weight_decay: float = _DEFAULTS["weight_decay"]
+    grad_clip: float = _DEFAULTS["grad_clip"]
+    max_nonfinite: int = _DEFAULTS["max_nonfinite"]  # K: consecutive non-finite steps before halting
+
+    @classmethod
+    def of(cls, s: TrainSettings) -> OptimConfig:
+        return cls(**{f.name: getattr(s, f.name) for f in fields(cls) if f.name != "eps"})
 
 
 def lr_at(step: int, oc: OptimConfig) -> float:
