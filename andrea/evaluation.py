@@ -114,15 +114,22 @@ def prepare_batches(engine, es: EvalSet) -> list:
 
 def evaluate(engine, es: EvalSet, batches: list | None = None) -> dict:
     """Forward passes only, on the engine's backend (the GPU when it runs there), in batches of
-    the engine's batch size; `batches` from prepare_batches (made here when not given)."""
+    the engine's batch size; `batches` from prepare_batches (made here when not given). With
+    several ranks (engine.comm) each runs every ranks-th batch and the window losses are summed
+    over the ranks, so every rank gets the whole set's figures in 1/ranks of the time."""
     t0 = time.perf_counter()
     batches = prepare_batches(engine, es) if batches is None else batches
-    losses = np.empty(len(es), dtype=np.float64)
+    losses = np.zeros(len(es), dtype=np.float64)
+    comm = engine.comm
     for n, batch in enumerate(batches):
+        if n % comm.size != comm.rank:
+            continue
         engine.forward(batch)
         i = n * engine.B
         k = min(engine.B, len(es) - i)
         losses[i : i + k] = np.asarray(engine.row_losses(), dtype=np.float64)[:k]
+    if comm.size > 1:
+        comm.allreduce_host(losses, "sum")  # each window is one rank's; the others hold 0 there
     return summarise(es, losses, time.perf_counter() - t0)
 
 

@@ -77,6 +77,7 @@ class TrainSettings:
     eval_every: int
     eval_tokens: int
     prefetch: bool
+    ranks: int
     record_batches: int
     seed: int
     max_cpu_hours: float

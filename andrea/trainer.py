@@ -46,6 +46,7 @@ import numpy as np
 from andrea.batches import BatchStream
 from andrea.checkpoint import HEADER, CheckpointError, read_checkpoint, write_checkpoint
 from andrea.coherence import coherence_score
+from andrea.comm import from_environment, launch_info
 from andrea.config import train_settings  # noqa: F401  (re-exported: callers import it from here)
 from andrea.curriculum import Bandit
 from andrea.engine import Engine, materialise, resolve_backend
@@ -108,7 +109,13 @@ def _checkpoint_sha256(step: int, arrays) -> str:
 
 
 class Trainer:
-    def __init__(self, config: dict, model: str, shards_json: str | Path, run_dir: str | Path, force: bool = False):
+    """One model's training run. With several ranks (data parallelism: andrea/comm.py) every rank
+    runs a Trainer over the same run directory: each trains on its share of the global batch, and
+    rank 0 alone writes (checkpoints, loss.jsonl, samples, plan, best and final weights); every
+    decision that stops or saves is taken by all ranks together."""
+
+    def __init__(self, config: dict, model: str, shards_json: str | Path, run_dir: str | Path, force: bool = False,
+                 comm=None):
         if model not in config["models"]:
             raise ValueError(f"unknown model {model!r}; models in the config: {', '.join(config['models'])}")
         self.config, self.model_name, self.force = config, model, force
@@ -120,6 +127,11 @@ class Trainer:
         self.oc = OptimConfig.of(self.s)
         self.run_dir = Path(run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
+        if comm is None and launch_info()["size"] > 1:
+            self.run_dir.mkdir(parents=True, exist_ok=True)  # NCCL's id may pass through a file there
+        # before anything is allocated on a GPU: NCCL picks this rank's GPU
+        self.comm = comm if comm is not None else from_environment(self.backend, rendezvous_dir=self.run_dir)
+        self.root = self.comm.is_root
         meta = json.loads(Path(shards_json).read_text())
         self.shards_meta = meta
         self.tok = HarrisTokenizer.load(meta["segments"])
@@ -165,7 +177,7 @@ class Trainer:
     # ------------------------------------------------------------------ plan
     def plan(self) -> dict:
         s = self.s
-        tokens_per_step = self.B * self.T * s.grad_accum
+        tokens_per_step = self.B * self.T * s.grad_accum * self.comm.size
         remaining = max(0, s.max_steps - self.step)
         flops_step = flops_per_token(self.cfg) * tokens_per_step
         plan = {
@@ -174,7 +186,8 @@ class Trainer:
             "backend": self.backend,
             "precision": self.precision,
             "backend_reason": self.backend_reason,
-            "batch": {"batch_size": self.B, "seq_len": self.T, "grad_accum": s.grad_accum, "tokens_per_step": tokens_per_step},
+            "batch": {"batch_size": self.B, "seq_len": self.T, "grad_accum": s.grad_accum, "ranks": self.comm.size,
+                      "tokens_per_step": tokens_per_step},
             "steps": {"max_steps": s.max_steps, "start": self.step, "remaining": remaining},
             "sources": {k: v.n_docs for k, v in self.shards.items()},
         }
@@ -207,6 +220,7 @@ class Trainer:
             t0 = time.perf_counter()
             e.zero_grads()
             e.forward_backward(zeros)
+            e.reduce_grads()  # with several ranks, the all-reduce every step pays
             e.grad_norm()  # a host sync, as every step has
             passes.append(time.perf_counter() - t0)
         xp = e.xp
@@ -314,9 +328,12 @@ class Trainer:
         """checkpoints/step_NNNNNN.bin with its state beside it, then state.json, then the old
         ones pruned: the host copy is taken now, the files are written in the background (one
         checkpoint in flight at a time). A checkpoint without its state file is incomplete and
-        never resumed from."""
+        never resumed from. Rank 0 writes it: every rank holds the same weights, Adam state, draw
+        state and bandit."""
         name = f"step_{self.step:06d}.bin"
         path = self.ckpt_dir / name
+        if not self.root:
+            return path
         self._flush_log()  # loss.jsonl holds every step before this one when the state names it
         state = self._state(name)
         # the previous checkpoint must be on disk before this one is queued (it was queued
@@ -329,7 +346,9 @@ class Trainer:
         return path
 
     def _submit_write(self, fn, *args) -> None:
-        """Queue a checkpoint-thread write; at most two in flight (each holds a host copy)."""
+        """Queue a checkpoint-thread write; at most two in flight (each holds a host copy). Rank 0's alone."""
+        if not self.root:
+            return
         while len(self._ckpt_writes) >= 2:
             self._ckpt_writes.pop(0).result()  # re-raises a failed write (a full disk, say)
         self._ckpt_writes.append(self._ckpt_pool.submit(fn, *args))
@@ -397,7 +416,7 @@ class Trainer:
             if problems:
                 raise RuntimeError(f"{self.run_dir}: no intact checkpoint to resume from:\n  " + "\n  ".join(problems)
                                    + "\nMove the run directory away to start over.")
-            if (self.run_dir / "loss.jsonl").exists():
+            if self.root and (self.run_dir / "loss.jsonl").exists():
                 log.warning("%s: records but no checkpoint: starting from step 0", self.run_dir)
                 for name in ("loss.jsonl", "samples.jsonl"):
                     (self.run_dir / name).unlink(missing_ok=True)
@@ -428,14 +447,18 @@ class Trainer:
         self.tokens_seen = st["tokens_seen"]
         # records written after that checkpoint belong to steps that will run again; a step's
         # training record comes before its checkpoint, its samples and evaluations just before
+        if self.root:
+            self._truncate_run_records()
+        log.info("resumed %s at step %d from %s", self.model_name, self.step, st["checkpoint"])
+        return True
+
+    def _truncate_run_records(self) -> None:
         self._truncate_jsonl(self.run_dir / "loss.jsonl", lambda r: r["step"] <= self.step if r.get("kind") == "eval" else r["step"] < self.step)
         self._truncate_jsonl(self.run_dir / "samples.jsonl", lambda r: r["step"] <= self.step)
         if self.s.record_batches and (self.run_dir / "parity" / "batches.bin").exists():
             keep = min(self.step, self.s.record_batches) * self.B * self.s.grad_accum * (self.T + 1) * 2
             with open(self.run_dir / "parity" / "batches.bin", "r+b") as fh:
                 fh.truncate(keep)
-        log.info("resumed %s at step %d from %s", self.model_name, self.step, st["checkpoint"])
-        return True
 
     @staticmethod
     def _truncate_jsonl(path: Path, keep) -> None:
@@ -458,7 +481,9 @@ class Trainer:
 
     def _submit_log(self, fn, *args) -> None:
         """Queue a write on the log thread; a write that failed (a full disk) is raised here, at
-        the next step, not lost; and the queue never holds more than a few steps."""
+        the next step, not lost; and the queue never holds more than a few steps. Rank 0's alone."""
+        if not self.root:
+            return
         while self._log_writes and (self._log_writes[0].done() or len(self._log_writes) > 64):
             self._log_writes.pop(0).result()
         self._log_writes.append(self._log_pool.submit(fn, *args))
@@ -539,6 +564,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ run
     def run(self, out_dir: str | Path | None = None) -> dict:
+        if not self.root:
+            return self._run_rank(out_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.ckpt_dir.mkdir(exist_ok=True)
         lock = open(self.run_dir / ".lock", "w")
@@ -553,17 +580,33 @@ class Trainer:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logging.getLogger("andrea").addHandler(handler)
         try:
-            return self._run(out_dir)
+            return self._run_rank(out_dir)
         finally:
             logging.getLogger("andrea").removeHandler(handler)
             handler.close()
             lock.close()
 
+    def _run_rank(self, out_dir) -> dict:
+        """This rank's run. With several ranks none returns (or raises a halt, which every rank
+        raises at the same step) before all are done: a rank's exit must not end the job while
+        rank 0 still writes."""
+        if self.comm.size == 1:
+            return self._run(out_dir)
+        if not self.root:  # its records would repeat rank 0's: warnings and errors only
+            logging.getLogger("andrea").setLevel(logging.WARNING)
+        try:
+            result = self._run(out_dir)
+        except (CoherenceHalt, NonFiniteHalt):
+            self.comm.barrier()
+            raise
+        self.comm.barrier()
+        return result
+
     def _run(self, out_dir) -> dict:
         s = self.s
         plan = self.plan()  # may refuse before anything big is allocated
         self.engine = Engine(self.cfg, batch_size=self.B, seq_len=self.T, backend=self.backend, seed=s.seed,
-                             precision=self.precision)
+                             precision=self.precision, comm=self.comm)
         self._inference = None  # the sampler over the engine's weights (made on first use)
         self._ckpt_pool = ThreadPoolExecutor(1, thread_name_prefix="andrea-checkpoint")
         self._log_pool = ThreadPoolExecutor(1, thread_name_prefix="andrea-log")
@@ -593,29 +636,37 @@ class Trainer:
                 "run_key": run_key(self.config, self.model_name),
                 "train_version": train_version(self.config, self.model_name),
             })
-            write_json_atomic(self.run_dir / "plan.json", plan)
+            if self.root:
+                write_json_atomic(self.run_dir / "plan.json", plan)
             self.plan_doc = plan
             periodic = []
             if self.eval_set is not None:
                 periodic.append(f"validation {est['eval_s']:.2f} s every {s.eval_every} steps")
             if est["samples"]:
                 periodic.append(f"a sample {est['sample_s']:.2f} s every {s.sample_every} steps")
+            ranks = (f"{self.comm.size} ranks × {self.B} rows × {s.grad_accum} micro-batches = "
+                     if self.comm.size > 1 else "")
             log.info(
-                "plan: %s, %s parameters, backend %s/%s (%s), %s tokens/step, steps %d→%d; %s; %.4f s/step after "
+                "plan: %s, %s parameters, backend %s/%s (%s), %s%s tokens/step, steps %d→%d; %s; %.4f s/step after "
                 "warm-up (first pass with compilation/capture %.2f s)%s → about %s to finish",
-                self.model_name, f"{plan['n_params']:,}", self.backend, self.precision, self.backend_reason,
+                self.model_name, f"{plan['n_params']:,}", self.backend, self.precision, self.backend_reason, ranks,
                 f"{plan['batch']['tokens_per_step']:,}", self.step, s.max_steps, mem.describe(), warm["step_s"],
                 warm["first_pass_s"], "".join(f", {p}" for p in periodic), human_duration(est["estimated_remaining_s"]),
             )
             self.batches = BatchStream(self.bandit, self.shards, self.rng, self.B, s.grad_accum, self.T,
-                                       prepare=self.engine.prepare, prefetch=s.prefetch)
-            if s.record_batches and not resumed:
+                                       prepare=self.engine.prepare, prefetch=s.prefetch, rank=self.comm.rank,
+                                       ranks=self.comm.size)
+            self.recording = bool(s.record_batches) and self.comm.size == 1
+            if s.record_batches and self.comm.size > 1:
+                log.warning("record_batches: not with %d ranks (the replay is one process's trajectory); "
+                            "nothing recorded", self.comm.size)
+            if self.recording and not resumed and self.root:
                 self._start_recording()
             # SIGTERM (a scheduler) and SIGINT (Ctrl-C on the terminal) stop cleanly at the end of
             # the current step with a checkpoint; SIGUSR1 checkpoints and carries on
             handlers = {signal.SIGTERM: self._on_term, signal.SIGINT: self._on_term, signal.SIGUSR1: self._on_usr1}
             previous = {sig: signal.signal(sig, h) for sig, h in handlers.items()}
-            self._log_fh = open(self.run_dir / "loss.jsonl", "a", encoding="utf-8")
+            self._log_fh = open(self.run_dir / "loss.jsonl", "a", encoding="utf-8") if self.root else None
             try:
                 result = self._loop()
             finally:
@@ -627,12 +678,13 @@ class Trainer:
                     try:
                         self._flush_log()
                     finally:
-                        self._log_fh.close()
+                        if self._log_fh is not None:
+                            self._log_fh.close()
                         self._wait_checkpoint()
         finally:
             self._log_pool.shutdown(wait=True)
             self._ckpt_pool.shutdown(wait=True)
-        if result["finished"] and out_dir is not None:
+        if result["finished"] and out_dir is not None and self.root:
             self._export(Path(out_dir))
         return result
 
@@ -645,6 +697,9 @@ class Trainer:
             self.validate()  # the curve starts at the initial weights
             t_last = time.perf_counter()
         while self.step < s.max_steps:
+            if self.comm.size > 1:  # a signal seen by any rank stops (or saves) all of them, at the same step
+                self._stop, self._save_now = map(bool, self.comm.allreduce_host(
+                    np.array([self._stop, self._save_now], dtype=np.int32), "max"))
             if self._stop:
                 self.save_checkpoint("SIGTERM/SIGINT", wait=True)
                 log.info("stopped by a signal at step %d; run again to resume", self.step)
@@ -670,7 +725,7 @@ class Trainer:
                     self.bandit.observe(src, doc, loss)
                 self.ema = res.loss if self.ema is None else (1 - EMA_ALPHA) * self.ema + EMA_ALPHA * res.loss
                 self.smma = res.loss if self.smma is None else ((SMMA_N - 1) * self.smma + res.loss) / SMMA_N
-            if s.record_batches and self.step < s.record_batches:
+            if self.recording and self.step < s.record_batches:
                 self._record_batch(batch.tokens)
             n_tok = len(batch.rows) * self.T
             self.tokens_seen += n_tok
@@ -695,7 +750,7 @@ class Trainer:
                          self.step, s.max_steps, res.loss, self.ema or float("nan"), res.lr, res.grad_norm,
                          f"{n_tok / dt:,.0f}", human_duration(eta))
             # a step's sample and validation come before its checkpoint, which then holds their effects
-            if self.step % s.sample_every == 0:
+            if self.step % s.sample_every == 0 and self.root:
                 self.sample()
             if self.eval_set is not None and self.step % s.eval_every == 0:
                 self.validate()
@@ -708,7 +763,7 @@ class Trainer:
                 self.save_checkpoint()
             elif ckpt_due:
                 self.save_checkpoint()
-            if self.step % s.sample_every == 0 and self.low_samples >= s.coherence_patience:
+            if self.step % s.sample_every == 0 and self.comm.any(self.root and self.low_samples >= s.coherence_patience):
                 path = self.save_checkpoint("coherence halt", wait=True)
                 raise CoherenceHalt(
                     f"coherence gate: {self.low_samples} consecutive samples scored below "
@@ -720,17 +775,19 @@ class Trainer:
         self.timing["steps"] = self.step - steps_start
         final = self.run_dir / "final.bin"
         newest = self.ckpt_dir / f"step_{self.step:06d}.bin"
-        if not newest.exists():  # a periodic checkpoint (of this attempt or an earlier one) may be it
-            self.save_checkpoint("end of run")
-        self._wait_checkpoint()
-        link_or_copy(newest, final)  # final.bin is the last checkpoint's bytes
-        if not (self.run_dir / "best.bin").exists():
-            link_or_copy(final, self.run_dir / "best.bin")
+        if self.root:
+            if not newest.exists():  # a periodic checkpoint (of this attempt or an earlier one) may be it
+                self.save_checkpoint("end of run")
+            self._wait_checkpoint()
+            link_or_copy(newest, final)  # final.bin is the last checkpoint's bytes
+            if not (self.run_dir / "best.bin").exists():
+                link_or_copy(final, self.run_dir / "best.bin")
         if self.timing.get("estimate"):
             est = self.timing["estimate"]["estimated_remaining_s"]
             log.info("finished at step %d in %s (the plan estimated %s)", self.step, human_duration(elapsed), human_duration(est))
             self.plan_doc["actual_remaining_s"] = elapsed
-            write_json_atomic(self.run_dir / "plan.json", self.plan_doc)
+            if self.root:
+                write_json_atomic(self.run_dir / "plan.json", self.plan_doc)
         return {"finished": True, "step": self.step, "ema": self.ema, "smma": self.smma,
                 "val_loss": self.last_eval["loss"] if self.last_eval else None, "seconds": elapsed}
 
