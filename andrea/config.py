@@ -95,20 +95,38 @@ def validate_config(config: dict, source: str = "config") -> dict:
                 f"{source} is invalid:\n  models.{name}.d_model: {m['d_model']} is not divisible "
                 f"by n_head={m['n_head']}"
             )
-    _check_hermes3_location(config, source)
-    for name, s in config["sources"].items():
-        _check_source_location(name, s, source)
-        if s["adapter"] == "hermes3" and name not in HERMES3_PARTS:
-            raise ConfigError(
-                f"{source} is invalid:\n  sources.{name}.adapter: the hermes3 adapter serves only "
-                f"{', '.join(HERMES3_PARTS)}"
-            )
-        if s["adapter"] == "hermes3" and s["location"] != "pull":
-            raise ConfigError(
-                f"{source} is invalid:\n  sources.{name}.location: hermes3 parts come from the "
-                f"pull_hermes3 stage; set location: pull (point hermes3.location at your data)"
-            )
+    _check_locations(config, source)
+    from andrea.profiles import EMBEDDED, check_profiles, profile_config, profile_names
+
+    check_profiles(config, source)
+    for name in profile_names(config):
+        if name != EMBEDDED:  # the sources' own locations were checked above
+            _check_locations(profile_config({**config, "data_profile": None}, name), source, f"profiles.{name}: ")
     return config
+
+
+def _check_locations(config: dict, source: str, where: str = "") -> None:
+    """Every location of a config (or of a profile's config: `where` names the profile) is usable
+    by its adapter."""
+    try:
+        _check_hermes3_location(config, source)
+        for name, s in config["sources"].items():
+            _check_source_location(name, s, source)
+            if s["adapter"] == "hermes3" and name not in HERMES3_PARTS:
+                raise ConfigError(
+                    f"{source} is invalid:\n  sources.{name}.adapter: the hermes3 adapter serves only "
+                    f"{', '.join(HERMES3_PARTS)}"
+                )
+            if s["adapter"] == "hermes3" and s["location"] != "pull":
+                raise ConfigError(
+                    f"{source} is invalid:\n  sources.{name}.location: hermes3 parts come from the "
+                    f"pull_hermes3 stage; set location: pull (point hermes3.location at your data)"
+                )
+    except ConfigError as e:
+        if not where:
+            raise
+        head, _, detail = str(e).partition("\n  ")
+        raise ConfigError(f"{head}\n  {where}{detail}") from None
 
 
 def _check_source_location(name: str, s: dict, source: str) -> None:

@@ -77,12 +77,14 @@ def prep_megachat(
     out_dir: str | Path,
     version: str,
     pull_dir: str | Path | None = None,
+    hub_dir: str | Path | None = None,
 ) -> dict:
-    """Run the stage: <out_dir>/megachat.parquet, preview.txt, manifest.json. Returns counts."""
+    """Run the stage: <out_dir>/megachat.parquet, preview.txt, manifest.json. Returns counts.
+    `hub_dir`: the fetch folder, where hub datasets are read when fetched (andrea.fetch)."""
     out_dir = Path(out_dir)
     strict = config["strict"]
     sources = {k: v for k, v in config["sources"].items() if v["enabled"]}
-    ctx = Context(pull_dir=Path(pull_dir) if pull_dir else None)
+    ctx = Context(pull_dir=Path(pull_dir) if pull_dir else None, hub_dir=Path(hub_dir) if hub_dir else None)
     manifest = Manifest(
         "prep_megachat",
         version,

@@ -54,6 +54,7 @@ class Context:
 
     pull_dir: Path | None = None  # pull_hermes3 output, for the hermes3 parts
     hub_reads: dict = field(default_factory=dict)  # source -> its manifest input, filled as a hub dataset is read
+    hub_dir: Path | None = None  # the fetch folder (config fetch_dir): hub datasets are read from there when fetched
 
 
 Adapter = Callable[[str, dict, Context], Iterator["Doc | Skip"]]
@@ -96,7 +97,8 @@ def hub_rows(source: str, cfg: dict, ctx: Context) -> Iterator[RawRow]:
     """Rows of the source's hub dataset (its location is `hub:...`)."""
     loc = parse_hub_location(cfg["location"])
     return iter_hub_rows(
-        loc, f"sources.{source}.location", local_dir_reads=LOCAL_DIR_READS.get(cfg["adapter"]), read=ctx.hub_reads.get(source)
+        loc, f"sources.{source}.location", local_dir_reads=LOCAL_DIR_READS.get(cfg["adapter"]), read=ctx.hub_reads.get(source),
+        mirror_root=ctx.hub_dir,
     )
 
 
@@ -232,8 +234,10 @@ def _oasst_tree_from_flat(messages: list[dict]) -> list[dict]:
 def oasst(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     """OpenAssistant: message trees (`prompt` with nested `replies`, as in *.trees.jsonl) or flat
     messages (`message_id`, `parent_id`, `role`, `text`), turned into threads. Flat messages are
-    all read before their trees are built (a message may come before its parent)."""
+    all read before their trees are built (a message may come before its parent). With
+    `languages`, a message (a tree: its prompt) whose `lang` is not one of them is skipped."""
     flat: list[dict] = []
+    languages = set(cfg.get("languages") or ())
     for raw in _rows(name, cfg, ctx):
         if raw.broken:
             yield Skip(raw.broken, raw.where, raw.detail)
@@ -241,6 +245,10 @@ def oasst(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
         row = raw.value
         if not isinstance(row, dict):
             yield Skip("not_an_object", raw.where)
+            continue
+        lang = (row["prompt"] if isinstance(row.get("prompt"), dict) else row).get("lang")
+        if languages and lang not in languages:
+            yield Skip("other_language", raw.where, str(lang))
             continue
         if isinstance(row.get("prompt"), dict):
             tree_id = str(row.get("message_tree_id") or raw.key)
