@@ -230,7 +230,11 @@ def cmd_encode(args) -> int:
 
 
 def cmd_train(args) -> int:
+    from andrea.engine import resolve_backend
+    from andrea.io import write_json_atomic
+    from andrea.launch import train_ranks, under_launcher
     from andrea.optim import NonFiniteHalt
+    from andrea.settings import TrainSettings
     from andrea.trainer import CoherenceHalt, Trainer, TrainingRefused, run_key
 
     cfg = _config(args)
@@ -239,11 +243,20 @@ def cmd_train(args) -> int:
     overrides = {}
     if args.max_steps is not None:
         overrides["max_steps"] = args.max_steps
+    if args.ranks is not None:
+        overrides["ranks"] = args.ranks
     if overrides:
         cfg.setdefault("train", {})
         cfg["train"][args.model] = {**cfg["train"].get(args.model, {}), **overrides}
     shards = args.shards or results / args.model / "shards.json"
     run_dir = args.run_dir or results / args.model / "runs" / run_key(cfg, args.model)
+    settings = TrainSettings.from_config(cfg, args.model)
+    if settings.ranks > 1 and not under_launcher():  # start the ranks, each running this command
+        backend = resolve_backend(settings.backend, settings.precision)[0]
+        status, result = train_ranks(cfg, args.model, shards, run_dir, settings.ranks, backend, out=args.out, force=args.force)
+        if result is not None:
+            print(json.dumps(result))
+        return status  # a run stopped by a signal exits 0, as one process does (it resumes when run again)
     trainer = Trainer(cfg, args.model, shards, run_dir, force=args.force)
     try:
         result = trainer.run(out_dir=args.out)
@@ -256,6 +269,10 @@ def cmd_train(args) -> int:
     except NonFiniteHalt as e:
         print(f"andrea: halted: {e}", file=sys.stderr)
         return 4
+    if args.result is not None:  # a launched rank: the launcher reads the outcome here
+        if trainer.root:
+            write_json_atomic(args.result, result)
+        return 0
     print(json.dumps(result))
     return 0
 
@@ -466,6 +483,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", type=Path, help="export final/best weights here when the run finishes")
     sp.add_argument("--max-steps", type=int, help="override train.max_steps")
     sp.add_argument("--force", action="store_true", help="start even if the CPU estimate exceeds train.max_cpu_hours")
+    sp.add_argument("--ranks", type=int, help="override train.ranks: data-parallel ranks (GPUs, or CPU processes), started "
+                                              "with mpirun (srun inside a SLURM job)")
+    sp.add_argument("--result", type=Path, help=argparse.SUPPRESS)  # a launched rank: rank 0 writes the outcome here
     sp.set_defaults(fn=cmd_train)
 
     sp = with_config(sub.add_parser("dashboard", help="serve the live loss dashboard of a run on localhost"))

@@ -663,8 +663,10 @@ class Trainer:
             if self.recording and not resumed and self.root:
                 self._start_recording()
             # SIGTERM (a scheduler) and SIGINT (Ctrl-C on the terminal) stop cleanly at the end of
-            # the current step with a checkpoint; SIGUSR1 checkpoints and carries on
-            handlers = {signal.SIGTERM: self._on_term, signal.SIGINT: self._on_term, signal.SIGUSR1: self._on_usr1}
+            # the current step with a checkpoint; SIGUSR1 checkpoints and carries on; SIGUSR2 stops
+            # like SIGTERM (what the rank launcher sends through mpirun, which kills ranks on SIGTERM)
+            handlers = {signal.SIGTERM: self._on_term, signal.SIGINT: self._on_term, signal.SIGUSR1: self._on_usr1,
+                        signal.SIGUSR2: self._on_term}
             previous = {sig: signal.signal(sig, h) for sig, h in handlers.items()}
             self._log_fh = open(self.run_dir / "loss.jsonl", "a", encoding="utf-8") if self.root else None
             try:

@@ -80,10 +80,10 @@ def wait_for_lines(run_dir, n, proc, timeout=120):
     raise AssertionError("timed out waiting for training progress")
 
 
-def interrupt(config, shards, run_dir, after_lines, sig=signal.SIGTERM):
+def interrupt(config, shards, run_dir, after_lines, sig=signal.SIGTERM, *extra):
     """Start a training run, send it `sig` once `after_lines` steps are logged, wait for it to
     exit: (exit status, stderr)."""
-    proc = train(config, shards, run_dir, wait=False)
+    proc = train(config, shards, run_dir, *extra, wait=False)
     wait_for_lines(run_dir, after_lines, proc)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
