@@ -505,7 +505,8 @@ def _layer_pass(be, loss_scale):
     rng = np.random.default_rng(9)
     shapes = {"wte": (V, d), "wq": (d, d), "wk": (d, d), "wv": (d, d), "wo": (d, d), "w1": (d, M), "w2": (M, d)}
     n = sum(math.prod(s) for s in shapes.values())
-    flat, grads = g(r(n, scale=0.1)), cp.zeros(n, cp.float32)
+    # every draw from this pass's own generator: a backend's pass sees the same data whenever it runs
+    flat, grads = g((rng.standard_normal(n) * 0.1).astype(np.float32)), cp.zeros(n, cp.float32)
     W, G, off = {}, {}, 0
     for k, s in shapes.items():
         W[k], G[k] = flat[off:off + math.prod(s)].reshape(s), grads[off:off + math.prod(s)].reshape(s)

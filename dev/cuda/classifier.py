@@ -27,7 +27,7 @@ VERSIONS = [
     V("softmax_xent_bwd", "softmax_xent_bwd", ("softmax_xent_bwd",), "classifier.cu"),
     V("softmax_xent_h16", "softmax_xent_h16", ("softmax_xent_h16",), "classifier.cu", ("bf16", "fp16")),
 ]
-VOCAB_PAD = 64  # cupy_backend.VOCAB_PAD: 16-bit logits rows padded to this many entries
+VOCAB_PAD = 64  # andrea.engine.cupy.VOCAB_PAD: 16-bit logits rows padded to this many entries
 CHECK_ROWS = 64
 LOSS_SCALE = {"bf16": 1.0, "fp16": 1024.0}  # fp16 trains with loss scaling: exercise a scale != 1
 EDGE = [common.Shape("edge B=3 T=37 V=301", 3, 37, 64, 2, 301)]  # V not a multiple of 64 or of the block

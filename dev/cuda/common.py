@@ -53,7 +53,7 @@ class Version:
     """One version of a kernel: the op it computes (a key of the script's REFERENCES), the
     __global__ functions it launches, the file they come from ("layernorm.cu" is andrea/kernels;
     "dev/cuda/x.cu" a dev-only source), extra -D options, and the storage precisions it runs in.
-    `production` says whether andrea/engine/cupy_backend.py runs it."""
+    `production` says whether the production backend (andrea/engine/cupy) runs it."""
 
     op: str
     name: str
@@ -147,7 +147,7 @@ def kernel_names(path: Path) -> list:
 
 @functools.lru_cache(maxsize=None)
 def _module(cp, path: str, head_dim, defines: tuple):
-    # the options of andrea/engine/cupy_backend._module: C++17, the kernels folder on the include path
+    # the options of andrea/engine/cupy/kernels.py: C++17, the kernels folder on the include path
     opts = ("-std=c++17", f"-I{KERNELS}", "-lineinfo")
     if head_dim is not None:
         opts += (f"-DHEAD_DIM={head_dim}",)

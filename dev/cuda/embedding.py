@@ -6,7 +6,7 @@ backward kernels, checked against andrea/engine/numpy_backend.embed_fwd / embed_
 embed_fwd          out[b, t] = wte[tok[b, t]] + wpe[t]
 embed_bwd_wpe      dwpe[t] += Σ_b dout[b, t]  (b in order)
 embed_bwd_planned  dwte[v] += Σ dout over the positions of token v, planned on the host
-                   (cupy_backend.plan_tokens: positions sorted stably by token), one block per token
+                   (CupyBackend.plan_tokens: positions sorted stably by token), one block per token
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ def tokens(rng, shape):
 
 
 def run_shape(cp, report, shape, rng, reps):
-    from andrea.engine.cupy_backend import plan_tokens  # the production planner (host side)
+    from andrea.engine.cupy import CupyBackend
 
+    plan_tokens = CupyBackend.plan_tokens  # the production planner (host side)
     B, T, C, Vv, N = shape.B, shape.T, shape.C, shape.V, shape.N
     u = common.u("fp32")
     tok = tokens(rng, shape)

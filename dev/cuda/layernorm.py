@@ -38,7 +38,7 @@ VERSIONS = [
     V("layernorm_bwd_params", "partials", ("layernorm_bwd_params", "ln_partials_final"), "layernorm.cu"),
 ]
 LN_MAXV = 12  # layernorm.cu: float4s per lane in the vec kernels, so C <= 4 * 32 * 12
-LN_ROWS = 64  # rows per partial sum of dγ, dβ (as cupy_backend.LN_ROWS)
+LN_ROWS = 64  # rows per partial sum of dγ, dβ (as andrea.engine.cupy.LN_ROWS)
 EPS = 1e-5
 EDGE = [common.Shape("edge B=3 T=37 C=130", 3, 37, 130, 2, 301),  # C % 4 != 0: the plain kernels only
         common.Shape("edge B=2 T=50 C=1536", 2, 50, 1536, 24, 301)]  # the largest C the vec kernels hold
