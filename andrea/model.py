@@ -313,10 +313,13 @@ def _next_norm(A: Activations, l: int, L: int) -> tuple:
     return A.lnf, A.lnf_mean, A.lnf_rstd
 
 
-def backward(cfg: ModelConfig, be, W: Weights, G: Weights, A: Activations, tokens, targets, dloss: float = 1.0) -> None:
+def backward(cfg: ModelConfig, be, W: Weights, G: Weights, A: Activations, tokens, targets, dloss: float = 1.0,
+             grads_final=None) -> None:
     """Gradients of the last training forward's mean loss (times dloss), added into G: the pairs
     of `forward` in reverse. Each LayerNorm backward also hands the residual stream's gradient to
-    the branch that joined it there (fused)."""
+    the branch that joined it there (fused). `grads_final(l)`, when given, is called once block
+    l's gradients are complete (the last block's with LN_f's and the head's), and
+    `grads_final(-1)` after the embeddings': data parallelism reduces each while the rest runs."""
     S = A.scratch
     d_res, d_branch, d_ln = S["d_res"], S["d_branch"], S["d_ln"]
     be.loss_bwd(A.lnf, W.head, targets, A.saved["probs"], d_ln, G.head, dloss)
@@ -331,4 +334,8 @@ def backward(cfg: ModelConfig, be, W: Weights, G: Weights, A: Activations, token
         be.attn_qkv_bwd(S["d_qkv"], a.ln1, w.wq, w.wk, w.wv, d_ln, g.wq, g.wk, g.wv)
         be.layernorm_bwd(d_ln, A.res(2 * l), a.ln1_mean, a.ln1_rstd, w.ln1_g, d_res, g.ln1_g, g.ln1_b,
                          branch=d_branch if l > 0 else None)
+        if grads_final is not None:
+            grads_final(l)
     be.embed_bwd(d_res, tokens, G.wte, G.wpe)
+    if grads_final is not None:
+        grads_final(-1)

@@ -81,16 +81,16 @@ def train_step(engine, micro_batches, step: int, oc: OptimConfig, nonfinite: Non
     n = len(micro_batches)
     engine.zero_grads()
     rows = []
-    for mb in micro_batches:
+    for i, mb in enumerate(micro_batches):
         args = mb if isinstance(mb, tuple) else (mb,)
-        rows.append(np.asarray(engine.forward_backward(*args)).copy())
-    # with several ranks (data parallelism): every rank's row losses and the mean gradient of the
-    # global batch, so all ranks see one loss and one norm and take the same decisions below
+        # with several ranks the last micro-batch's backward pass averages the gradients over them
+        rows.append(np.asarray(engine.forward_backward(*args, reduce=i == n - 1)).copy())
+    # with several ranks (data parallelism): every rank's row losses, so that all see one loss and,
+    # with the averaged gradients, one norm, and take the same decisions below
     rows = engine.gather_rows(np.concatenate(rows))
     loss = float(np.mean(rows))
     if n > 1:
         engine.scale_grads(1.0 / n)
-    engine.reduce_grads()
     scale = engine.loss_scale  # 1 except in fp16, where the gradients come out multiplied by it
     norm = engine.grad_norm() / scale
     lr = lr_at(step, oc)

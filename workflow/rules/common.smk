@@ -127,10 +127,22 @@ def model_encode_manifest(wildcards):
     return f"{stage_path('encode', model_profile(config, wildcards.model), n)}/manifest.json"
 
 
+def train_ranks(wildcards):
+    """Data-parallel ranks of a model's train job (train.<model>.ranks): its SLURM tasks."""
+    return train_settings(config, wildcards.model)["ranks"]
+
+
 def train_resources(wildcards):
-    """GPU count for a model's train job: cupy needs one, numpy none; auto asks for one when the
-    run would be too long for a CPU (andrea.versions.train_needs_gpu)."""
-    return 1 if train_needs_gpu(config, wildcards.model) else 0
+    """GPU count for a model's train job: one per rank for cupy, none for numpy; auto asks for
+    them when the run would be too long for a CPU (andrea.versions.train_needs_gpu)."""
+    return train_ranks(wildcards) if train_needs_gpu(config, wildcards.model) else 0
+
+
+def train_launcher(wildcards):
+    """How the job starts its ranks inside the allocation (andrea/launch.py): srun for GPU ranks,
+    mpirun for CPU ranks. Declared as the job's `mpi` resource, so the SLURM executor runs the job
+    script once in an allocation of `tasks` tasks instead of inside a one-task srun."""
+    return "srun" if train_resources(wildcards) else "mpirun"
 
 
 def partition(kind):

@@ -17,6 +17,9 @@ rule train:
     threads: config["cluster"]["job_threads"]
     resources:
         gpu=train_resources,
+        tasks=train_ranks,
+        tasks_per_gpu=1,
+        mpi=train_launcher,
         slurm_partition=train_partition,
         runtime=4320,
         mem_mb=config["cluster"]["train_mem_mb"],

@@ -13,14 +13,33 @@ if __name__ == "__main__":
 
     import logging
 
+    from andrea.config import train_settings
+    from andrea.engine import resolve_backend
     from andrea.io import setup_logging
+    from andrea.launch import train_ranks, under_launcher
     from andrea.optim import NonFiniteHalt
     from andrea.trainer import CoherenceHalt, Trainer, TrainingRefused
 
     setup_logging(snakemake.log[0])
     log = logging.getLogger("andrea.train")
     model, shards = snakemake.wildcards.model, snakemake.input.shards
-    trainer = Trainer(snakemake.config, model, shards, snakemake.params.run_dir, force=snakemake.config.get("force_train", False))
+    force = snakemake.config.get("force_train", False)
+    settings = train_settings(snakemake.config, model)
+    ranks = settings["ranks"]
+    if ranks > 1 and not under_launcher():  # data parallelism: the ranks run `andrea train`, rank 0 writes
+        backend = resolve_backend(settings["backend"], settings["precision"])[0]
+        log.info("training %s as %d ranks (%s)", model, ranks, backend)
+        status, result = train_ranks(snakemake.config, model, shards, snakemake.params.run_dir, ranks, backend,
+                                     out=snakemake.output[0], force=force)
+        if status:
+            log.error("the ranks failed (exit status %d): see %s/train.log", status, snakemake.params.run_dir)
+            sys.exit(status)
+        if not (result and result["finished"]):
+            log.error("stopped at step %s, checkpoint written in %s; run the workflow again to resume",
+                      result and result["step"], snakemake.params.run_dir)
+            sys.exit(1)
+        sys.exit(0)
+    trainer = Trainer(snakemake.config, model, shards, snakemake.params.run_dir, force=force)
     try:
         result = trainer.run(out_dir=snakemake.output[0])
     except TrainingRefused as e:  # expected refusals: one paragraph, no traceback

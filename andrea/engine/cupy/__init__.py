@@ -99,6 +99,11 @@ class CupyBackend(Backend):
         self._cublas: dict = {}  # device -> Cublas (handle and workspace)
         self._loss_scale = None  # on the device, read by the classifier kernel (created on first use)
         self._loss_scale_now = 1.0
+        # data parallelism: reductions of the gradients on a stream beside the backward pass
+        self._reduce_stream = None
+        self._reduce_pending = False
+        self._events = [cp.cuda.Event(disable_timing=True) for _ in range(64)]
+        self._event_i = 0
 
     @property
     def recomputes_gelu(self) -> bool:
@@ -240,6 +245,34 @@ class CupyBackend(Backend):
         if self.precision == "fp32":
             raise ValueError("CUDA-graph capture needs the 16-bit fast path (the fp32 path allocates temporaries)")
         return CapturedPass(self, fn)
+
+    def reduce_async(self, comm, buf) -> None:
+        """Average `buf` over the ranks on a stream of this backend's own, once what the current
+        stream has queued so far (the gradients of `buf`) is done: the all-reduce of one block's
+        gradients runs while the backward pass computes the next block's. Under graph capture the
+        side stream forks from the captured stream and joins it again in reduce_join, so a captured
+        pass replays its reductions too."""
+        if self._reduce_stream is None:
+            self._reduce_stream = cp.cuda.Stream(non_blocking=True)
+        ready = self._event()
+        ready.record(cp.cuda.get_current_stream())
+        self._reduce_stream.wait_event(ready)
+        comm.allreduce(buf, "mean", stream=self._reduce_stream)
+        self._reduce_pending = True
+
+    def reduce_join(self) -> None:
+        if self._reduce_pending:
+            done = self._event()
+            done.record(self._reduce_stream)
+            cp.cuda.get_current_stream().wait_event(done)
+            self._reduce_pending = False
+
+    def _event(self) -> cp.cuda.Event:
+        """An event from a fixed ring (a pass records the same few, so none is created while a
+        graph is captured or replayed)."""
+        ev = self._events[self._event_i % len(self._events)]
+        self._event_i += 1
+        return ev
 
     def release(self) -> None:
         """Drop every buffer this backend keeps between calls (scratch, 16-bit weight copies, embedding
