@@ -64,7 +64,17 @@ def train_ranks(config: dict, model: str, shards: str | Path, run_dir: str | Pat
     if force:
         argv.append("--force")
     cmd, launcher = rank_command(ranks, argv, backend)
-    proc = subprocess.Popen(cmd, env=launch_environment())
+    env = launch_environment()
+    if launcher == "mpirun" and "SLURM_NODELIST" not in env:
+        # a SLURM job step whose SLURM_* variables were cleared but for the job's id (Snakemake's
+        # SLURM executor does that): mpirun would look for the rest of the allocation and stop;
+        # this job's ranks all run on this node, which mpirun starts by itself
+        for var in ("SLURM_JOB_ID", "SLURM_JOBID"):
+            env.pop(var, None)
+    if backend == "numpy":  # the job's cores shared by its ranks' BLAS threads
+        threads = int(env.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
+        env.update({v: str(max(1, threads // ranks)) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
+    proc = subprocess.Popen(cmd, env=env)
     stop_signal = signal.SIGUSR2 if launcher == "mpirun" else signal.SIGTERM
 
     def forward(signum, frame):
