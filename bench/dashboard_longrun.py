@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -214,14 +215,14 @@ def main() -> None:
             try:
                 t = time.perf_counter()
                 write_synthetic_log(tmp / "loss.jsonl", n, fmt)
-                print(f"{n:,} steps, {fmt}: written in {time.perf_counter() - t:.1f} s", flush=True)
+                print(f"{n:,} steps, {fmt}: written in {time.perf_counter() - t:.1f} s (load average {os.getloadavg()[0]:.1f})", flush=True)
                 r = bench_file(tmp, n, fmt)
                 print(json.dumps(r), flush=True)
                 rows.append(r)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
     ms = lambda s: f"{s * 1000:,.0f} ms" if s < 10 else f"{s:,.1f} s"  # noqa: E731
-    print(f"\nPOLL_BYTES {POLL_BYTES / 2**20:.0f} MiB\n")
+    print(f"\nPOLL_BYTES {POLL_BYTES / 2**20:.0f} MiB; load average {os.getloadavg()[0]:.1f} at the end\n")
     print("| steps | format | MB | plain read | old series (per request) | first read (one request) | catch-up: requests, total, max | steady (median / max) | idle | zoom 2k steps | zoom 100k steps | truncate 1k steps |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:

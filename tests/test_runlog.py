@@ -198,10 +198,12 @@ def test_torn_and_malformed_lines(tmp_path, caplog):
     path = tmp_path / "loss.jsonl"
     write_log(path, 10, "compact", eval_every=0)
     lines = path.read_text().splitlines(keepends=True)
+    lines[3] = json.dumps({**json.loads(lines[3]), "loss": float("nan")}) + "\n"  # a skipped step's loss, as json writes it
     path.write_text("".join(lines[:5]) + "not json\n" + "".join(lines[5:9]) + lines[9][:30])  # a torn last line
     rl = RunLog(path)
     rl.poll()
     assert rl.n_train == 9 and rl.malformed == 1 and rl.last["step"] == 8
+    assert np.isnan(rl.series()["loss"][3]) and json.loads(LossData(path).response())["loss"][3] is None
     with open(path, "a") as fh:  # the writer finishes the line
         fh.write(lines[9][30:])
     assert rl.poll() and rl.n_train == 10 and rl.last["step"] == 9

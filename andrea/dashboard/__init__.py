@@ -31,7 +31,7 @@ from andrea.runlog import MAX_POINTS, RunLog, jsonable
 log = logging.getLogger("andrea.dashboard")
 
 STATIC = Path(str(resources.files("andrea") / "dashboard" / "static"))
-POLL_BYTES = 2 << 20  # the most of the log one request reads: a long log is caught up over several
+POLL_BYTES = 1 << 20  # the most of the log one request reads: a long log is caught up over several
 __all__ = ["MAX_POINTS", "LossData", "loss_series", "make_server", "find_run_dir", "overview"]
 
 
@@ -58,21 +58,14 @@ class LossData:
         self._cache: tuple | None = None
         self._evals: tuple | None = None
 
-    def _eval_json(self, lo: int | None = None, hi: int | None = None) -> str:
-        """Validation records as columns (cached until one is added)."""
-        key = (self.log.generation, len(self.log.evals), lo, hi)
+    def _eval_json(self, lo: int | None = None, hi: int | None = None, exact: bool = False) -> str:
+        """Validation records as columns (the whole run's cached until one is added)."""
+        key = (self.log.generation, len(self.log.evals), lo, hi, exact)
         if self._evals and self._evals[0] == key:
             return self._evals[1]
-        evals = [r for r in self.log.evals if (lo is None or r["step"] >= lo) and (hi is None or r["step"] <= hi)]
-        sources = sorted({s for r in evals for s in r.get("sources", {})})
-        out = json.dumps({
-            "step": [r["step"] for r in evals],
-            "loss": [r.get("loss") for r in evals],
-            "bpb": [r.get("bpb") for r in evals],
-            "sources": {s: [(r["sources"].get(s) or {}).get("bpb") for r in evals] for s in sources},
-        })
-        if lo is None and hi is None:
-            self._evals = (key, out)
+        v = self.log.eval_view(lo, hi)
+        out = json.dumps(jsonable(v)) if exact else _encode(v)
+        self._evals = (key, out)
         return out
 
     def response(self, lo: int | None = None, hi: int | None = None) -> bytes:
@@ -90,7 +83,7 @@ class LossData:
                 hi = max(self.log.last_step, lo) if hi is None else hi
                 d = self.log.zoom(lo, hi)
                 # every step as written (repr of each float): the exact records
-                body = (json.dumps(jsonable(d)) if d["exact"] else _encode(d))[:-1] + ',"eval":' + self._eval_json(lo, hi) + "}"
+                body = (json.dumps(jsonable(d)) if d["exact"] else _encode(d))[:-1] + ',"eval":' + self._eval_json(lo, hi, d["exact"]) + "}"
             self._cache = (key, body.encode())
             return self._cache[1]
 
