@@ -1,7 +1,8 @@
 # ANDREA: grow small GPT language models from open chat data, with a learned data curriculum.
 #
 #   snakemake --cores 2                 the whole pipeline for ANDREA-tiny: data → … → audit
-#   snakemake --cores 1 results/ANDREA-120M/ckpt   train a model
+#   snakemake --cores 1 results/ANDREA-120M/ckpt   train a model on its data profile (real: fetched first)
+#   snakemake --cores 1 results/ANDREA-120M/ckpt --config data_profile=embedded   ... on the demo corpus
 #   snakemake --cores 2 results/ANDREA-12M/shards.json   tokenizer and shards for one model
 #   snakemake --cores 1 filter_shape    one stage and whatever it needs
 #   snakemake --cores 1 --forcerun prep_megachat filter_shape
@@ -43,9 +44,14 @@ include: "workflow/rules/export.smk"
 include: "workflow/rules/report.smk"
 
 
+QUICKSTART = model_profile(
+    config, "ANDREA-tiny"
+)  # the data profile the quickstart trains on
+
+
 rule all:
     default_target: True
     input:
         f"{RESULTS}/ANDREA-tiny/audit",
-        rules.render_filter_report.output,
-        expand(rules.render_saturation.output, n=model_n_segments("ANDREA-tiny")),
+        f"{RESULTS}/report/filter_shape/{PVERSIONS[QUICKSTART]['filter_shape']}.html",
+        f"{RESULTS}/report/train_tokenizer/N{model_n_segments('ANDREA-tiny')}-{PVERSIONS[QUICKSTART]['train_tokenizer']}.html",

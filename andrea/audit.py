@@ -107,7 +107,7 @@ def plots(run_dir: Path | None, df: pd.DataFrame, out: Path) -> dict[str, Path]:
 def run_audit(ckpt_dir: str | Path, shards_json: str | Path, acfg: dict, heldout_every: int, out_dir: str | Path,
               mcfg: dict | None = None) -> dict:
     ckpt_dir, out = Path(ckpt_dir), Path(out_dir)
-    lm = load_model(ckpt_dir)
+    lm = load_model(ckpt_dir, backend=acfg.get("backend", "auto"))  # samples on the GPU when there is one
     judge = ExternalJudge.from_config(acfg["judge"])
     try:
         with atomic_dir(out) as tmp:  # the audit directory appears complete, or not at all

@@ -2,11 +2,13 @@
 
     andrea config validate            check config/config.yaml against the schema
     andrea config docs [-o PATH]      the configuration reference (config/README.md), from the schema
+    andrea config show [--model M]    the effective configuration, defaults marked
     andrea versions                   the version (output directory) of each stage
     andrea pull-hermes3               stage 1: Hermes-3 → three Parquet sources
     andrea prep-megachat              stage 2: every source → one megachat Parquet
     andrea filter-shape               stage 3: drop system-prompt-shaped records
-    andrea data                       stages 1–3 in order
+    andrea data [--profile P]         stages 1–3 in order, for a data profile (default: embedded)
+    andrea data fetch [--profile real] [--dir DIR]   download a profile's hub datasets once, to read offline
     andrea tokenizer train --model M  stage 4: learn the Harris segments for a model's N
     andrea tokenizer encode|decode    text → token IDs → text with a segments file
     andrea encode --model M           stage 5: token shards of every source
@@ -67,14 +69,55 @@ def cmd_config_docs(args) -> int:
     return 0
 
 
+def cmd_config_show(args) -> int:
+    from andrea.config import show_config
+
+    sys.stdout.write(show_config(args.config, args.model))
+    return 0
+
+
 def cmd_versions(args) -> int:
-    from andrea.versions import STAGES, stage_dir
+    """Each profile's data stage directories, and each model's (on its profile)."""
+    from andrea.profiles import model_profile, used_profiles
+    from andrea.versions import STAGES, model_config, stage_dir
 
     cfg = _config(args)
-    dirs = {s: str(stage_dir(cfg, s)) for s in STAGES if s not in ("train_tokenizer", "encode")}
+    dirs = {}
+    for profile in used_profiles(cfg):
+        pc = _profile_config(cfg, profile)
+        dirs[f"profile {profile}"] = {s: str(stage_dir(pc, s)) for s in STAGES if s not in ("train_tokenizer", "encode")}
     for name, m in cfg["models"].items():
-        dirs[name] = {s: str(stage_dir(cfg, s, m["n_segments"])) for s in ("train_tokenizer", "encode")}
+        mc = model_config(cfg, name)
+        dirs[name] = {"profile": model_profile(cfg, name),
+                      **{s: str(stage_dir(mc, s, m["n_segments"])) for s in ("train_tokenizer", "encode")}}
     print(json.dumps(dirs, indent=2))
+    return 0
+
+
+def _profile_config(cfg: dict, profile: str | None) -> dict:
+    """The config of a data profile (--profile; default: data_profile, else embedded)."""
+    from andrea.profiles import default_profile, profile_config
+
+    return profile_config(cfg, profile or default_profile(cfg))
+
+
+def _data_config(args) -> dict:
+    return _profile_config(_config(args), getattr(args, "profile", None))
+
+
+def cmd_data_fetch(args) -> int:
+    from andrea.fetch import fetch_profile
+
+    cfg = _config(args)
+    summary = fetch_profile(cfg, args.profile, dest=args.dir, update=args.update)
+    dest = args.dir or cfg["fetch_dir"]
+    for dataset, s in summary.items():
+        state = "fetched" if s["fetched"] else "already complete"
+        print(f"{dataset}: commit {s['commit']}, {s['files']} files, {s['bytes'] / 1e6:.1f} MB, {state} "
+              f"({', '.join(s['sources'])})")
+    print(f"data profile {args.profile}: {len(summary)} hub datasets in {dest}"
+          + ("" if args.dir is None or Path(args.dir) == Path(cfg["fetch_dir"]) else
+             f" (the data stages read {cfg['fetch_dir']}: set fetch_dir: {args.dir}, or move the folder there)"))
     return 0
 
 
@@ -82,9 +125,9 @@ def cmd_pull(args) -> int:
     from andrea.hermes3 import pull_hermes3
     from andrea.versions import stage_dir, stage_versions
 
-    cfg = _config(args)
+    cfg = _data_config(args)
     out = Path(args.out) if args.out else stage_dir(cfg, "pull_hermes3")
-    pull_hermes3(cfg["hermes3"], out, stage_versions(cfg)["pull_hermes3"], strict=cfg["strict"])
+    pull_hermes3(cfg["hermes3"], out, stage_versions(cfg)["pull_hermes3"], strict=cfg["strict"], hub_dir=cfg["fetch_dir"])
     print(out)
     return 0
 
@@ -93,10 +136,10 @@ def cmd_prep(args) -> int:
     from andrea.megachat import prep_megachat
     from andrea.versions import stage_dir, stage_versions
 
-    cfg = _config(args)
+    cfg = _data_config(args)
     out = Path(args.out) if args.out else stage_dir(cfg, "prep_megachat")
     pull = Path(args.pull_dir) if args.pull_dir else stage_dir(cfg, "pull_hermes3")
-    prep_megachat(cfg, out, stage_versions(cfg)["prep_megachat"], pull_dir=pull)
+    prep_megachat(cfg, out, stage_versions(cfg)["prep_megachat"], pull_dir=pull, hub_dir=cfg["fetch_dir"])
     print(out)
     return 0
 
@@ -105,7 +148,7 @@ def cmd_filter(args) -> int:
     from andrea.filter import filter_shape
     from andrea.versions import stage_dir, stage_versions
 
-    cfg = _config(args)
+    cfg = _data_config(args)
     out = Path(args.out) if args.out else stage_dir(cfg, "filter_shape")
     src = Path(args.input) if args.input else stage_dir(cfg, "prep_megachat") / "megachat.parquet"
     filter_shape(src, out, cfg["filter_shape"], stage_versions(cfg)["filter_shape"], workers=args.workers)
@@ -114,6 +157,8 @@ def cmd_filter(args) -> int:
 
 
 def cmd_data(args) -> int:
+    if getattr(args, "data_command", None) == "fetch":
+        return cmd_data_fetch(args)
     for fn in (cmd_pull, cmd_prep, cmd_filter):
         args.out = None
         args.pull_dir = None
@@ -133,10 +178,11 @@ def _model_n(cfg, model: str) -> int:
 
 def cmd_tokenizer_train(args) -> int:
     from andrea.tokenizer import train_tokenizer
-    from andrea.versions import stage_dir, stage_versions
+    from andrea.versions import model_config, stage_dir, stage_versions
 
     cfg = _config(args)
     n = _model_n(cfg, args.model)
+    cfg = model_config(cfg, args.model)  # the model's data profile
     out = Path(args.out) if args.out else stage_dir(cfg, "train_tokenizer", n)
     src = Path(args.input) if args.input else stage_dir(cfg, "filter_shape") / "megachat.parquet"
     train_tokenizer(src, out, n, cfg, stage_versions(cfg)["train_tokenizer"])
@@ -170,10 +216,11 @@ def cmd_tokenizer_decode(args) -> int:
 
 def cmd_encode(args) -> int:
     from andrea.shards import encode_shards
-    from andrea.versions import enabled_sources, stage_dir, stage_versions
+    from andrea.versions import enabled_sources, model_config, stage_dir, stage_versions
 
     cfg = _config(args)
     n = _model_n(cfg, args.model)
+    cfg = model_config(cfg, args.model)  # the model's data profile
     out = Path(args.out) if args.out else stage_dir(cfg, "encode", n)
     segments = stage_dir(cfg, "train_tokenizer", n) / "harris_segments.json"
     src = stage_dir(cfg, "filter_shape") / "megachat.parquet"
@@ -183,7 +230,11 @@ def cmd_encode(args) -> int:
 
 
 def cmd_train(args) -> int:
+    from andrea.engine import resolve_backend
+    from andrea.io import write_json_atomic
+    from andrea.launch import train_ranks, under_launcher
     from andrea.optim import NonFiniteHalt
+    from andrea.settings import TrainSettings
     from andrea.trainer import CoherenceHalt, Trainer, TrainingRefused, run_key
 
     cfg = _config(args)
@@ -192,11 +243,20 @@ def cmd_train(args) -> int:
     overrides = {}
     if args.max_steps is not None:
         overrides["max_steps"] = args.max_steps
+    if args.ranks is not None:
+        overrides["ranks"] = args.ranks
     if overrides:
         cfg.setdefault("train", {})
         cfg["train"][args.model] = {**cfg["train"].get(args.model, {}), **overrides}
     shards = args.shards or results / args.model / "shards.json"
     run_dir = args.run_dir or results / args.model / "runs" / run_key(cfg, args.model)
+    settings = TrainSettings.from_config(cfg, args.model)
+    if settings.ranks > 1 and not under_launcher():  # start the ranks, each running this command
+        backend = resolve_backend(settings.backend, settings.precision)[0]
+        status, result = train_ranks(cfg, args.model, shards, run_dir, settings.ranks, backend, out=args.out, force=args.force)
+        if result is not None:
+            print(json.dumps(result))
+        return status  # a run stopped by a signal exits 0, as one process does (it resumes when run again)
     trainer = Trainer(cfg, args.model, shards, run_dir, force=args.force)
     try:
         result = trainer.run(out_dir=args.out)
@@ -209,6 +269,10 @@ def cmd_train(args) -> int:
     except NonFiniteHalt as e:
         print(f"andrea: halted: {e}", file=sys.stderr)
         return 4
+    if args.result is not None:  # a launched rank: the launcher reads the outcome here
+        if trainer.root:
+            write_json_atomic(args.result, result)
+        return 0
     print(json.dumps(result))
     return 0
 
@@ -359,21 +423,37 @@ def build_parser() -> argparse.ArgumentParser:
     sp = csub.add_parser("docs", help="print the configuration reference (config/README.md), generated from the schema")
     sp.add_argument("--output", "-o", type=Path, help="write it to this file instead")
     sp.set_defaults(fn=cmd_config_docs)
+    sp = with_config(csub.add_parser("show", help="print the effective configuration (YAML), values taken from defaults marked"))
+    sp.add_argument("--model", help="that model's architecture and effective training settings, each marked with where it came from")
+    sp.set_defaults(fn=cmd_config_show)
     with_config(sub.add_parser("versions", help="print each stage's versioned output directory")).set_defaults(fn=cmd_versions)
 
-    sp = with_config(sub.add_parser("pull-hermes3", help="stage pull_hermes3: Hermes-3 → three Parquet sources"))
+    def with_profile(sp):
+        sp.add_argument("--profile", help="data profile (profiles: in the config; default: data_profile, else embedded)")
+        return sp
+
+    sp = with_profile(with_config(sub.add_parser("pull-hermes3", help="stage pull_hermes3: Hermes-3 → three Parquet sources")))
     sp.add_argument("--out", help="output directory (default: the versioned stage directory)")
     sp.set_defaults(fn=cmd_pull)
-    sp = with_config(sub.add_parser("prep-megachat", help="stage prep_megachat: every source → one megachat Parquet"))
+    sp = with_profile(with_config(sub.add_parser("prep-megachat", help="stage prep_megachat: every source → one megachat Parquet")))
     sp.add_argument("--pull-dir", help="pull_hermes3 output directory (default: its versioned directory)")
     sp.add_argument("--out", help="output directory (default: the versioned stage directory)")
     sp.set_defaults(fn=cmd_prep)
-    sp = with_config(sub.add_parser("filter-shape", help="stage filter_shape: drop system-prompt-shaped records"))
+    sp = with_profile(with_config(sub.add_parser("filter-shape", help="stage filter_shape: drop system-prompt-shaped records")))
     sp.add_argument("--input", help="megachat.parquet to filter (default: prep_megachat's output)")
     sp.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="scoring processes (default: all cores, %(default)s)")
     sp.add_argument("--out", help="output directory (default: the versioned stage directory)")
     sp.set_defaults(fn=cmd_filter)
-    with_config(sub.add_parser("data", help="run pull-hermes3, prep-megachat and filter-shape in order")).set_defaults(fn=cmd_data)
+    sp = with_profile(with_config(sub.add_parser("data", help="run pull-hermes3, prep-megachat and filter-shape in order; "
+                                                 "`data fetch`: download a profile's hub datasets")))
+    sp.set_defaults(fn=cmd_data)
+    dsub = sp.add_subparsers(dest="data_command", metavar="ACTION")
+    sp = with_config(dsub.add_parser("fetch", help="download every hub dataset of a data profile to a local folder, once "
+                                     "(resumable, checksummed in its manifest.json); the data stages then read it offline"))
+    sp.add_argument("--profile", default="real", help="data profile (default: %(default)s)")
+    sp.add_argument("--dir", help="folder to fetch into (default: the config's fetch_dir)")
+    sp.add_argument("--update", action="store_true", help="move a dataset pinned @main to the commit main is now")
+    sp.set_defaults(fn=cmd_data_fetch)
 
     tk = sub.add_parser("tokenizer", help="the Harris tokenizer")
     tksub = tk.add_subparsers(dest="tokenizer_command", required=True, metavar="ACTION")
@@ -403,6 +483,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", type=Path, help="export final/best weights here when the run finishes")
     sp.add_argument("--max-steps", type=int, help="override train.max_steps")
     sp.add_argument("--force", action="store_true", help="start even if the CPU estimate exceeds train.max_cpu_hours")
+    sp.add_argument("--ranks", type=int, help="override train.ranks: data-parallel ranks (GPUs, or CPU processes), started "
+                                              "with mpirun (srun inside a SLURM job)")
+    sp.add_argument("--result", type=Path, help=argparse.SUPPRESS)  # a launched rank: rank 0 writes the outcome here
     sp.set_defaults(fn=cmd_train)
 
     sp = with_config(sub.add_parser("dashboard", help="serve the live loss dashboard of a run on localhost"))

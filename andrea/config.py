@@ -7,11 +7,13 @@ commands, so a bad config fails the same way everywhere, naming the key.
 from __future__ import annotations
 
 import copy
+import json
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import yaml
+
+from andrea.io import read_document
 
 SCHEMA_PATH = Path(str(resources.files("andrea") / "schemas" / "config.schema.yaml"))
 HERMES3_PARTS = ("hermes3-general", "hermes3-creative", "hermes3-roleplay")
@@ -29,28 +31,37 @@ def _key_path(path) -> str:
     return ".".join(str(p) for p in path) or "(top level)"
 
 
+def _filling_validator(schema: dict):
+    """A schema validator that, as it meets each `properties` keyword, first sets every property
+    the instance lacks to its default (a copy), then validates: jsonschema's documented extension
+    pattern, the one Snakemake's validate(config, schema, set_default=True) uses too, so the
+    workflow and the `andrea` commands fill the same defaults. It follows $ref, map entries
+    (additionalProperties) and sections filled with a default of their own ({} and then its keys)."""
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+    validate_properties = base.VALIDATORS["properties"]
+
+    def fill_then_validate(validator, properties, instance, sch):
+        if isinstance(instance, dict):
+            for key, sub in properties.items():
+                if key not in instance and "default" in sub:
+                    instance[key] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, properties, instance, sch)
+
+    return jsonschema.validators.extend(base, {"properties": fill_then_validate})(schema)
+
+
 def apply_defaults(config: dict, schema: dict | None = None) -> dict:
-    """Return a copy of `config` with every schema default filled in, including inside
-    map-valued sections (each source, each model)."""
+    """Return a copy of a valid `config` with every schema default filled in, including inside
+    map-valued sections (each source, each model) and train.defaults (the training settings'
+    built-in defaults). A model's train entry and the curriculum overrides carry no defaults in the
+    schema, so a key they leave out still comes from train.defaults and the curriculum section."""
     schema = load_schema() if schema is None else schema
     out = copy.deepcopy(config)
-
-    def fill(node: Any, sch: dict) -> Any:
-        if not isinstance(node, dict) or sch.get("type") not in (None, "object"):
-            return node
-        for key, sub in sch.get("properties", {}).items():
-            if key not in node and "default" in sub:
-                node[key] = copy.deepcopy(sub["default"])
-            if key in node:
-                node[key] = fill(node[key], sub)
-        extra = sch.get("additionalProperties")
-        if isinstance(extra, dict):
-            for key in node:
-                if key not in sch.get("properties", {}):
-                    node[key] = fill(node[key], extra)
-        return node
-
-    return fill(out, schema)
+    for _ in _filling_validator(schema).iter_errors(out):
+        pass  # the config was validated before; filling in defaults cannot make it invalid
+    return out
 
 
 def validate_config(config: dict, source: str = "config") -> dict:
@@ -72,26 +83,50 @@ def validate_config(config: dict, source: str = "config") -> dict:
         raise ConfigError(f"{source} is invalid:\n" + "\n".join(lines))
     config = apply_defaults(config, schema)
 
+    for name in config["train"]:
+        if name != "defaults" and name not in config["models"]:
+            raise ConfigError(
+                f"{source} is invalid:\n  train.{name}: no model of that name in models "
+                f"({', '.join(config['models'])}); a model's settings go under its name"
+            )
     for name, m in config["models"].items():
         if m["d_model"] % m["n_head"]:
             raise ConfigError(
                 f"{source} is invalid:\n  models.{name}.d_model: {m['d_model']} is not divisible "
                 f"by n_head={m['n_head']}"
             )
-    _check_hermes3_location(config, source)
-    for name, s in config["sources"].items():
-        _check_source_location(name, s, source)
-        if s["adapter"] == "hermes3" and name not in HERMES3_PARTS:
-            raise ConfigError(
-                f"{source} is invalid:\n  sources.{name}.adapter: the hermes3 adapter serves only "
-                f"{', '.join(HERMES3_PARTS)}"
-            )
-        if s["adapter"] == "hermes3" and s["location"] != "pull":
-            raise ConfigError(
-                f"{source} is invalid:\n  sources.{name}.location: hermes3 parts come from the "
-                f"pull_hermes3 stage; set location: pull (point hermes3.location at your data)"
-            )
+    _check_locations(config, source)
+    from andrea.profiles import EMBEDDED, check_profiles, profile_config, profile_names
+
+    check_profiles(config, source)
+    for name in profile_names(config):
+        if name != EMBEDDED:  # the sources' own locations were checked above
+            _check_locations(profile_config({**config, "data_profile": None}, name), source, f"profiles.{name}: ")
     return config
+
+
+def _check_locations(config: dict, source: str, where: str = "") -> None:
+    """Every location of a config (or of a profile's config: `where` names the profile) is usable
+    by its adapter."""
+    try:
+        _check_hermes3_location(config, source)
+        for name, s in config["sources"].items():
+            _check_source_location(name, s, source)
+            if s["adapter"] == "hermes3" and name not in HERMES3_PARTS:
+                raise ConfigError(
+                    f"{source} is invalid:\n  sources.{name}.adapter: the hermes3 adapter serves only "
+                    f"{', '.join(HERMES3_PARTS)}"
+                )
+            if s["adapter"] == "hermes3" and s["location"] != "pull":
+                raise ConfigError(
+                    f"{source} is invalid:\n  sources.{name}.location: hermes3 parts come from the "
+                    f"pull_hermes3 stage; set location: pull (point hermes3.location at your data)"
+                )
+    except ConfigError as e:
+        if not where:
+            raise
+        head, _, detail = str(e).partition("\n  ")
+        raise ConfigError(f"{head}\n  {where}{detail}") from None
 
 
 def _check_source_location(name: str, s: dict, source: str) -> None:
@@ -133,63 +168,32 @@ def _check_hermes3_location(config: dict, source: str) -> None:
         raise ConfigError(f"{source} is invalid:\n  {key}: {e}") from None
 
 
-def load_config(path: str | Path, overrides: dict | None = None) -> dict:
-    """Read, merge overrides (deep), validate, fill defaults."""
+def read_config_file(path: str | Path) -> dict:
+    """The config file as written (no defaults), a mapping; ConfigError naming the file if not."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    raw = read_document(path, "config file", error=ConfigError, fmt="yaml")
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return raw
+
+
+def load_config(path: str | Path, overrides: dict | None = None) -> dict:
+    """Read, merge overrides (deep), validate, fill defaults."""
+    raw = read_config_file(path)
     if overrides:
         raw = deep_merge(raw, overrides)
     return validate_config(raw, source=str(path))
 
 
-# Training settings (SPEC §3.3, §6): these defaults < config train.defaults < train.<model>.
-TRAIN_DEFAULTS = {
-    "backend": "auto",  # CuPy when a CUDA GPU is usable, else NumPy (andrea.engine.resolve_backend)
-    "precision": "auto",  # bf16 on CuPy, fp32 on NumPy
-    "batch_size": 8,
-    "grad_accum": 1,
-    "seq_len": None,  # the model's context
-    "max_steps": 200_000,
-    "lr": 3e-4,
-    "min_lr_ratio": 0.1,
-    "warmup_steps": 2000,
-    "weight_decay": 0.1,
-    "beta1": 0.9,
-    "beta2": 0.999,
-    "grad_clip": 1.0,
-    "max_nonfinite": 5,
-    "checkpoint_every": 100,
-    "keep_checkpoints": 3,
-    "sample_every": 100,
-    "sample_tokens": 420,
-    "sample_prompt": "> Tell me about the sea.\n\n< ",
-    "sample_temperature": 0.8,
-    "coherence_halt_below": 30,
-    "coherence_patience": 5,
-    "coherence_arm_score": 50,  # the gate counts low samples once one sample has scored this (0: from the start)
-    "eval_every": 250,
-    "eval_tokens": 16384,  # per source, from its held-out documents
-    "prefetch": True,
-    "record_batches": 0,
-    "seed": 0,
-    "max_cpu_hours": 12,
-    "curriculum": {},
-}
-
-
 def train_settings(config: dict, model: str) -> dict:
-    """A model's effective training settings: TRAIN_DEFAULTS < train.defaults < train.<model>, with
-    the top-level curriculum section merged under the model's curriculum overrides."""
-    tcfg = config.get("train", {})
-    s = deep_merge(TRAIN_DEFAULTS, tcfg.get("defaults", {}))
-    s = deep_merge(s, tcfg.get(model, {}))
+    """A model's effective training settings as a plain dict: train.defaults (the schema's defaults
+    filled in by load_config) < train.<model>, with the top-level curriculum section under
+    train.defaults.curriculum under train.<model>.curriculum. andrea.settings.TrainSettings is the
+    typed view; the run key (andrea.versions) hashes this dict."""
+    if "defaults" not in config.get("train", {}):
+        raise ConfigError("train.defaults is missing: load the config with andrea.config.load_config "
+                          "(or validate_config), which fills the schema's defaults")
+    s = deep_merge(config["train"]["defaults"], config["train"].get(model, {}))
     s["curriculum"] = deep_merge(config["curriculum"], s.get("curriculum", {}))
     return s
 
@@ -217,13 +221,43 @@ DOCS_PATH = "config/README.md"
 MAP_KEY_NAMES = {"sources": "<source>", "models": "<model>", "train": "<model>"}  # names of map entries
 
 
+def _pointer(ref: str, schema: dict) -> dict:
+    """The schema a local $ref ("#/$defs/x", "#/properties/a/properties/b") points at."""
+    node = schema
+    for part in ref.removeprefix("#/").split("/"):
+        node = node[part]
+    return node
+
+
+def _mirrored(sub: dict, schema: dict) -> str | None:
+    """Where an override schema takes its keys from: the $ref prefix when every property is just
+    a $ref to the same key of one other schema (train_override mirrors $defs/train_settings, and
+    curriculum_override the curriculum section, without their defaults); else None."""
+    props = sub.get("properties") or {}
+    if not props or any(set(p) != {"$ref"} for p in props.values()):
+        return None
+    prefix = next(iter(props.values()))["$ref"].rpartition("/properties/")[0]
+    return prefix if all(p["$ref"] == f"{prefix}/properties/{k}" for k, p in props.items()) else None
+
+
 def _resolve(sub: dict, schema: dict) -> tuple[dict, str | None]:
-    """A property's schema with a local $ref followed (its own keys win), and the $defs name."""
-    ref = sub.get("$ref")
-    if not ref:
-        return sub, None
-    name = ref.removeprefix("#/$defs/")
-    return {**schema["$defs"][name], **{k: v for k, v in sub.items() if k != "$ref"}}, name
+    """A property's schema with its local $refs followed (the referring schema's own keys win), and
+    the $defs name. An override documents as what it mirrors: train.<model> shares the table of
+    train.defaults; a curriculum override is a row, "mapping: keys of `curriculum`"."""
+    name = None
+    while "$ref" in sub:
+        ref = sub["$ref"]
+        if ref.startswith("#/$defs/") and "/" not in ref.removeprefix("#/$defs/"):
+            name = ref.removeprefix("#/$defs/")
+        sub = {**_pointer(ref, schema), **{k: v for k, v in sub.items() if k != "$ref"}}
+    mirror = _mirrored(sub, schema)
+    if mirror and mirror.startswith("#/$defs/"):
+        name = mirror.removeprefix("#/$defs/")
+        sub = {**_pointer(mirror, schema), "description": sub.get("description")}
+    elif mirror:
+        sub = {"type": "object", "description": sub.get("description"),
+               "mirror": ".".join(mirror.removeprefix("#/").split("/")[1::2])}
+    return sub, name
 
 
 def _is_section(sub: dict) -> bool:
@@ -232,6 +266,8 @@ def _is_section(sub: dict) -> bool:
 
 
 def _type_text(sub: dict) -> str:
+    if "mirror" in sub:
+        return f"mapping: keys of `{sub['mirror']}`"
     if "enum" in sub:
         return "one of " + ", ".join(f"`{v}`" for v in sub["enum"])
     names = {"string": "string", "integer": "integer", "number": "number", "boolean": "boolean", "null": "null",
@@ -266,8 +302,8 @@ def _prose(text: str | None) -> str:
 
 def config_docs(schema: dict | None = None) -> str:
     """config/README.md: the configuration reference, a table per section of the schema (key, type,
-    default, description). Training settings take their defaults from TRAIN_DEFAULTS and say
-    whether changing one continues a run or starts a new one (andrea.versions)."""
+    default, description). Training settings also say whether changing one continues a run or
+    starts a new one (andrea.versions)."""
     import json
 
     from andrea.versions import CONTINUE_KEYS, WATCH_KEYS
@@ -292,8 +328,6 @@ def config_docs(schema: dict | None = None) -> str:
                 default = "required"
             elif "default" in sub:
                 default = cell(sub["default"])
-            elif train and key in TRAIN_DEFAULTS:
-                default = cell(TRAIN_DEFAULTS[key])
             else:
                 default = "—"
             cols = [f"`{key}`", _prose(_type_text(sub)), default]
@@ -317,8 +351,8 @@ def config_docs(schema: dict | None = None) -> str:
 
         def add(title: str, raw: dict, key: str | None, note: str = "") -> None:
             sub, name = _resolve(raw, schema)
-            if name and key and raw.get("description"):  # a $ref's own description
-                note = f"`{key}`: {_prose(raw['description'])}"
+            if name and raw.get("description"):  # a $ref's own description
+                note = f"`{key or title.rpartition('.')[2]}`: {_prose(raw['description'])}"
             same = next((c for c in children if name and c[2] == name), None)
             if same:
                 same[0] += f"` and `{title}"
@@ -360,3 +394,98 @@ def config_docs(schema: dict | None = None) -> str:
         if rows:
             out += rows + [""]
     return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------- andrea config show
+# The effective configuration as YAML, each value that the file does not set marked with where it
+# came from: "# default" (the schema's default) or, in a model's view, the section of the file that
+# set it ("# train.defaults", "# curriculum"). PyYAML writes no comments, so the lines are built here;
+# every value is written by yaml.safe_dump (or as a JSON string), so the output reads back as YAML.
+
+
+def _yaml_value(v) -> str:
+    if isinstance(v, str):
+        text = yaml.safe_dump(v, default_flow_style=True, width=1 << 30, allow_unicode=True)
+        text = text.removesuffix("\n").removesuffix("\n...")
+        return text if "\n" not in text else json.dumps(v, ensure_ascii=False)
+    if isinstance(v, list) and any(isinstance(x, str) and "\n" in x for x in v):
+        return "[" + ", ".join(_yaml_value(x) for x in v) + "]"
+    text = yaml.safe_dump(v, default_flow_style=True, width=1 << 30, allow_unicode=True, sort_keys=False)
+    return text.strip().removesuffix("\n...").removesuffix("...").strip()
+
+
+def _yaml_lines(node: dict, origin, indent: int = 0, path: tuple = ()) -> list[str]:
+    """`node` as block YAML, a comment on each leaf from origin(path) (None: no comment); a list
+    of mappings one item a line."""
+    pad = "  " * indent
+    out = []
+    for key, v in node.items():
+        here = (*path, key)
+        if isinstance(v, dict) and v:
+            out.append(f"{pad}{key}:")
+            out += _yaml_lines(v, origin, indent + 1, here)
+            continue
+        note = origin(here)
+        comment = f"  # {note}" if note else ""
+        if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            out.append(f"{pad}{key}:{comment}")
+            out += [f"{pad}  - {_yaml_value(x)}" for x in v]
+        else:
+            out.append(f"{pad}{key}: {_yaml_value(v)}{comment}")
+    return out
+
+
+def _lookup(node, path: tuple):
+    """(True, value) at `path` in nested mappings, or (False, None) where a key is absent."""
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return False, None
+        node = node[key]
+    return True, node
+
+
+def show_config(path: str | Path, model: str | None = None) -> str:
+    """`andrea config show`: the effective configuration of the file at `path` as YAML, values the
+    file leaves out marked "# default"; with `model`, that model's architecture and effective
+    training settings (train.defaults < train.<model>, curriculum < its overrides), each value the
+    model's own entry does not set marked with where it came from."""
+    from andrea.settings import TrainSettings
+
+    raw = read_config_file(path)
+    config = validate_config(raw, source=str(path))
+    filled = apply_defaults(raw)  # without validate_config's rewrites: a rewritten value is not a default
+
+    if model is None:
+        def origin(p):
+            was_set, _ = _lookup(raw, p)
+            return None if was_set or _lookup(filled, p) != _lookup(config, p) else "default"
+
+        head = [f"# The effective configuration of {path}: \"# default\" marks a value the file leaves out",
+                "# (the schema's default; config/README.md describes every key)."]
+        return "\n".join(head + _yaml_lines(config, origin)) + "\n"
+
+    if model not in config["models"]:
+        raise ConfigError(f"unknown model {model!r}; models in {path}: {', '.join(config['models'])}")
+    from andrea.versions import train_run_key
+
+    def model_origin(p):
+        return None if _lookup(raw, ("models", model, *p[1:]))[0] else "default"
+
+    # where a training setting comes from, most specific first
+    train_places = [(("train", model), None), (("train", "defaults"), "train.defaults")]
+    curriculum_places = [(("train", model, "curriculum"), None), (("train", "defaults", "curriculum"), "train.defaults.curriculum"),
+                         (("curriculum",), "curriculum")]
+
+    def train_origin(p):
+        places, key = (curriculum_places, p[-1]) if p[:-1] == ("train", "curriculum") else (train_places, p[-1])
+        for where, note in places:
+            if _lookup(raw, (*where, key))[0]:
+                return note
+        return "default"
+
+    settings = TrainSettings.from_config(config, model).as_dict()
+    head = [f"# {model}'s effective settings in {path}. A value without a comment is set in models.{model}",
+            f"# or train.{model}; a comment says where any other comes from (\"default\": the schema's default).",
+            f"# Its run directory: {config['results_dir']}/{model}/runs/{train_run_key(config, model)}"]
+    return "\n".join(head + _yaml_lines({"model": config["models"][model]}, model_origin)
+                     + _yaml_lines({"train": settings}, train_origin)) + "\n"

@@ -29,9 +29,12 @@ from __future__ import annotations
 
 import base64
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from andrea.settings import CurriculumSettings
 
 
 @dataclass
@@ -91,12 +94,13 @@ def epoch_penalty(lifetime_pulls: int, n_docs: int) -> float:
 
 
 class Bandit:
-    def __init__(self, arms: dict[str, dict], ccfg: dict, seed: int = 0):
-        """`arms`: name → {"n_docs", "floor", "cap"}; `ccfg`: the config's curriculum section."""
-        self.c = dict(ccfg)
+    def __init__(self, arms: dict[str, dict], ccfg: CurriculumSettings | Mapping, seed: int = 0):
+        """`arms`: name → {"n_docs", "floor", "cap"}; `ccfg`: a model's curriculum settings (or a
+        complete curriculum section as a mapping, e.g. load_config(...)["curriculum"])."""
+        self.c = ccfg if isinstance(ccfg, CurriculumSettings) else CurriculumSettings.from_dict(ccfg)
         self.seed = seed
-        every = self.c.get("heldout_every", 0)
-        self.arms = {k: Arm(k, a["n_docs"], a.get("floor", 0.0), a.get("cap", 1.0), heldout_every=every) for k, a in arms.items()}
+        self.arms = {k: Arm(k, a["n_docs"], a.get("floor", 0.0), a.get("cap", 1.0), heldout_every=self.c.heldout_every)
+                     for k, a in arms.items()}
         self.rng = np.random.default_rng([seed, 0xBA4D17])
         self.phase_end = 0  # first step of the next phase
         self.focus: list[str] = []
@@ -108,23 +112,23 @@ class Bandit:
     def active(self, step: int) -> list[str]:
         """Arms that may be sampled at `step`: warm-up sources during the warm-up; never an arm
         without documents."""
-        warm = step < self.c["warmup_steps"]
-        allowed = set(self.c["warmup_sources"]) if warm else set(self.arms)
+        warm = step < self.c.warmup_steps
+        allowed = set(self.c.warmup_sources) if warm else set(self.arms)
         return [k for k, a in self.arms.items() if a.n_docs > 0 and k in allowed]
 
     def ucb(self, name: str) -> float:
         a = self.arms[name]
         if a.pulls == 0:
             return math.inf
-        return a.mean_reward + self.c["ucb_c"] * math.sqrt(math.log(max(1, self.total_pulls)) / a.pulls)
+        return a.mean_reward + self.c.ucb_c * math.sqrt(math.log(max(1, self.total_pulls)) / a.pulls)
 
     def replan(self, step: int) -> None:
         """New phase: roll its length and focus size, pick the focus, set the weights."""
         active = self.active(step)
         if not active:
             raise ValueError(f"step {step}: no source with documents is active (check warmup_sources and the shards)")
-        self.phase_end = step + int(self.rng.choice(self.c["phase_lengths"]))
-        dice = self.c["focus_dice_warmup"] if step < self.c["warmup_steps"] else self.c["focus_dice"]
+        self.phase_end = step + int(self.rng.choice(self.c.phase_lengths))
+        dice = self.c.focus_dice_warmup if step < self.c.warmup_steps else self.c.focus_dice
         k = int(self.rng.integers(1, dice + 1))
         # ties (e.g. several unpulled arms) broken by a seeded shuffle, not by config order
         order = list(self.rng.permutation(len(active)))
@@ -137,8 +141,8 @@ class Bandit:
             if name not in active:
                 self.raw[name] = None
                 continue
-            tentative = 1.0 if name in self.focus else self.c["background_weight"]
-            self.raw[name] = tentative * coverage_bonus(a.coverage, self.c["coverage_bonus"]) * epoch_penalty(a.lifetime_pulls, a.n_train)
+            tentative = 1.0 if name in self.focus else self.c.background_weight
+            self.raw[name] = tentative * coverage_bonus(a.coverage, self.c.coverage_bonus) * epoch_penalty(a.lifetime_pulls, a.n_train)
         self.apply_policy()
 
     def apply_policy(self) -> None:
@@ -152,7 +156,7 @@ class Bandit:
 
     def replans_at(self, step: int) -> bool:
         """Whether `step` starts a new phase (its weights then depend on the losses before it)."""
-        return step >= self.phase_end or step == self.c["warmup_steps"]
+        return step >= self.phase_end or step == self.c.warmup_steps
 
     def maybe_replan(self, step: int) -> bool:
         """Re-plan when a phase ends, or when the warm-up ends (the active set changes)."""
@@ -199,8 +203,8 @@ class Bandit:
             reward = 0.0
             a.ema = float(loss)
         else:
-            reward = max(0.0, a.ema - float(loss)) * self.c["reward_scale"]
-            a.ema = (1 - self.c["ema_alpha"]) * a.ema + self.c["ema_alpha"] * float(loss)
+            reward = max(0.0, a.ema - float(loss)) * self.c.reward_scale
+            a.ema = (1 - self.c.ema_alpha) * a.ema + self.c.ema_alpha * float(loss)
         a.pulls += 1
         a.lifetime_pulls += 1
         a.reward_sum += reward

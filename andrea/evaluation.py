@@ -114,21 +114,28 @@ def prepare_batches(engine, es: EvalSet) -> list:
 
 def evaluate(engine, es: EvalSet, batches: list | None = None) -> dict:
     """Forward passes only, on the engine's backend (the GPU when it runs there), in batches of
-    the engine's batch size; `batches` from prepare_batches (made here when not given)."""
+    the engine's batch size; `batches` from prepare_batches (made here when not given). With
+    several ranks (engine.comm) each runs every ranks-th batch and the window losses are summed
+    over the ranks, so every rank gets the whole set's figures in 1/ranks of the time."""
     t0 = time.perf_counter()
     batches = prepare_batches(engine, es) if batches is None else batches
-    losses = np.empty(len(es), dtype=np.float64)
+    losses = np.zeros(len(es), dtype=np.float64)
+    comm = engine.comm
     for n, batch in enumerate(batches):
+        if n % comm.size != comm.rank:
+            continue
         engine.forward(batch)
         i = n * engine.B
         k = min(engine.B, len(es) - i)
         losses[i : i + k] = np.asarray(engine.row_losses(), dtype=np.float64)[:k]
+    if comm.size > 1:
+        comm.allreduce_host(losses, "sum")  # each window is one rank's; the others hold 0 there
     return summarise(es, losses, time.perf_counter() - t0)
 
 
-def _score_stream_on_host(model, stream: np.ndarray, token_bytes: np.ndarray) -> tuple[float, int, int]:
+def _score_stream(model, stream: np.ndarray, token_bytes: np.ndarray) -> tuple[float, int, int]:
     """Summed nats, target tokens and their bytes of one token stream, in chunks of the context
-    (the KV-cache model of andrea/sampling.py, on the host)."""
+    (the KV-cache model of andrea/sampling.py)."""
     ctx = model.cfg.context
     nats = 0.0
     tokens = nbytes = 0
@@ -152,7 +159,7 @@ def heldout_report(cfg, weights: np.ndarray, token_bytes: np.ndarray, shards: di
     bits/byte and perplexity. Windows of `seq_len` run on the engine of the resolved backend (the
     GPU when there is one: in the precision the model was trained in, or bf16 if that was fp32 on
     the CPU; on the CPU in fp32); a source whose held-out text is shorter than one window is scored
-    whole on the host."""
+    whole by the generation model (andrea/sampling.py) on the same backend."""
     from andrea.engine import Engine, resolve_backend
     from andrea.sampling import InferenceModel
 
@@ -171,15 +178,15 @@ def heldout_report(cfg, weights: np.ndarray, token_bytes: np.ndarray, shards: di
         for src, v in r["sources"].items():
             i = es.sources.index(src)
             sums[src] = (v["loss"] * v["tokens"], v["tokens"], int(es.target_bytes[es.source_index == i].sum()), "windows")
-    host = None
+    whole = None  # the generation model, on the resolved backend in fp32
     for src in es.skipped:
         docs = heldout_documents(shards[src].n_docs, heldout_every)
         if not len(docs):
             continue
         sh = shards[src]
         stream = np.concatenate([np.asarray(sh.tokens[int(sh.offsets[d]) : int(sh.offsets[d + 1])]) for d in docs])
-        host = host or InferenceModel(cfg, weights)
-        nats, tok, nbytes = _score_stream_on_host(host, stream, token_bytes)
+        whole = whole or InferenceModel(cfg, weights, backend=info["backend"] or resolve_backend(backend, "auto")[0])
+        nats, tok, nbytes = _score_stream(whole, stream, token_bytes)
         if tok:
             sums[src] = (nats, tok, nbytes, "whole")
     for src in sorted(sums):

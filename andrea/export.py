@@ -50,7 +50,7 @@ from pathlib import Path
 import numpy as np
 
 from andrea.checkpoint import read_weights
-from andrea.io import Manifest, atomic_dir, sha256_file
+from andrea.io import Manifest, atomic_dir, read_document, sha256_file
 from andrea.model import LN_EPS, ModelConfig, n_params, param_layout, views
 from andrea.tokenizer import BOS, FIRST_SEGMENT, N_BYTES, HarrisTokenizer, trie_pattern
 
@@ -341,15 +341,6 @@ def model_card(meta: dict, cfg: ModelConfig, step: int, which: str, bos: str, sh
 # --------------------------------------------------------------------------- export
 
 
-def _read_json(path: Path, what: str) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no such file ({what})") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
-
-
 def export_hf(ckpt_dir: str | Path, out_dir: str | Path, which: str = "final", shards: str | Path | None = None,
               audit_summary: str | Path | None = None, sampling: dict | None = None, mcfg: dict | None = None) -> dict:
     """Write the Hugging Face directory `out_dir` for the `which` (final|best) weights of a model's
@@ -363,7 +354,7 @@ def export_hf(ckpt_dir: str | Path, out_dir: str | Path, which: str = "final", s
     if which not in ("final", "best"):
         raise ValueError(f"which must be final or best, not {which!r}")
     safetensors_numpy = _require("safetensors.numpy")
-    meta = _read_json(ckpt_dir / "run.json", "a trained model's ckpt directory has one: results/<model>/ckpt")
+    meta = read_document(ckpt_dir / "run.json", "file (a trained model's ckpt directory has one: results/<model>/ckpt)")
     cfg = ModelConfig(**meta["model_config"])
     bin_path = ckpt_dir / f"{which}.bin"
     ck = read_weights(bin_path, expected_n_params=n_params(cfg))
@@ -374,10 +365,10 @@ def export_hf(ckpt_dir: str | Path, out_dir: str | Path, which: str = "final", s
     if tok.vocab_size != cfg.vocab_size:
         raise ValueError(f"{meta['segments']}: vocabulary {tok.vocab_size} but the model has {cfg.vocab_size}")
     shards_path = Path(shards) if shards else ckpt_dir.parent / "shards.json"
-    shards_meta = _read_json(shards_path, "the model's shards.json")
+    shards_meta = read_document(shards_path, "file (the model's shards.json)")
     saturation_path = Path(meta["segments"]).with_name("saturation.json")
-    saturation = _read_json(saturation_path, "") if saturation_path.exists() else None
-    audit = _read_json(Path(audit_summary), "the audit's summary.json") if audit_summary else None
+    saturation = read_document(saturation_path) if saturation_path.exists() else None
+    audit = read_document(audit_summary, "file (the audit's summary.json)") if audit_summary else None
     sampling = {k: (sampling or DEFAULT_SAMPLING)[k] for k in SAMPLING_KEYS}
 
     manifest = Manifest("export", meta.get("train_version", ""), {"which": which, "sampling": sampling})

@@ -76,26 +76,26 @@ def hub_location(hcfg: dict) -> HubLocation:
     return HubLocation(hcfg["hub_id"], hcfg["hub_revision"], None, hcfg["hub_split"])
 
 
-def source_rows(hcfg: dict, read: dict | None = None) -> tuple[Iterator[RawRow], Path | None]:
+def source_rows(hcfg: dict, read: dict | None = None, hub_dir: str | Path | None = None) -> tuple[Iterator[RawRow], Path | None]:
     """The raw rows for the configured location, and the local path read (None for the hub;
-    then `read` receives the commit and mirror that were read)."""
+    then `read` receives the commit and mirror that were read). `hub_dir`: the fetch folder."""
     loc = hcfg["location"]
     if loc == "hub":
         rows = iter_hub_rows(
             hub_location(hcfg), "hermes3.location", hcfg["hub_timeout_s"], RECORD_DIR_READS,
-            "Or set it to `embedded` for the built-in demo corpus.", read,
+            "Or set it to `embedded` for the built-in demo corpus.", read, mirror_root=hub_dir,
         )
         return rows, None
     path = embedded_location("hermes3") if loc == "embedded" else Path(loc)
     return iter_rows(path), path
 
 
-def pull_hermes3(hcfg: dict, out_dir: str | Path, version: str, strict: bool = False) -> dict:
+def pull_hermes3(hcfg: dict, out_dir: str | Path, version: str, strict: bool = False, hub_dir: str | Path | None = None) -> dict:
     """Run the stage: write <out_dir>/<part>.parquet for the three parts and manifest.json.
-    Returns the manifest's counts."""
+    Returns the manifest's counts. `hub_dir`: the fetch folder (andrea.fetch), read before the hub."""
     out_dir = Path(out_dir)
     hub_read = hub_location(hcfg).as_input() if hcfg["location"] == "hub" else None
-    rows, local = source_rows(hcfg, hub_read)
+    rows, local = source_rows(hcfg, hub_read, hub_dir)
     manifest = Manifest("pull_hermes3", version, {"hermes3": hcfg, "strict": strict})
     if local is not None:
         manifest.add_input(local)

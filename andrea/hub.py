@@ -2,11 +2,12 @@
 `datasets` in streaming mode (so `max_docs` stops the download early), and a reachability probe
 with a hard deadline, so that an unreachable hub fails in seconds with advice instead of hanging.
 
-A local mirror stands in for the hub without changing the configuration or any stage version:
-with ANDREA_HUB_MIRROR=DIR, the dataset `owner/name` is read from DIR/owner/name when that folder
-exists (a copy made with `hf download --repo-type dataset owner/name --local-dir DIR/owner/name`).
-It is read by the same `datasets.load_dataset` call, which takes the subsets and splits from the
-copy's README.md as it would from the hub's.
+A local copy stands in for the hub without changing the configuration or any stage version:
+the dataset `owner/name` is read from ROOT/owner/name when that folder exists (a copy made with
+`hf download --repo-type dataset owner/name --local-dir ROOT/owner/name`), where ROOT is
+ANDREA_HUB_MIRROR when set, else the folder `andrea data fetch` fills (config `fetch_dir`, passed
+by the data stages as `mirror_root`). It is read by the same `datasets.load_dataset` call, which
+takes the subsets and splits from the copy's README.md as it would from the hub's.
 """
 
 from __future__ import annotations
@@ -156,15 +157,16 @@ def probe_hub(loc: HubLocation, timeout: float, key: str, advice: str) -> str | 
     raise HubUnreachable(f"{key}: could not reach the Hugging Face hub for {loc.dataset} ({name}: {err}). {advice}")
 
 
-def mirror_dir(loc: HubLocation) -> Path | None:
-    """The mirror's copy of the dataset, when ANDREA_HUB_MIRROR is set and holds one."""
-    root = os.environ.get(MIRROR_ENV)
-    if not root:
-        return None
-    path = Path(root) / loc.dataset
-    if path.is_dir():
-        return path
-    log.info("%s=%s has no %s; reading it from the hub", MIRROR_ENV, root, loc.dataset)
+def mirror_dir(loc: HubLocation, fetch_root: str | os.PathLike | None = None) -> Path | None:
+    """The local copy of the dataset: in ANDREA_HUB_MIRROR when it is set and holds one, else in
+    `fetch_root` (the fetch folder) when that holds one; None: read it from the hub."""
+    for root, what in ((os.environ.get(MIRROR_ENV), MIRROR_ENV), (fetch_root, "the fetch folder")):
+        if not root:
+            continue
+        path = Path(root) / loc.dataset
+        if path.is_dir():
+            return path
+        log.info("%s %s has no %s", what, root, loc.dataset)
     return None
 
 
@@ -200,16 +202,22 @@ def iter_hub_rows(
     local_dir_reads: str | None = None,
     extra_advice: str = "",
     read: dict | None = None,
+    mirror_root: str | os.PathLike | None = None,
 ) -> Iterator[RawRow]:
     """Rows of a hub dataset's split, streamed. `key` is the config key that holds the location
-    (named in errors). `read`, when given, receives what was read: the commit and the mirror path."""
+    (named in errors). `read`, when given, receives what was read: the commit and the mirror path.
+    `mirror_root`: the fetch folder, read before the hub (mirror_dir)."""
     advice = download_advice(loc, key, local_dir_reads) + (f" {extra_advice}" if extra_advice else "")
-    mirror = mirror_dir(loc)
+    mirror = mirror_dir(loc, mirror_root)
     if mirror is not None:
         try:
             commit = mirror_commit(mirror, loc)
         except HubDatasetError as e:
             raise HubDatasetError(f"{key}: {e}") from None
+        if commit is None and mirror_root and mirror.is_relative_to(Path(mirror_root)):
+            from andrea.fetch import fetched_commit
+
+            commit = fetched_commit(mirror_root, loc.dataset)
         path, revision = str(mirror), None
         log.info("%s: reading the mirror copy %s%s", loc, mirror, f" (commit {commit})" if commit else "")
     else:

@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import yaml
 
 from andrea import __version__
 
@@ -177,6 +178,24 @@ def read_run_log(path: str | os.PathLike) -> tuple[list[dict], list[dict]]:
     from andrea.runlog import read_run_log as read  # numpy and Arrow's JSON reader: loaded when needed
 
     return read(path)
+
+
+def read_document(path: str | os.PathLike, what: str = "file", error: type[Exception] | None = None, fmt: str = "json") -> Any:
+    """The value a JSON (fmt="yaml": YAML) file holds. A missing file raises FileNotFoundError
+    "PATH: no such WHAT" (`what` may carry a hint: which stage writes it); one that does not parse
+    raises ValueError naming the path and the fault. `error`, a caller's own exception class, is
+    raised for both instead."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise (error or FileNotFoundError)(f"{path}: no such {what}") from None
+    try:
+        return yaml.safe_load(text) if fmt == "yaml" else json.loads(text)
+    except json.JSONDecodeError as e:
+        raise (error or ValueError)(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    except yaml.YAMLError as e:
+        raise (error or ValueError)(f"{path}: not valid YAML ({e})") from None
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

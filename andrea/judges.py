@@ -56,13 +56,9 @@ Reply with JSON only: {"score": <integer 0-10>, "reason": "<one sentence>"}"""
 
 
 def repetition_rate(words: list[str], n: int = 4) -> float:
-    """Share of word n-grams that already occurred earlier in the text."""
-    seen, repeats, total = set(), 0, 0
-    for g in zip(*(words[i:] for i in range(n))):
-        total += 1
-        repeats += g in seen
-        seen.add(g)
-    return repeats / total if total else 0.0
+    """Share of word n-grams that already occurred earlier in the text: every n-gram but the first
+    of each kind, 1 − distinct-n (0 when there are none)."""
+    return 1.0 - distinct_n(words, n) if len(words) >= n else 0.0
 
 
 def builtin_scores(text: str) -> dict:

@@ -77,12 +77,14 @@ def prep_megachat(
     out_dir: str | Path,
     version: str,
     pull_dir: str | Path | None = None,
+    hub_dir: str | Path | None = None,
 ) -> dict:
-    """Run the stage: <out_dir>/megachat.parquet, preview.txt, manifest.json. Returns counts."""
+    """Run the stage: <out_dir>/megachat.parquet, preview.txt, manifest.json. Returns counts.
+    `hub_dir`: the fetch folder, where hub datasets are read when fetched (andrea.fetch)."""
     out_dir = Path(out_dir)
     strict = config["strict"]
     sources = {k: v for k, v in config["sources"].items() if v["enabled"]}
-    ctx = Context(pull_dir=Path(pull_dir) if pull_dir else None)
+    ctx = Context(pull_dir=Path(pull_dir) if pull_dir else None, hub_dir=Path(hub_dir) if hub_dir else None)
     manifest = Manifest(
         "prep_megachat",
         version,
@@ -95,31 +97,23 @@ def prep_megachat(
     with AtomicParquetWriter(out_dir / "megachat.parquet", MEGACHAT_SCHEMA) as writer:
         for name, scfg in sources.items():
             fn = ADAPTERS[scfg["adapter"]]
-            if scfg["location"] == "pull":
-                if ctx.pull_dir is None:
-                    raise ValueError(f"sources.{name}: location 'pull' needs the pull_hermes3 output (--pull-dir)")
-                manifest.add_input(ctx.pull_dir / f"{name}.parquet", source=name)
-            elif is_hub_location(scfg["location"]):
-                # filled with the commit (and mirror) read as the rows stream in
-                ctx.hub_reads[name] = {"source": name, **parse_hub_location(scfg["location"]).as_input(), "adapter": scfg["adapter"]}
-                manifest.data["inputs"].append(ctx.hub_reads[name])
-            else:
-                try:
+            tally, dupes, kinds = Tally(), 0, {"turns": 0, "text": 0}
+            shown, n_inputs = 0, len(manifest.data["inputs"])
+            try:
+                if scfg["location"] == "pull":
+                    if ctx.pull_dir is None:
+                        raise ValueError(f"sources.{name}: location 'pull' needs the pull_hermes3 output (--pull-dir)")
+                    manifest.add_input(ctx.pull_dir / f"{name}.parquet", source=name)
+                elif is_hub_location(scfg["location"]):
+                    # filled with the commit (and mirror) read as the rows stream in
+                    ctx.hub_reads[name] = {"source": name, **parse_hub_location(scfg["location"]).as_input(), "adapter": scfg["adapter"]}
+                    manifest.data["inputs"].append(ctx.hub_reads[name])
+                else:
                     loc = resolve_location(name, scfg)
                     if not loc.exists():
                         raise FileNotFoundError(f"{loc} does not exist")
-                except FileNotFoundError as e:
-                    if scfg["optional"]:
-                        log.warning("prep_megachat: source %s skipped (optional): %s", name, e)
-                        counts[name] = {"skipped_source": str(e)}
-                        continue
-                    raise FileNotFoundError(f"sources.{name}.location: {e}") from None
-                manifest.data["inputs"].append({"source": name, "path": str(loc), "adapter": scfg["adapter"]})
-            tally, dupes, kinds = Tally(), 0, {"turns": 0, "text": 0}
-            shown = 0
-            try:
-                items = fn(name, scfg, ctx)
-                for item in progress(items, desc=f"prep {name}", unit=" docs"):
+                    manifest.data["inputs"].append({"source": name, "path": str(loc), "adapter": scfg["adapter"]})
+                for item in progress(fn(name, scfg, ctx), desc=f"prep {name}", unit=" docs"):
                     tally.read += 1
                     if isinstance(item, Skip):
                         tally.skip(item.reason, item.where, strict, item.detail)
@@ -140,19 +134,17 @@ def prep_megachat(
                         shown += 1
                     if scfg["max_docs"] and tally.kept >= scfg["max_docs"]:
                         break
-            except FileNotFoundError as e:
-                if scfg["optional"]:
+            except (FileNotFoundError, HubUnreachable) as e:
+                # An optional source that is not there is skipped, and so is its manifest input; a
+                # hub dataset only while none of its rows was read (a half-read source is an error).
+                if scfg["optional"] and not (isinstance(e, HubUnreachable) and tally.read):
                     log.warning("prep_megachat: source %s skipped (optional): %s", name, e)
                     counts[name] = {"skipped_source": str(e)}
+                    del manifest.data["inputs"][n_inputs:]
                     continue
+                if isinstance(e, HubUnreachable):
+                    raise
                 raise FileNotFoundError(f"sources.{name}.location: {e}") from None
-            except HubUnreachable as e:
-                if scfg["optional"] and tally.read == 0:
-                    log.warning("prep_megachat: source %s skipped (optional): %s", name, e)
-                    counts[name] = {"skipped_source": str(e)}
-                    manifest.data["inputs"].remove(ctx.hub_reads[name])
-                    continue
-                raise
             except MalformedRecord as e:
                 raise MalformedRecord(f"source {name}: {e}") from None
             counts[name] = {**tally.as_dict(), "duplicates": dupes, **kinds}

@@ -6,15 +6,18 @@
     logits = LN_f(x) · wteᵀ                                         tied head (untied: a config option)
     loss   = mean cross-entropy over all B×T positions
 
-This module fixes the parameter layout — names, shapes and their order in the one flat buffer
-each for weights, gradients and Adam's m and v, which is also the checkpoint layout — and the
-initialisation. The forward and backward passes are in andrea/engine, one kernel pair per step.
+This module is the whole model, top to bottom: its config, its parameter layout (names, shapes and
+their order in the one flat buffer each for weights, gradients and Adam's m and v, which is also
+the checkpoint layout), its initialisation, the activations the forward pass keeps, and the
+forward and backward passes, written once against the backend interface
+(andrea/engine/backend.py), one kernel pair per step. Training (andrea/engine/engine.py) and
+generation (andrea/sampling.py, with a KV cache) both run `forward` below, on any backend.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -145,3 +148,187 @@ def init_weights(cfg: ModelConfig, seed: int = 0, dtype=np.float32) -> np.ndarra
 def flops_per_token(cfg: ModelConfig) -> int:
     """Training FLOPs per token, llm.c's convention: 6·N + 6·L·d·T."""
     return 6 * n_params(cfg) + 6 * cfg.n_layer * cfg.d_model * cfg.context
+
+
+# ----------------------------------------------------------------------------- named parameters
+
+
+@dataclass
+class Block:
+    """One transformer block's parameters (or their gradients): views into a flat buffer."""
+
+    ln1_g: object
+    ln1_b: object
+    wq: object
+    wk: object
+    wv: object
+    wo: object
+    ln2_g: object
+    ln2_b: object
+    w1: object
+    w2: object
+
+
+class Weights:
+    """The parameters of a flat buffer (weights or gradients) by name: .wte, .wpe, .blocks[l].wq,
+    …, .lnf_g, .lnf_b and .head (wte itself when the head is tied). Writing a view writes the buffer."""
+
+    def __init__(self, cfg: ModelConfig, flat, layout: list[Param] | None = None):
+        P = views(flat, layout or param_layout(cfg))
+        self.wte, self.wpe = P["wte"], P["wpe"]
+        self.blocks = [Block(**{f.name: P[f"h{l}.{f.name.replace('_', '.')}"] for f in fields(Block)})
+                       for l in range(cfg.n_layer)]
+        self.lnf_g, self.lnf_b = P["lnf.g"], P["lnf.b"]
+        self.head = P["wte"] if cfg.tied_head else P["head"]
+
+
+# ----------------------------------------------------------------------------- activations
+
+
+@dataclass
+class LayerActivations:
+    """What one block's forward pass keeps for its backward pass (views into Activations)."""
+
+    ln1: object
+    ln1_mean: object
+    ln1_rstd: object
+    qkv: object
+    att_y: object
+    att_lse: object
+    ln2: object
+    ln2_mean: object
+    ln2_rstd: object
+    mlp_h: object
+    mlp_a: object
+
+
+class Activations:
+    """The buffers of a forward pass over a [B, T] batch, allocated once on a backend (which may
+    store a buffer in its own layout and type: Backend.plan_buffer).
+
+    `saved`: every layer keeps its own activations for the backward pass (training); without it
+    one set is reused by every layer (generation and forward-only use), and the residual stream
+    alternates between two buffers. `backward`: the scratch the backward pass needs is allocated
+    too."""
+
+    def __init__(self, cfg: ModelConfig, B: int, T: int, be, dtype=np.float32, saved: bool = True, backward: bool = True):
+        L, d, H, D, M, V = cfg.n_layer, cfg.d_model, cfg.n_head, cfg.head_dim, cfg.d_mlp, cfg.vocab_size
+        self.saved_layers = L if saved else 1
+        n = self.saved_layers
+        # a backend that recomputes gelu(h) in the backward pass needs one buffer for it, not L
+        gelu_slots = 1 if (be.recomputes_gelu or not saved) else L
+
+        def z(name, *shape):
+            shape, dt = be.plan_buffer(name, shape, dtype, H)
+            return be.zeros(shape, dt)
+
+        shapes = {
+            "res": (2 * L + 1 if saved else 2, B, T, d),  # residual stream: layer input, after attention, …, final
+            "ln1": (n, B, T, d), "ln1_mean": (n, B, T), "ln1_rstd": (n, B, T),
+            "qkv": (n, 3, B, H, T, D), "att_y": (n, B, T, d), "att_lse": (n, B, H, T),
+            "ln2": (n, B, T, d), "ln2_mean": (n, B, T), "ln2_rstd": (n, B, T),
+            "mlp_h": (n, B, T, M), "mlp_a": (gelu_slots, B, T, M),
+            "lnf": (B, T, d), "lnf_mean": (B, T), "lnf_rstd": (B, T),
+        }
+        if backward or saved:  # the training loss: probabilities (their gradient in place) and per-position losses
+            shapes |= {"probs": (B, T, V), "losses": (B, T)}
+        self.saved = {name: z(name, *shape) for name, shape in shapes.items()}
+        self.scratch = {name: z(name, *shape) for name, shape in {"branch": (B, T, d)}.items()}
+        if backward:
+            self.scratch |= {name: z(name, *shape) for name, shape in {
+                "d_res": (B, T, d), "d_branch": (B, T, d), "d_ln": (B, T, d), "d_y": (B, T, d), "d_qkv": (3, B, H, T, D),
+            }.items()}
+        self._gelu_slots = gelu_slots
+        self.residuals = self.saved["res"]
+        self.branch = self.scratch["branch"]
+        self.lnf, self.lnf_mean, self.lnf_rstd = self.saved["lnf"], self.saved["lnf_mean"], self.saved["lnf_rstd"]
+
+    def res(self, i: int):
+        """The residual stream after its i-th update (0: the embeddings, 2l + 1: block l's attention
+        added, 2l + 2: its MLP added)."""
+        return self.residuals[i % len(self.residuals)]  # without saved layers two buffers alternate
+
+    def layer(self, l: int) -> LayerActivations:
+        s = min(l, self.saved_layers - 1)
+        A = self.saved
+        return LayerActivations(**{f.name: A[f.name][s] for f in fields(LayerActivations) if f.name != "mlp_a"},
+                                mlp_a=A["mlp_a"][min(l, self._gelu_slots - 1)])
+
+    def nbytes(self) -> tuple[int, int]:
+        """(saved activations, scratch) in bytes."""
+        return sum(a.nbytes for a in self.saved.values()), sum(a.nbytes for a in self.scratch.values())
+
+
+class KVCache:
+    """Keys and values of the positions generated so far, per layer: [L, B, H, context, D] fp32."""
+
+    def __init__(self, cfg: ModelConfig, be, B: int = 1):
+        shape = (cfg.n_layer, B, cfg.n_head, cfg.context, cfg.head_dim)
+        self.k, self.v = be.zeros(shape, np.float32), be.zeros(shape, np.float32)
+        self.pos = 0
+
+
+# ----------------------------------------------------------------------------- forward and backward
+
+
+def forward(cfg: ModelConfig, be, W: Weights, A: Activations, tokens, targets=None, cache: KVCache | None = None):
+    """The forward pass over token IDs [B, T] already on the backend.
+
+    Training (`targets`): returns the mean cross-entropy (per-position losses stay in A.saved
+    ["losses"]; None while a CUDA graph is captured). Generation (`cache`): the positions follow
+    the cache's, their keys and values are added to it, and the logits [B·T, V] come back."""
+    L, H = cfg.n_layer, cfg.n_head
+    T = tokens.shape[1]
+    pos = cache.pos if cache is not None else 0
+    if pos + T > cfg.context:
+        raise ValueError(f"{pos + T} positions exceed the context of {cfg.context}")
+    be.embed_fwd(tokens, W.wte, W.wpe[pos:pos + T], A.res(0))
+    first = A.layer(0)
+    be.layernorm_fwd(A.res(0), W.blocks[0].ln1_g, W.blocks[0].ln1_b, first.ln1, first.ln1_mean, first.ln1_rstd, LN_EPS)
+    for l in range(L):
+        w, a = W.blocks[l], A.layer(l)
+        # attention: x = x + attn(LN1(x))
+        be.attn_qkv_fwd(a.ln1, w.wq, w.wk, w.wv, a.qkv, H)
+        if cache is None:
+            be.attn_fwd(a.qkv, a.att_y, a.att_lse)
+        else:
+            be.attn_cached_fwd(a.qkv, cache.k[l], cache.v[l], pos, a.att_y)
+        be.attn_out_fwd(a.att_y, w.wo, A.branch)
+        be.add_layernorm_fwd(A.res(2 * l), A.branch, A.res(2 * l + 1), w.ln2_g, w.ln2_b, a.ln2, a.ln2_mean, a.ln2_rstd, LN_EPS)
+        # MLP: x = x + gelu(LN2(x)·W_1)·W_2, then the next LayerNorm (LN1 of the next block, or LN_f)
+        be.mlp_fwd(a.ln2, w.w1, w.w2, a.mlp_h, a.mlp_a, A.branch)
+        g, b = (W.blocks[l + 1].ln1_g, W.blocks[l + 1].ln1_b) if l + 1 < L else (W.lnf_g, W.lnf_b)
+        be.add_layernorm_fwd(A.res(2 * l + 1), A.branch, A.res(2 * l + 2), g, b, *_next_norm(A, l, L), LN_EPS)
+    if cache is not None:
+        cache.pos = pos + T
+        return be.logits_fwd(A.lnf, W.head)
+    return be.loss_fwd(A.lnf, W.head, targets, A.saved["probs"], A.saved["losses"])
+
+
+def _next_norm(A: Activations, l: int, L: int) -> tuple:
+    """The buffers of the LayerNorm after block l: LN1 of block l + 1, or LN_f after the last."""
+    if l + 1 < L:
+        a = A.layer(l + 1)
+        return a.ln1, a.ln1_mean, a.ln1_rstd
+    return A.lnf, A.lnf_mean, A.lnf_rstd
+
+
+def backward(cfg: ModelConfig, be, W: Weights, G: Weights, A: Activations, tokens, targets, dloss: float = 1.0) -> None:
+    """Gradients of the last training forward's mean loss (times dloss), added into G: the pairs
+    of `forward` in reverse. Each LayerNorm backward also hands the residual stream's gradient to
+    the branch that joined it there (fused)."""
+    S = A.scratch
+    d_res, d_branch, d_ln = S["d_res"], S["d_branch"], S["d_ln"]
+    be.loss_bwd(A.lnf, W.head, targets, A.saved["probs"], d_ln, G.head, dloss)
+    d_res[...] = 0
+    be.layernorm_bwd(d_ln, A.res(2 * cfg.n_layer), A.lnf_mean, A.lnf_rstd, W.lnf_g, d_res, G.lnf_g, G.lnf_b, branch=d_branch)
+    for l in reversed(range(cfg.n_layer)):
+        w, g, a = W.blocks[l], G.blocks[l], A.layer(l)
+        be.mlp_bwd(d_branch, a.ln2, a.mlp_h, a.mlp_a, w.w1, w.w2, d_ln, g.w1, g.w2)
+        be.layernorm_bwd(d_ln, A.res(2 * l + 1), a.ln2_mean, a.ln2_rstd, w.ln2_g, d_res, g.ln2_g, g.ln2_b, branch=d_branch)
+        be.attn_out_bwd(d_branch, a.att_y, w.wo, S["d_y"], g.wo)
+        be.attn_bwd(S["d_y"], a.qkv, a.att_y, a.att_lse, S["d_qkv"])
+        be.attn_qkv_bwd(S["d_qkv"], a.ln1, w.wq, w.wk, w.wv, d_ln, g.wq, g.wk, g.wv)
+        be.layernorm_bwd(d_ln, A.res(2 * l), a.ln1_mean, a.ln1_rstd, w.ln1_g, d_res, g.ln1_g, g.ln1_b,
+                         branch=d_branch if l > 0 else None)
+    be.embed_bwd(d_res, tokens, G.wte, G.wpe)

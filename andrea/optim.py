@@ -12,23 +12,35 @@ non-finite step, and the scale doubles again after a run of clean steps (dynamic
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
+
+from andrea.settings import TrainSettings, builtin_train_defaults
+
+
+_DEFAULTS = builtin_train_defaults()  # the schema's: this module keeps no table of its own
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 3e-4  # peak
-    min_lr_ratio: float = 0.1  # cosine ends at min_lr = ratio · peak (decision)
-    warmup_steps: int = 2000
-    max_steps: int = 200_000
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    max_nonfinite: int = 5  # K: consecutive non-finite steps before halting
+    """The optimizer's view of a model's TrainSettings (OptimConfig.of). Built directly (tests,
+    benchmarks), a field left out takes the schema's default."""
+
+    lr: float = _DEFAULTS["lr"]  # peak
+    min_lr_ratio: float = _DEFAULTS["min_lr_ratio"]  # cosine ends at min_lr = ratio · peak (decision)
+    warmup_steps: int = _DEFAULTS["warmup_steps"]
+    max_steps: int = _DEFAULTS["max_steps"]
+    beta1: float = _DEFAULTS["beta1"]
+    beta2: float = _DEFAULTS["beta2"]
+    eps: float = 1e-8  # AdamW's guard against dividing by ~0; not a setting
+    weight_decay: float = _DEFAULTS["weight_decay"]
+    grad_clip: float = _DEFAULTS["grad_clip"]
+    max_nonfinite: int = _DEFAULTS["max_nonfinite"]  # K: consecutive non-finite steps before halting
+
+    @classmethod
+    def of(cls, s: TrainSettings) -> OptimConfig:
+        return cls(**{f.name: getattr(s, f.name) for f in fields(cls) if f.name != "eps"})
 
 
 def lr_at(step: int, oc: OptimConfig) -> float:
@@ -72,10 +84,13 @@ def train_step(engine, micro_batches, step: int, oc: OptimConfig, nonfinite: Non
     for mb in micro_batches:
         args = mb if isinstance(mb, tuple) else (mb,)
         rows.append(np.asarray(engine.forward_backward(*args)).copy())
-    rows = np.concatenate(rows)
+    # with several ranks (data parallelism): every rank's row losses and the mean gradient of the
+    # global batch, so all ranks see one loss and one norm and take the same decisions below
+    rows = engine.gather_rows(np.concatenate(rows))
     loss = float(np.mean(rows))
     if n > 1:
         engine.scale_grads(1.0 / n)
+    engine.reduce_grads()
     scale = engine.loss_scale  # 1 except in fp16, where the gradients come out multiplied by it
     norm = engine.grad_norm() / scale
     lr = lr_at(step, oc)

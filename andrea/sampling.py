@@ -1,75 +1,68 @@
 """Text generation from a checkpoint: incremental decoding with a key/value cache.
 
 The prompt is run once (prefill) and every new token costs one position's work: its keys and
-values are appended to a per-layer cache and its query attends over the cache. The arithmetic is
-the NumPy backend's (andrea/engine/numpy_backend.py), so cached decoding gives the same logits
-as a full forward pass (tests/test_sampling.py). Sampling: temperature, top-k, top-p, a seeded
-generator, stop at BOS or a length. When the context is full the cache is rebuilt from the last
-half of it (decision: positions are learned, so a window cannot simply slide).
+values are appended to a per-layer cache and its query attends over the cache. The pass is the
+model's own (andrea/model.py `forward` with a KVCache) on the backend the model is loaded on (the
+GPU when there is one), so cached decoding gives the logits of a full forward pass
+(tests/test_sampling.py). Sampling: temperature, top-k, top-p, a seeded generator, stop at BOS or
+a length. When the context is full the cache is rebuilt from the last half of it (decision:
+positions are learned, so a window cannot simply slide).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from andrea import model as gpt
 from andrea.checkpoint import read_weights
-from andrea.engine import numpy_backend as nb
-from andrea.model import LN_EPS, ModelConfig, n_params, param_layout, views
+from andrea.engine import make_backend, resolve_backend
+from andrea.model import Activations, KVCache, ModelConfig, Weights, n_params, param_layout, views
 from andrea.tokenizer import BOS, HarrisTokenizer
 
 
 class InferenceModel:
-    def __init__(self, cfg: ModelConfig, weights: np.ndarray):
+    """A model for generation: fp32 weights on a backend ("numpy", or "cupy" for the GPU), a KV
+    cache, and the forward pass of andrea/model.py. Given an array already on the backend (an
+    engine's weights) it reads that array in place, so it sees every update and never writes it."""
+
+    def __init__(self, cfg: ModelConfig, weights, backend: str = "numpy"):
         if weights.size != n_params(cfg):
             raise ValueError(f"{weights.size:,} weights for a model of {n_params(cfg):,} parameters")
         self.cfg = cfg
-        self.P = views(np.asarray(weights, dtype=np.float32), param_layout(cfg))
-        L, H, T, D = cfg.n_layer, cfg.n_head, cfg.context, cfg.head_dim
-        self.k = np.zeros((L, H, T, D), dtype=np.float32)
-        self.v = np.zeros((L, H, T, D), dtype=np.float32)
-        self.pos = 0
+        self.backend = backend
+        self.be = make_backend(backend, "fp32")
+        self.w = self.be.xp.asarray(weights, dtype=np.float32)  # no copy when it is already there, in fp32
+        self.W = Weights(cfg, self.w)
+        self.P = views(self.w, param_layout(cfg))
+        self.cache = KVCache(cfg, self.be)
+        self._acts: dict[int, Activations] = {}
+
+    @property
+    def pos(self) -> int:
+        return self.cache.pos
 
     def reset(self) -> None:
-        self.pos = 0
+        self.cache.pos = 0
 
-    def _ln(self, x, g, b):
-        out = np.empty_like(x)
-        nb.layernorm_fwd(x, g, b, out, np.empty(x.shape[:-1], x.dtype), np.empty(x.shape[:-1], x.dtype), LN_EPS)
-        return out
+    def _activations(self, n: int) -> Activations:
+        """Forward-only buffers for n new positions: kept for the one-token step and the last prompt length."""
+        if n not in self._acts:
+            if len(self._acts) > 1:
+                self._acts = {k: v for k, v in self._acts.items() if k == 1}
+            self._acts[n] = Activations(self.cfg, 1, n, self.be, saved=False, backward=False)
+        return self._acts[n]
 
     def forward(self, ids) -> np.ndarray:
-        """Logits [n, V] of `ids` placed after what is cached (which grows by n)."""
-        cfg, P = self.cfg, self.P
-        ids = np.asarray(ids, dtype=np.int64)
-        n, s = len(ids), self.pos
-        if s + n > cfg.context:
-            raise ValueError(f"{s + n} positions exceed the context of {cfg.context}")
-        H, D = cfg.n_head, cfg.head_dim
-        x = P["wte"][ids] + P["wpe"][s : s + n]  # [n, d]
-        mask = np.triu(np.full((n, s + n), -np.inf, dtype=np.float32), s + 1)  # new query i sees ≤ s+i
-        for l in range(cfg.n_layer):
-            p = lambda name: P[f"h{l}.{name}"]  # noqa: E731
-            h = self._ln(x, p("ln1.g"), p("ln1.b"))
-            q = (h @ p("wq")).reshape(n, H, D).transpose(1, 0, 2)
-            self.k[l, :, s : s + n] = (h @ p("wk")).reshape(n, H, D).transpose(1, 0, 2)
-            self.v[l, :, s : s + n] = (h @ p("wv")).reshape(n, H, D).transpose(1, 0, 2)
-            K, V = self.k[l, :, : s + n], self.v[l, :, : s + n]
-            att = q @ K.transpose(0, 2, 1) / math.sqrt(D) + mask
-            att = np.exp(att - att.max(-1, keepdims=True))
-            att /= att.sum(-1, keepdims=True)
-            x = x + (att @ V).transpose(1, 0, 2).reshape(n, H * D) @ p("wo")
-            h = self._ln(x, p("ln2.g"), p("ln2.b")) @ p("w1")
-            a = np.empty_like(h)
-            nb.gelu(h, a)
-            x = x + a @ p("w2")
-        self.pos = s + n
-        head = P["wte"] if cfg.tied_head else P["head"]
-        return self._ln(x, P["lnf.g"], P["lnf.b"]) @ head.T
+        """Logits [n, V] (host, fp32) of `ids` placed after what is cached (which grows by n)."""
+        ids = np.asarray(ids, dtype=self.be.index_dtype).reshape(1, -1)
+        if self.pos + ids.shape[1] > self.cfg.context:
+            raise ValueError(f"{self.pos + ids.shape[1]} positions exceed the context of {self.cfg.context}")
+        tokens = self.be.xp.asarray(ids)
+        return self.be.to_host(gpt.forward(self.cfg, self.be, self.W, self._activations(ids.shape[1]), tokens, cache=self.cache))
 
 
 def sample_next(logits: np.ndarray, rng: np.random.Generator, temperature: float = 0.8, top_k: int | None = 40,
@@ -130,8 +123,9 @@ class LoadedModel:
     meta: dict
 
 
-def load_model(ckpt: str | Path) -> LoadedModel:
-    """A checkpoint directory (results/<model>/ckpt, with run.json) or a .bin inside one."""
+def load_model(ckpt: str | Path, backend: str = "auto") -> LoadedModel:
+    """A checkpoint directory (results/<model>/ckpt, with run.json) or a .bin inside one, for
+    generation on `backend` (auto: the GPU when one is usable, else the CPU)."""
     ckpt = Path(ckpt)
     d = ckpt if ckpt.is_dir() else ckpt.parent
     bin_path = d / "final.bin" if ckpt.is_dir() else ckpt
@@ -142,4 +136,5 @@ def load_model(ckpt: str | Path) -> LoadedModel:
     cfg = ModelConfig(**meta["model_config"])
     ck = read_weights(bin_path, expected_n_params=n_params(cfg))
     tok = HarrisTokenizer.load(meta["segments"])
-    return LoadedModel(cfg, InferenceModel(cfg, ck.weights), ck.weights, tok, ck.step, meta)
+    name, _, _ = resolve_backend(backend, "auto")
+    return LoadedModel(cfg, InferenceModel(cfg, ck.weights, backend=name), ck.weights, tok, ck.step, meta)

@@ -54,6 +54,7 @@ class Context:
 
     pull_dir: Path | None = None  # pull_hermes3 output, for the hermes3 parts
     hub_reads: dict = field(default_factory=dict)  # source -> its manifest input, filled as a hub dataset is read
+    hub_dir: Path | None = None  # the fetch folder (config fetch_dir): hub datasets are read from there when fetched
 
 
 Adapter = Callable[[str, dict, Context], Iterator["Doc | Skip"]]
@@ -96,7 +97,8 @@ def hub_rows(source: str, cfg: dict, ctx: Context) -> Iterator[RawRow]:
     """Rows of the source's hub dataset (its location is `hub:...`)."""
     loc = parse_hub_location(cfg["location"])
     return iter_hub_rows(
-        loc, f"sources.{source}.location", local_dir_reads=LOCAL_DIR_READS.get(cfg["adapter"]), read=ctx.hub_reads.get(source)
+        loc, f"sources.{source}.location", local_dir_reads=LOCAL_DIR_READS.get(cfg["adapter"]), read=ctx.hub_reads.get(source),
+        mirror_root=ctx.hub_dir,
     )
 
 
@@ -151,53 +153,57 @@ def hermes3_parts(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
             yield Doc(doc_id=row["doc_id"], turns=turns)
 
 
-@adapter("sharegpt")
-def sharegpt(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
-    """`conversations`: list of {from: system|human|gpt, value} (chat, synthetic-chat, ...)."""
+def _conversations(name: str, cfg: dict, ctx: Context, to_turns) -> Iterator[Doc | Skip]:
+    """One conversation per record: `to_turns(record)` gives (turns, None, "") for a usable record,
+    else (None, reason, detail). The record's `id` (when set) names the document, else its key."""
     for raw in _rows(name, cfg, ctx):
         if raw.broken:
             yield Skip(raw.broken, raw.where, raw.detail)
             continue
-        conv, reason, detail = validate_sharegpt(raw.value)
-        if conv is None:
+        turns, reason, detail = to_turns(raw.value)
+        if turns is None:
             yield Skip(reason, raw.where, detail)
             continue
         doc_id = raw.value.get("id")
-        turns = [{"role": SHAREGPT_TO_ROLE[t["from"]], "text": t["value"]} for t in conv]
         yield Doc(doc_id=str(doc_id) if doc_id not in (None, "") else raw.key, turns=turns)
+
+
+def _sharegpt_turns(row) -> tuple[list[dict] | None, str | None, str]:
+    conv, reason, detail = validate_sharegpt(row)
+    if conv is None:
+        return None, reason, detail
+    return [{"role": SHAREGPT_TO_ROLE[t["from"]], "text": t["value"]} for t in conv], None, ""
+
+
+@adapter("sharegpt")
+def sharegpt(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
+    """`conversations`: list of {from: system|human|gpt, value} (chat, synthetic-chat, ...)."""
+    return _conversations(name, cfg, ctx, _sharegpt_turns)
 
 
 MESSAGE_ROLES = {"system": "system", "user": "user", "assistant": "assistant"}
 
 
+def _message_turns(row) -> tuple[list[dict] | None, str | None, str]:
+    msgs = row.get("messages") if isinstance(row, dict) else None
+    if not isinstance(msgs, list) or not msgs:
+        return None, "missing_messages", ""
+    turns = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or m.get("role") not in MESSAGE_ROLES:
+            return None, "unknown_role", f"message {i}"
+        if not isinstance(m.get("content"), str) or not m["content"].strip():
+            return None, "empty_value", f"message {i}"
+        turns.append({"role": MESSAGE_ROLES[m["role"]], "text": m["content"]})
+    if not any(t["role"] == "user" for t in turns) or not any(t["role"] == "assistant" for t in turns):
+        return None, "no_dialogue", ""
+    return turns, None, ""
+
+
 @adapter("messages")
 def messages(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     """`messages`: list of {role: system|user|assistant, content} (smoltalk and the OpenAI layout)."""
-    for raw in _rows(name, cfg, ctx):
-        if raw.broken:
-            yield Skip(raw.broken, raw.where, raw.detail)
-            continue
-        row = raw.value
-        msgs = row.get("messages") if isinstance(row, dict) else None
-        if not isinstance(msgs, list) or not msgs:
-            yield Skip("missing_messages", raw.where)
-            continue
-        turns, bad = [], None
-        for i, m in enumerate(msgs):
-            if not isinstance(m, dict) or m.get("role") not in MESSAGE_ROLES:
-                bad = ("unknown_role", f"message {i}")
-                break
-            if not isinstance(m.get("content"), str) or not m["content"].strip():
-                bad = ("empty_value", f"message {i}")
-                break
-            turns.append({"role": MESSAGE_ROLES[m["role"]], "text": m["content"]})
-        if bad:
-            yield Skip(bad[0], raw.where, bad[1])
-            continue
-        if not any(t["role"] == "user" for t in turns) or not any(t["role"] == "assistant" for t in turns):
-            yield Skip("no_dialogue", raw.where)
-            continue
-        yield Doc(doc_id=str(row.get("id") or raw.key), turns=turns)
+    return _conversations(name, cfg, ctx, _message_turns)
 
 
 OASST_ROLE = {"prompter": "user", "assistant": "assistant"}
@@ -228,8 +234,10 @@ def _oasst_tree_from_flat(messages: list[dict]) -> list[dict]:
 def oasst(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     """OpenAssistant: message trees (`prompt` with nested `replies`, as in *.trees.jsonl) or flat
     messages (`message_id`, `parent_id`, `role`, `text`), turned into threads. Flat messages are
-    all read before their trees are built (a message may come before its parent)."""
+    all read before their trees are built (a message may come before its parent). With
+    `languages`, a message (a tree: its prompt) whose `lang` is not one of them is skipped."""
     flat: list[dict] = []
+    languages = set(cfg.get("languages") or ())
     for raw in _rows(name, cfg, ctx):
         if raw.broken:
             yield Skip(raw.broken, raw.where, raw.detail)
@@ -237,6 +245,10 @@ def oasst(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
         row = raw.value
         if not isinstance(row, dict):
             yield Skip("not_an_object", raw.where)
+            continue
+        lang = (row["prompt"] if isinstance(row.get("prompt"), dict) else row).get("lang")
+        if languages and lang not in languages:
+            yield Skip("other_language", raw.where, str(lang))
             continue
         if isinstance(row.get("prompt"), dict):
             tree_id = str(row.get("message_tree_id") or raw.key)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from andrea.io import Manifest, write_json_atomic
+from andrea.io import Manifest, read_document, write_json_atomic
 from andrea.megachat import iter_megachat, render_document
 
 log = logging.getLogger("andrea.tokenizer")
@@ -150,12 +150,7 @@ def tokenizer_hash(segments: list[str], vocab_size: int) -> str:
 
 def load_segments_file(path: str | Path) -> dict:
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no such segments file (run the train_tokenizer stage)") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    data = read_document(path, "segments file (run the train_tokenizer stage)")
     if data.get("format") != SEGMENTS_FORMAT:
         raise ValueError(f"{path}: format is {data.get('format')!r}, expected {SEGMENTS_FORMAT!r}")
     segs = [s["text"] for s in data["segments"]]

@@ -47,7 +47,8 @@ import numpy as np
 from andrea.batches import BatchStream
 from andrea.checkpoint import HEADER, CheckpointError, read_checkpoint, write_checkpoint
 from andrea.coherence import coherence_score
-from andrea.config import TRAIN_DEFAULTS, train_settings  # noqa: F401  (re-exported: the settings' home)
+from andrea.comm import from_environment, launch_info
+from andrea.config import train_settings  # noqa: F401  (re-exported: callers import it from here)
 from andrea.curriculum import Bandit
 from andrea.engine import Engine, materialise, resolve_backend
 from andrea.evaluation import build_eval_set, evaluate, prepare_batches
@@ -56,6 +57,7 @@ from andrea.model import ModelConfig, flops_per_token, n_params
 from andrea.optim import NonFiniteCounter, NonFiniteHalt, OptimConfig, train_step
 from andrea.runlog import RecordCompactor, truncate_log
 from andrea.sampling import InferenceModel, generate
+from andrea.settings import TrainSettings
 from andrea.shards import Shard
 from andrea.tokenizer import BOS, HarrisTokenizer
 from andrea.versions import train_run_key, train_version
@@ -73,14 +75,6 @@ class TrainingRefused(RuntimeError):
 
 class CoherenceHalt(RuntimeError):
     """The coherence gate stopped the run: samples have collapsed."""
-
-
-def optim_config(s: dict) -> OptimConfig:
-    return OptimConfig(
-        lr=s["lr"], min_lr_ratio=s["min_lr_ratio"], warmup_steps=s["warmup_steps"], max_steps=s["max_steps"],
-        beta1=s["beta1"], beta2=s["beta2"], weight_decay=s["weight_decay"], grad_clip=s["grad_clip"],
-        max_nonfinite=s["max_nonfinite"],
-    )
 
 
 def run_key(config: dict, model: str) -> str:
@@ -117,18 +111,29 @@ def _checkpoint_sha256(step: int, arrays) -> str:
 
 
 class Trainer:
-    def __init__(self, config: dict, model: str, shards_json: str | Path, run_dir: str | Path, force: bool = False):
+    """One model's training run. With several ranks (data parallelism: andrea/comm.py) every rank
+    runs a Trainer over the same run directory: each trains on its share of the global batch, and
+    rank 0 alone writes (checkpoints, loss.jsonl, samples, plan, best and final weights); every
+    decision that stops or saves is taken by all ranks together."""
+
+    def __init__(self, config: dict, model: str, shards_json: str | Path, run_dir: str | Path, force: bool = False,
+                 comm=None):
         if model not in config["models"]:
             raise ValueError(f"unknown model {model!r}; models in the config: {', '.join(config['models'])}")
         self.config, self.model_name, self.force = config, model, force
-        self.s = train_settings(config, model)
-        self.backend, self.precision, self.backend_reason = resolve_backend(self.s["backend"], self.s["precision"])
+        self.s = TrainSettings.from_config(config, model)
+        self.backend, self.precision, self.backend_reason = resolve_backend(self.s.backend, self.s.precision)
         self.cfg = ModelConfig.from_config(config["models"][model])
-        self.T = self.s["seq_len"] or self.cfg.context
-        self.B = self.s["batch_size"]
-        self.oc = optim_config(self.s)
+        self.T = self.s.seq_len or self.cfg.context
+        self.B = self.s.batch_size
+        self.oc = OptimConfig.of(self.s)
         self.run_dir = Path(run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
+        if comm is None and launch_info()["size"] > 1:
+            self.run_dir.mkdir(parents=True, exist_ok=True)  # NCCL's id may pass through a file there
+        # before anything is allocated on a GPU: NCCL picks this rank's GPU
+        self.comm = comm if comm is not None else from_environment(self.backend, rendezvous_dir=self.run_dir)
+        self.root = self.comm.is_root
         meta = json.loads(Path(shards_json).read_text())
         self.shards_meta = meta
         self.tok = HarrisTokenizer.load(meta["segments"])
@@ -145,8 +150,8 @@ class Trainer:
                   "cap": config["sources"].get(src, {}).get("cap", 1.0)}
             for src, sh in self.shards.items()
         }
-        self.bandit = Bandit(arms, self.s["curriculum"], seed=self.s["seed"])
-        self.rng = np.random.default_rng([self.s["seed"], 0xDA7A])
+        self.bandit = Bandit(arms, self.s.curriculum, seed=self.s.seed)
+        self.rng = np.random.default_rng([self.s.seed, 0xDA7A])
         self.step = 0
         self.ema = None
         self.smma = None
@@ -154,7 +159,7 @@ class Trainer:
         self.last_eval = None
         self.nonfinite = NonFiniteCounter()
         self.low_samples = 0
-        self.gate_armed = self.s["coherence_arm_score"] <= 0
+        self.gate_armed = self.s.coherence_arm_score <= 0
         self.tokens_seen = 0
         self._stop = False
         self._save_now = False
@@ -174,8 +179,8 @@ class Trainer:
     # ------------------------------------------------------------------ plan
     def plan(self) -> dict:
         s = self.s
-        tokens_per_step = self.B * self.T * s["grad_accum"]
-        remaining = max(0, s["max_steps"] - self.step)
+        tokens_per_step = self.B * self.T * s.grad_accum * self.comm.size
+        remaining = max(0, s.max_steps - self.step)
         flops_step = flops_per_token(self.cfg) * tokens_per_step
         plan = {
             "model": self.model_name,
@@ -183,19 +188,20 @@ class Trainer:
             "backend": self.backend,
             "precision": self.precision,
             "backend_reason": self.backend_reason,
-            "batch": {"batch_size": self.B, "seq_len": self.T, "grad_accum": s["grad_accum"], "tokens_per_step": tokens_per_step},
-            "steps": {"max_steps": s["max_steps"], "start": self.step, "remaining": remaining},
+            "batch": {"batch_size": self.B, "seq_len": self.T, "grad_accum": s.grad_accum, "ranks": self.comm.size,
+                      "tokens_per_step": tokens_per_step},
+            "steps": {"max_steps": s.max_steps, "start": self.step, "remaining": remaining},
             "sources": {k: v.n_docs for k, v in self.shards.items()},
         }
         if self.backend == "numpy":
             # before allocating anything: a model this size may not even fit, let alone finish
             est = flops_step / (0.5 * cpu_flops()) * remaining
             plan["estimate_before_warmup_s"] = est
-            if est > s["max_cpu_hours"] * 3600 and not self.force:
+            if est > s.max_cpu_hours * 3600 and not self.force:
                 raise TrainingRefused(
                     f"{self.model_name} ({n_params(self.cfg):,} parameters, {tokens_per_step:,} tokens per step, "
                     f"{remaining:,} steps) on the NumPy CPU backend ({self.backend_reason}) would take about "
-                    f"{human_duration(est)} (limit train.max_cpu_hours = {s['max_cpu_hours']}). Train ANDREA-tiny instead "
+                    f"{human_duration(est)} (limit train.max_cpu_hours = {s.max_cpu_hours}). Train ANDREA-tiny instead "
                     f"(snakemake --cores 2 results/ANDREA-tiny/ckpt), train on a machine with an NVIDIA GPU and "
                     f"`pip install -e '.[gpu]'` (backend: auto picks it), "
                     f"or start anyway with `andrea train --force` (Snakemake: --config force_train=true)."
@@ -216,6 +222,7 @@ class Trainer:
             t0 = time.perf_counter()
             e.zero_grads()
             e.forward_backward(zeros)
+            e.reduce_grads()  # with several ranks, the all-reduce every step pays
             e.grad_norm()  # a host sync, as every step has
             passes.append(time.perf_counter() - t0)
         xp = e.xp
@@ -237,7 +244,7 @@ class Trainer:
         float(e.w[0])  # (on the GPU: until the device-side copy is done)
         t_host = time.perf_counter() - t0
         del snap
-        return {"first_pass_s": passes[0], "step_s": float(np.median(passes[1:])) * self.s["grad_accum"] + opt[-1],
+        return {"first_pass_s": passes[0], "step_s": float(np.median(passes[1:])) * self.s.grad_accum + opt[-1],
                 "optimizer_s": opt[-1],
                 "forward_s": t_forward, "checkpoint_copy_s": 3 * t_host}
 
@@ -246,35 +253,35 @@ class Trainer:
         prompt's prefill, one token) plus sample_tokens times the cost of one more token (from
         17 tokens against 1). Scaling the whole of a short generation counted the fixed part many
         times: an ANDREA-120M estimate was 7x the real sample."""
-        ids = [BOS, *self.tok.encode(self.s["sample_prompt"]).tolist()]
+        ids = [BOS, *self.tok.encode(self.s.sample_prompt).tolist()]
         rng = np.random.default_rng(0)
         t0 = time.perf_counter()
-        model = InferenceModel(self.cfg, self.engine.host(self.engine.w))
-        generate(model, ids, 1, rng, self.s["sample_temperature"], stop_at_bos=False)
+        model = self._sampler()
+        generate(model, ids, 1, rng, self.s.sample_temperature, stop_at_bos=False)
         fixed = time.perf_counter() - t0
         times = []
         for n in (1, 17):
             t0 = time.perf_counter()
-            generate(model, ids, n, rng, self.s["sample_temperature"], stop_at_bos=False)
+            generate(model, ids, n, rng, self.s.sample_temperature, stop_at_bos=False)
             times.append(time.perf_counter() - t0)
         per_token = max(0.0, times[1] - times[0]) / 16
-        return fixed + per_token * self.s["sample_tokens"]
+        return fixed + per_token * self.s.sample_tokens
 
     def _estimate(self, warm: dict) -> dict:
         """Seconds to finish: steps at the warmed-up rate plus the periodic work still to come."""
-        s, start, end = self.s, self.step, self.s["max_steps"]
+        s, start, end = self.s, self.step, self.s.max_steps
 
         def due(every: int, include_start: bool = False) -> int:
             if every <= 0:
                 return 0
             return end // every - start // every + (1 if include_start and start % every == 0 else 0)
 
-        n_eval = due(s["eval_every"], include_start=start == 0) if self.eval_set is not None else 0
+        n_eval = due(s.eval_every, include_start=start == 0) if self.eval_set is not None else 0
         # forward passes, plus the weights' host copy for best.bin (while validation improves)
         eval_s = warm["forward_s"] * -(-len(self.eval_set) // self.B) + warm["checkpoint_copy_s"] / 3 if self.eval_set is not None else 0.0
-        n_sample = due(s["sample_every"])
+        n_sample = due(s.sample_every)
         sample_s = self._sample_cost() if n_sample else 0.0
-        n_ckpt = due(s["checkpoint_every"])
+        n_ckpt = due(s.checkpoint_every)
         total = (end - start) * warm["step_s"] + n_eval * eval_s + n_sample * sample_s + n_ckpt * warm["checkpoint_copy_s"]
         return {**warm, "eval_s": eval_s, "evals": n_eval, "sample_s": sample_s, "samples": n_sample,
                 "checkpoints": n_ckpt, "estimated_remaining_s": total}
@@ -323,9 +330,12 @@ class Trainer:
         """checkpoints/step_NNNNNN.bin with its state beside it, then state.json, then the old
         ones pruned: the host copy is taken now, the files are written in the background (one
         checkpoint in flight at a time). A checkpoint without its state file is incomplete and
-        never resumed from."""
+        never resumed from. Rank 0 writes it: every rank holds the same weights, Adam state, draw
+        state and bandit."""
         name = f"step_{self.step:06d}.bin"
         path = self.ckpt_dir / name
+        if not self.root:
+            return path
         self._flush_log()  # loss.jsonl holds every step before this one when the state names it
         state = self._state(name)
         # the previous checkpoint must be on disk before this one is queued (it was queued
@@ -338,7 +348,9 @@ class Trainer:
         return path
 
     def _submit_write(self, fn, *args) -> None:
-        """Queue a checkpoint-thread write; at most two in flight (each holds a host copy)."""
+        """Queue a checkpoint-thread write; at most two in flight (each holds a host copy). Rank 0's alone."""
+        if not self.root:
+            return
         while len(self._ckpt_writes) >= 2:
             self._ckpt_writes.pop(0).result()  # re-raises a failed write (a full disk, say)
         self._ckpt_writes.append(self._ckpt_pool.submit(fn, *args))
@@ -350,7 +362,7 @@ class Trainer:
         write_json_atomic(path.with_suffix(".json"), state)
         write_json_atomic(self.run_dir / "state.json", state)
         kept = sorted(self.ckpt_dir.glob("step_*.bin"))
-        for old in kept[: -self.s["keep_checkpoints"]]:
+        for old in kept[: -self.s.keep_checkpoints]:
             old.unlink(missing_ok=True)
             old.with_suffix(".json").unlink(missing_ok=True)
         log.info("checkpoint %s (%s)", path, reason)
@@ -406,7 +418,7 @@ class Trainer:
             if problems:
                 raise RuntimeError(f"{self.run_dir}: no intact checkpoint to resume from:\n  " + "\n  ".join(problems)
                                    + "\nMove the run directory away to start over.")
-            if (self.run_dir / "loss.jsonl").exists():
+            if self.root and (self.run_dir / "loss.jsonl").exists():
                 log.warning("%s: records but no checkpoint: starting from step 0", self.run_dir)
                 for name in ("loss.jsonl", "samples.jsonl"):
                     (self.run_dir / name).unlink(missing_ok=True)
@@ -437,14 +449,20 @@ class Trainer:
         self.tokens_seen = st["tokens_seen"]
         # records written after that checkpoint belong to steps that will run again; a step's
         # training record comes before its checkpoint, its samples and evaluations just before
-        truncate_log(self.run_dir / "loss.jsonl", lambda r: r["step"] <= self.step if r.get("kind") == "eval" else r["step"] < self.step)
-        truncate_log(self.run_dir / "samples.jsonl", lambda r: r["step"] <= self.step)
-        if self.s["record_batches"] and (self.run_dir / "parity" / "batches.bin").exists():
-            keep = min(self.step, self.s["record_batches"]) * self.B * self.s["grad_accum"] * (self.T + 1) * 2
-            with open(self.run_dir / "parity" / "batches.bin", "r+b") as fh:
-                fh.truncate(keep)
+        if self.root:
+            self._truncate_run_records()
         log.info("resumed %s at step %d from %s", self.model_name, self.step, st["checkpoint"])
         return True
+
+    def _truncate_run_records(self) -> None:
+        # one truncate each, reading only the logs' tails (andrea/runlog.py): a 200,000-step log is
+        # neither read whole nor copied
+        truncate_log(self.run_dir / "loss.jsonl", lambda r: r["step"] <= self.step if r.get("kind") == "eval" else r["step"] < self.step)
+        truncate_log(self.run_dir / "samples.jsonl", lambda r: r["step"] <= self.step)
+        if self.s.record_batches and (self.run_dir / "parity" / "batches.bin").exists():
+            keep = min(self.step, self.s.record_batches) * self.B * self.s.grad_accum * (self.T + 1) * 2
+            with open(self.run_dir / "parity" / "batches.bin", "r+b") as fh:
+                fh.truncate(keep)
 
     # ------------------------------------------------------------------ signals
     def _on_term(self, signum, frame):
@@ -460,7 +478,9 @@ class Trainer:
 
     def _submit_log(self, fn, *args) -> None:
         """Queue a write on the log thread; a write that failed (a full disk) is raised here, at
-        the next step, not lost; and the queue never holds more than a few steps."""
+        the next step, not lost; and the queue never holds more than a few steps. Rank 0's alone."""
+        if not self.root:
+            return
         while self._log_writes and (self._log_writes[0].done() or len(self._log_writes) > 64):
             self._log_writes.pop(0).result()
         self._log_writes.append(self._log_pool.submit(fn, *args))
@@ -489,18 +509,24 @@ class Trainer:
         w = self.engine.host(self.engine.w)
         write_checkpoint(d / "init.bin", 0, w, np.zeros_like(w), np.zeros_like(w))
         (d / "batches.bin").unlink(missing_ok=True)
-        meta = {"model": self.model_name, "model_config": self.cfg.__dict__, "batch_size": self.B, "grad_accum": self.s["grad_accum"],
-                "seq_len": self.T, "steps": min(self.s["record_batches"], self.s["max_steps"]), "backend": self.backend,
+        meta = {"model": self.model_name, "model_config": self.cfg.__dict__, "batch_size": self.B, "grad_accum": self.s.grad_accum,
+                "seq_len": self.T, "steps": min(self.s.record_batches, self.s.max_steps), "backend": self.backend,
                 "precision": self.precision, "optim": self.oc.__dict__}
         write_json_atomic(d / "meta.json", meta)
 
     # ------------------------------------------------------------------ sampling and validation
+    def _sampler(self) -> InferenceModel:
+        """The generation model over the engine's own weights, on its device (read in place, never
+        written: samples cost no copy of the weights and see every update)."""
+        if self._inference is None:
+            self._inference = InferenceModel(self.cfg, self.engine.w, backend=self.engine.backend)
+        return self._inference
+
     def sample(self) -> dict:
-        prompt = self.s["sample_prompt"]
+        prompt = self.s.sample_prompt
         ids = [BOS, *self.tok.encode(prompt).tolist()]
-        rng = np.random.default_rng([self.s["seed"], 0x5A3, self.step])  # never touches the training RNG
-        model = InferenceModel(self.cfg, self.engine.host(self.engine.w))  # reads the weights, never writes them
-        out = generate(model, ids, self.s["sample_tokens"], rng, self.s["sample_temperature"])
+        rng = np.random.default_rng([self.s.seed, 0x5A3, self.step])  # never touches the training RNG
+        out = generate(self._sampler(), ids, self.s.sample_tokens, rng, self.s.sample_temperature)
         text = self.tok.decode(out, errors="replace")
         score = coherence_score(text)
         rec = {"step": self.step, "prompt": prompt, "text": text, "coherence": round(score.score, 2), "parts": score.as_dict()}
@@ -509,11 +535,11 @@ class Trainer:
         log.info("sample at step %d, coherence %.1f: %r", self.step, score.score, text[:120])
         # The gate watches for collapse: it is armed by the first sample that reads as language
         # (coherence_arm_score), so a young model's gibberish does not stop the run it is learning in.
-        if not self.gate_armed and score.score >= self.s["coherence_arm_score"]:
+        if not self.gate_armed and score.score >= self.s.coherence_arm_score:
             self.gate_armed = True
             log.info("coherence gate armed at step %d (a sample scored %.1f >= %s)", self.step, score.score,
-                     self.s["coherence_arm_score"])
-        if self.gate_armed and score.score < self.s["coherence_halt_below"]:
+                     self.s.coherence_arm_score)
+        if self.gate_armed and score.score < self.s.coherence_halt_below:
             self.low_samples += 1
         else:
             self.low_samples = 0
@@ -535,6 +561,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ run
     def run(self, out_dir: str | Path | None = None) -> dict:
+        if not self.root:
+            return self._run_rank(out_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.ckpt_dir.mkdir(exist_ok=True)
         lock = open(self.run_dir / ".lock", "w")
@@ -549,23 +577,40 @@ class Trainer:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logging.getLogger("andrea").addHandler(handler)
         try:
-            return self._run(out_dir)
+            return self._run_rank(out_dir)
         finally:
             logging.getLogger("andrea").removeHandler(handler)
             handler.close()
             lock.close()
 
+    def _run_rank(self, out_dir) -> dict:
+        """This rank's run. With several ranks none returns (or raises a halt, which every rank
+        raises at the same step) before all are done: a rank's exit must not end the job while
+        rank 0 still writes."""
+        if self.comm.size == 1:
+            return self._run(out_dir)
+        if not self.root:  # its records would repeat rank 0's: warnings and errors only
+            logging.getLogger("andrea").setLevel(logging.WARNING)
+        try:
+            result = self._run(out_dir)
+        except (CoherenceHalt, NonFiniteHalt):
+            self.comm.barrier()
+            raise
+        self.comm.barrier()
+        return result
+
     def _run(self, out_dir) -> dict:
         s = self.s
         plan = self.plan()  # may refuse before anything big is allocated
-        self.engine = Engine(self.cfg, batch_size=self.B, seq_len=self.T, backend=self.backend, seed=s["seed"],
-                             precision=self.precision)
+        self.engine = Engine(self.cfg, batch_size=self.B, seq_len=self.T, backend=self.backend, seed=s.seed,
+                             precision=self.precision, comm=self.comm)
+        self._inference = None  # the sampler over the engine's weights (made on first use)
         self._ckpt_pool = ThreadPoolExecutor(1, thread_name_prefix="andrea-checkpoint")
         self._log_pool = ThreadPoolExecutor(1, thread_name_prefix="andrea-log")
         try:
             resumed = self._resumed = self.resume()
-            if s["eval_every"] > 0:
-                self.eval_set = build_eval_set(self.shards, s["curriculum"]["heldout_every"], self.T, s["eval_tokens"], self.tok.token_bytes)
+            if s.eval_every > 0:
+                self.eval_set = build_eval_set(self.shards, s.curriculum.heldout_every, self.T, s.eval_tokens, self.tok.token_bytes)
                 for src, why in self.eval_set.skipped.items():
                     log.info("validation: %s left out: %s", src, why)
                 if not len(self.eval_set):
@@ -588,29 +633,39 @@ class Trainer:
                 "run_key": run_key(self.config, self.model_name),
                 "train_version": train_version(self.config, self.model_name),
             })
-            write_json_atomic(self.run_dir / "plan.json", plan)
+            if self.root:
+                write_json_atomic(self.run_dir / "plan.json", plan)
             self.plan_doc = plan
             periodic = []
             if self.eval_set is not None:
-                periodic.append(f"validation {est['eval_s']:.2f} s every {s['eval_every']} steps")
+                periodic.append(f"validation {est['eval_s']:.2f} s every {s.eval_every} steps")
             if est["samples"]:
-                periodic.append(f"a sample {est['sample_s']:.2f} s every {s['sample_every']} steps")
+                periodic.append(f"a sample {est['sample_s']:.2f} s every {s.sample_every} steps")
+            ranks = (f"{self.comm.size} ranks × {self.B} rows × {s.grad_accum} micro-batches = "
+                     if self.comm.size > 1 else "")
             log.info(
-                "plan: %s, %s parameters, backend %s/%s (%s), %s tokens/step, steps %d→%d; %s; %.4f s/step after "
+                "plan: %s, %s parameters, backend %s/%s (%s), %s%s tokens/step, steps %d→%d; %s; %.4f s/step after "
                 "warm-up (first pass with compilation/capture %.2f s)%s → about %s to finish",
-                self.model_name, f"{plan['n_params']:,}", self.backend, self.precision, self.backend_reason,
-                f"{plan['batch']['tokens_per_step']:,}", self.step, s["max_steps"], mem.describe(), warm["step_s"],
+                self.model_name, f"{plan['n_params']:,}", self.backend, self.precision, self.backend_reason, ranks,
+                f"{plan['batch']['tokens_per_step']:,}", self.step, s.max_steps, mem.describe(), warm["step_s"],
                 warm["first_pass_s"], "".join(f", {p}" for p in periodic), human_duration(est["estimated_remaining_s"]),
             )
-            self.batches = BatchStream(self.bandit, self.shards, self.rng, self.B, s["grad_accum"], self.T,
-                                       prepare=self.engine.prepare, prefetch=s["prefetch"])
-            if s["record_batches"] and not resumed:
+            self.batches = BatchStream(self.bandit, self.shards, self.rng, self.B, s.grad_accum, self.T,
+                                       prepare=self.engine.prepare, prefetch=s.prefetch, rank=self.comm.rank,
+                                       ranks=self.comm.size)
+            self.recording = bool(s.record_batches) and self.comm.size == 1
+            if s.record_batches and self.comm.size > 1:
+                log.warning("record_batches: not with %d ranks (the replay is one process's trajectory); "
+                            "nothing recorded", self.comm.size)
+            if self.recording and not resumed and self.root:
                 self._start_recording()
             # SIGTERM (a scheduler) and SIGINT (Ctrl-C on the terminal) stop cleanly at the end of
-            # the current step with a checkpoint; SIGUSR1 checkpoints and carries on
-            handlers = {signal.SIGTERM: self._on_term, signal.SIGINT: self._on_term, signal.SIGUSR1: self._on_usr1}
+            # the current step with a checkpoint; SIGUSR1 checkpoints and carries on; SIGUSR2 stops
+            # like SIGTERM (what the rank launcher sends through mpirun, which kills ranks on SIGTERM)
+            handlers = {signal.SIGTERM: self._on_term, signal.SIGINT: self._on_term, signal.SIGUSR1: self._on_usr1,
+                        signal.SIGUSR2: self._on_term}
             previous = {sig: signal.signal(sig, h) for sig, h in handlers.items()}
-            self._log_fh = open(self.run_dir / "loss.jsonl", "a", encoding="utf-8")
+            self._log_fh = open(self.run_dir / "loss.jsonl", "a", encoding="utf-8") if self.root else None
             self._log_compactor = RecordCompactor()  # a new file position: its first record is whole
             try:
                 result = self._loop()
@@ -623,12 +678,13 @@ class Trainer:
                     try:
                         self._flush_log()
                     finally:
-                        self._log_fh.close()
+                        if self._log_fh is not None:
+                            self._log_fh.close()
                         self._wait_checkpoint()
         finally:
             self._log_pool.shutdown(wait=True)
             self._ckpt_pool.shutdown(wait=True)
-        if result["finished"] and out_dir is not None:
+        if result["finished"] and out_dir is not None and self.root:
             self._export(Path(out_dir))
         return result
 
@@ -640,7 +696,10 @@ class Trainer:
         if self.eval_set is not None and not self._resumed:
             self.validate()  # the curve starts at the initial weights
             t_last = time.perf_counter()
-        while self.step < s["max_steps"]:
+        while self.step < s.max_steps:
+            if self.comm.size > 1:  # a signal seen by any rank stops (or saves) all of them, at the same step
+                self._stop, self._save_now = map(bool, self.comm.allreduce_host(
+                    np.array([self._stop, self._save_now], dtype=np.int32), "max"))
             if self._stop:
                 self.save_checkpoint("SIGTERM/SIGINT", wait=True)
                 log.info("stopped by a signal at step %d; run again to resume", self.step)
@@ -651,7 +710,7 @@ class Trainer:
             self.bandit.maybe_replan(self.step)
             batch = self.batches.get(self.step)
             nxt = self.step + 1
-            if nxt < s["max_steps"] and not self.bandit.replans_at(nxt):
+            if nxt < s.max_steps and not self.bandit.replans_at(nxt):
                 self.batches.prefetch(nxt)  # drawn and prepared while this step runs
             try:
                 res = train_step(self.engine, batch.micro, self.step, self.oc, self.nonfinite)
@@ -666,7 +725,7 @@ class Trainer:
                     self.bandit.observe(src, doc, loss)
                 self.ema = res.loss if self.ema is None else (1 - EMA_ALPHA) * self.ema + EMA_ALPHA * res.loss
                 self.smma = res.loss if self.smma is None else ((SMMA_N - 1) * self.smma + res.loss) / SMMA_N
-            if s["record_batches"] and self.step < s["record_batches"]:
+            if self.recording and self.step < s.record_batches:
                 self._record_batch(batch.tokens)
             n_tok = len(batch.rows) * self.T
             self.tokens_seen += n_tok
@@ -685,17 +744,17 @@ class Trainer:
             })
             self.step += 1
             done = self.step - steps_start
-            if self.step % 10 == 0 or self.step == s["max_steps"]:
-                eta = (now - t_start) / done * (s["max_steps"] - self.step)
+            if self.step % 10 == 0 or self.step == s.max_steps:
+                eta = (now - t_start) / done * (s.max_steps - self.step)
                 log.info("step %d/%d loss %.4f (ema %.4f) lr %.2e norm %.3f %s tok/s ETA %s",
-                         self.step, s["max_steps"], res.loss, self.ema or float("nan"), res.lr, res.grad_norm,
+                         self.step, s.max_steps, res.loss, self.ema or float("nan"), res.lr, res.grad_norm,
                          f"{n_tok / dt:,.0f}", human_duration(eta))
             # a step's sample and validation come before its checkpoint, which then holds their effects
-            if self.step % s["sample_every"] == 0:
+            if self.step % s.sample_every == 0 and self.root:
                 self.sample()
-            if self.eval_set is not None and self.step % s["eval_every"] == 0:
+            if self.eval_set is not None and self.step % s.eval_every == 0:
                 self.validate()
-            ckpt_due = self.step % s["checkpoint_every"] == 0
+            ckpt_due = self.step % s.checkpoint_every == 0
             if self.eval_set is None and ckpt_due and self.smma is not None and self.smma < self.best:
                 self.best = self.smma  # no validation set: best.bin by the smoothed training loss
                 # best.bin first: the state written with the checkpoint then never names a best
@@ -704,11 +763,11 @@ class Trainer:
                 self.save_checkpoint()
             elif ckpt_due:
                 self.save_checkpoint()
-            if self.step % s["sample_every"] == 0 and self.low_samples >= s["coherence_patience"]:
+            if self.step % s.sample_every == 0 and self.comm.any(self.root and self.low_samples >= s.coherence_patience):
                 path = self.save_checkpoint("coherence halt", wait=True)
                 raise CoherenceHalt(
                     f"coherence gate: {self.low_samples} consecutive samples scored below "
-                    f"{s['coherence_halt_below']} (last at step {self.step}); the model is producing "
+                    f"{s.coherence_halt_below} (last at step {self.step}); the model is producing "
                     f"degenerate text. Stopped; checkpoint {path}. Read {self.run_dir / 'samples.jsonl'}."
                 )
         elapsed = time.perf_counter() - t_start
@@ -716,17 +775,19 @@ class Trainer:
         self.timing["steps"] = self.step - steps_start
         final = self.run_dir / "final.bin"
         newest = self.ckpt_dir / f"step_{self.step:06d}.bin"
-        if not newest.exists():  # a periodic checkpoint (of this attempt or an earlier one) may be it
-            self.save_checkpoint("end of run")
-        self._wait_checkpoint()
-        link_or_copy(newest, final)  # final.bin is the last checkpoint's bytes
-        if not (self.run_dir / "best.bin").exists():
-            link_or_copy(final, self.run_dir / "best.bin")
+        if self.root:
+            if not newest.exists():  # a periodic checkpoint (of this attempt or an earlier one) may be it
+                self.save_checkpoint("end of run")
+            self._wait_checkpoint()
+            link_or_copy(newest, final)  # final.bin is the last checkpoint's bytes
+            if not (self.run_dir / "best.bin").exists():
+                link_or_copy(final, self.run_dir / "best.bin")
         if self.timing.get("estimate"):
             est = self.timing["estimate"]["estimated_remaining_s"]
             log.info("finished at step %d in %s (the plan estimated %s)", self.step, human_duration(elapsed), human_duration(est))
             self.plan_doc["actual_remaining_s"] = elapsed
-            write_json_atomic(self.run_dir / "plan.json", self.plan_doc)
+            if self.root:
+                write_json_atomic(self.run_dir / "plan.json", self.plan_doc)
         return {"finished": True, "step": self.step, "ema": self.ema, "smma": self.smma,
                 "val_loss": self.last_eval["loss"] if self.last_eval else None, "seconds": elapsed}
 
@@ -735,7 +796,7 @@ class Trainer:
         meta = {
             "model": self.model_name,
             "model_config": self.cfg.__dict__,
-            "train": copy.deepcopy(self.s),
+            "train": self.s.as_dict(),
             "backend": self.backend,
             "precision": self.precision,
             "backend_reason": self.backend_reason,

@@ -4,6 +4,10 @@ and of the versions upstream of it.
 Changing a parameter of one stage therefore changes that stage's version and every version
 downstream of it, so Snakemake re-runs exactly those stages and nothing upstream; artifacts of
 earlier versions stay where they were, readable.
+
+The data stages are versioned per data profile (andrea.profiles): a config is first made its
+profile's (its `data_profile`, else `embedded`), whose name and locations are part of the first
+stage's parameters, so each profile's artifacts have versions of their own.
 """
 
 from __future__ import annotations
@@ -21,10 +25,21 @@ def _digest(obj) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 
+def as_profile(config: dict) -> dict:
+    """The config of the data profile it names (`data_profile`, else embedded); a profile's config
+    is returned as it is."""
+    from andrea.profiles import default_profile, profile_config
+
+    return profile_config(config, default_profile(config))
+
+
 def stage_params(config: dict, stage: str) -> dict:
-    """The configuration a stage's output depends on (defaults already filled)."""
+    """The configuration a stage's output depends on (defaults already filled), for a profile's
+    config (as_profile)."""
+    config = as_profile(config)
     if stage == "pull_hermes3":
-        return {"hermes3": config["hermes3"], "strict": config["strict"]}
+        # the profile: every later stage's version covers it through this one
+        return {"hermes3": config["hermes3"], "strict": config["strict"], "profile": config["data_profile"]}
     if stage == "prep_megachat":
         # the bandit's floors/caps and the diet weight do not change the corpus
         enabled = {k: {f: x for f, x in v.items() if f not in POLICY_KEYS} for k, v in config["sources"].items() if v["enabled"]}
@@ -40,6 +55,8 @@ def stage_params(config: dict, stage: str) -> dict:
 
 
 def stage_versions(config: dict) -> dict[str, str]:
+    """Each data stage's version for the config's data profile (as_profile)."""
+    config = as_profile(config)
     versions: dict[str, str] = {}
     upstream = None
     for stage in STAGES:
@@ -52,11 +69,12 @@ def stage_versions(config: dict) -> dict[str, str]:
 # the ones a run may change between a stop and a resume: editing them continues the same run.
 WATCH_KEYS = ("checkpoint_every", "keep_checkpoints", "sample_every", "sample_tokens", "sample_prompt",
               "sample_temperature", "coherence_halt_below", "coherence_patience", "coherence_arm_score", "eval_every",
-              "eval_tokens", "prefetch", "record_batches", "max_cpu_hours")
+              "eval_tokens", "prefetch", "record_batches", "max_cpu_hours", "ranks")
 CONTINUE_KEYS = ("max_steps",)  # raising it continues the run from its newest checkpoint
 # watch settings that cannot change what a finished run's outputs hold: not in the rule's version,
 # so editing them never re-runs a finished train (a running or resumed one reads them as it goes)
-OUTPUT_NEUTRAL_KEYS = ("prefetch", "max_cpu_hours", "keep_checkpoints", "record_batches")
+# ranks: a run continues on another number of ranks, and a finished one stands (decision)
+OUTPUT_NEUTRAL_KEYS = ("prefetch", "max_cpu_hours", "keep_checkpoints", "record_batches", "ranks")
 
 
 def train_run_key(config: dict, model: str) -> str:
@@ -70,7 +88,16 @@ def train_run_key(config: dict, model: str) -> str:
     s = train_settings(config, model)
     for k in WATCH_KEYS + CONTINUE_KEYS:
         s.pop(k, None)
-    return _digest({"model": config["models"][model], "data": stage_versions(config)["encode"], "train": s})
+    return _digest({"model": config["models"][model], "data": stage_versions(model_config(config, model))["encode"], "train": s})
+
+
+def model_config(config: dict, model: str) -> dict:
+    """The config of the data profile a model trains on (andrea.profiles.model_profile)."""
+    from andrea.profiles import model_profile, profile_config
+
+    if model not in config["models"]:
+        raise KeyError(f"unknown model {model!r}; models in the config: {', '.join(config['models'])}")
+    return profile_config(config, model_profile(config, model))
 
 
 def train_version(config: dict, model: str) -> str:
@@ -80,7 +107,8 @@ def train_version(config: dict, model: str) -> str:
     from andrea.config import train_settings
 
     s = train_settings(config, model)
-    policy = {k: {f: v.get(f) for f in ("floor", "cap")} for k, v in config["sources"].items() if v["enabled"]}
+    sources = model_config(config, model)["sources"]
+    policy = {k: {f: v.get(f) for f in ("floor", "cap")} for k, v in sources.items() if v["enabled"]}
     watched = {k: s[k] for k in WATCH_KEYS + CONTINUE_KEYS if k in s and k not in OUTPUT_NEUTRAL_KEYS}
     return _digest({"run": train_run_key(config, model), "policy": policy, "watched": watched})
 
@@ -105,7 +133,8 @@ def train_needs_gpu(config: dict, model: str) -> bool:
 
 
 def enabled_sources(config: dict) -> list[str]:
-    return [k for k, v in config["sources"].items() if v["enabled"]]
+    """The sources the config's data profile reads (as_profile)."""
+    return [k for k, v in as_profile(config)["sources"].items() if v["enabled"]]
 
 
 def stage_dir(config: dict, stage: str, n_segments: int | None = None) -> Path:

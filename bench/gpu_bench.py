@@ -80,8 +80,8 @@ class Ours:
         self.step = 0
         self.run(warmup)
         # the most GPU memory in use while this engine was built and warmed up (steps allocate the
-        # same every time), beyond what was in use before; scratch shared with an engine built
-        # before it is not counted
+        # same every time), beyond what was in use before (its backend's scratch included: each
+        # engine's backend has its own)
         self.peak = PEAK_TRACKER.peak - before
         self.plan = self.e.memory_plan().total
 
@@ -155,8 +155,6 @@ def main() -> None:
     args = ap.parse_args()
     import cupy as cp
 
-    from andrea.engine import cupy_backend
-
     rows = []
     for name in args.models:
         cfg = MODELS[name]
@@ -179,9 +177,11 @@ def main() -> None:
                 print(f"{name} B={B} {key}: {tokens / dt:,.0f} tok/s, MFU {fpt * tokens / dt / PEAK:.1%}, peak {r.peak / 2**30:.2f} GiB, "
                       f"rounds {row[key]['rounds_ms']} ms", flush=True)
             rows.append(row)
+            for r in runners.values():
+                if isinstance(r, Ours):
+                    r.e.be.release()  # its scratch, weight copy and cuBLAS workspace
             del runners
             gc.collect()
-            cupy_backend.clear_caches()
             cp.get_default_memory_pool().free_all_blocks()
             if not args.no_torch:
                 import torch

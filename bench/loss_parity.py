@@ -39,7 +39,7 @@ for p in (REPO, REPO / "bench"):
         sys.path.insert(0, str(p))
 
 from andrea.checkpoint import CheckpointError, read_checkpoint, write_checkpoint  # noqa: E402
-from andrea.io import atomic_path, write_json_atomic, write_text_atomic  # noqa: E402
+from andrea.io import atomic_path, read_document, write_json_atomic, write_text_atomic  # noqa: E402
 from andrea.model import ModelConfig, init_weights, n_params  # noqa: E402
 from andrea.optim import OptimConfig, lr_at, train_step  # noqa: E402
 
@@ -105,12 +105,7 @@ def load_recording(run_dir: str | Path, steps: int | None = None, losses: bool =
     run_dir = Path(run_dir)
     pdir = run_dir / "parity"
     meta_path = pdir / "meta.json"
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RecordingError(f"{meta_path}: not found; was the run trained with `record_batches: N`?") from None
-    except json.JSONDecodeError as e:
-        raise RecordingError(f"{meta_path}: not JSON ({e})") from None
+    meta = read_document(meta_path, "parity recording (was the run trained with `record_batches: N`?)", error=RecordingError)
     missing = [k for k in META_KEYS if k not in meta]
     if missing:
         raise RecordingError(f"{meta_path}: missing key(s) {', '.join(missing)}")
@@ -196,8 +191,7 @@ def replay_ours(rec: Recording, backend: str, precision: str) -> dict:
         res = train_step(engine, rec.micro_batches(s), s, rec.oc)
         losses.append(res.loss)
         norms.append(res.grad_norm)
-    if hasattr(engine.be, "clear_caches"):  # the next engine in this process may have another precision
-        engine.be.clear_caches()
+    engine.be.release()  # its buffers go back to the pool before the next engine is built
     return {"loss": losses, "grad_norm": norms}
 
 

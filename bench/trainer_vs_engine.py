@@ -192,14 +192,13 @@ def main() -> None:
                   f"1M-doc source {big_share:.0%} of rows; periodic at defaults: "
                   + ", ".join(f"{k} {v:.1%}" for k, v in share.items()), flush=True)
             tr_backend = tr.backend
+            if tr_backend == "cupy":
+                tr.engine.be.release()  # its scratch, weight copy and cuBLAS workspace
             del tr
             gc.collect()
             if tr_backend == "cupy":
                 import cupy as cp
 
-                from andrea.engine import cupy_backend
-
-                cupy_backend.clear_caches()
                 cp.get_default_memory_pool().free_all_blocks()
     print("\n| model | B | engine alone tok/s | trainer tok/s | trainer / engine | checkpoint | validation | sample |")
     print("|---|---|---|---|---|---|---|---|")

@@ -48,7 +48,9 @@ def test_audit_without_an_endpoint_runs_the_builtin_judges_and_says_so(trained, 
     assert summary["samples"] == 6 and summary["step"] == 60
     assert summary["external_judge"].startswith("not run: no endpoint configured")
     df = pd.read_parquet(out / "scores.parquet")
-    assert list(df["domain"].unique()) == ["general", "biology"] or len(df) == 6
+    # prompts[:3] are general, general, biology; samples_per_prompt 2, prompt by prompt
+    assert df["domain"].tolist() == ["general"] * 4 + ["biology"] * 2
+    assert df["sample"].tolist() == [0, 1] * 3
     assert {"coherence", "coh_gate", "coh_bigram", "coh_trigram", "coh_chars", "distinct_1", "distinct_2", "distinct_3",
             "repetition", "english_rate"} <= set(df.columns)
     assert (df["coherence"] <= 100 * df["coh_gate"] + 1e-6).all()  # the gate caps the score
@@ -84,7 +86,10 @@ def test_audit_with_an_endpoint_records_scores_and_failures(trained, tmp_path):
     finally:
         e.close()
     df = pd.read_parquet(tmp_path / "audit" / "scores.parquet")
-    assert df["judge_score"].tolist()[:3] == [7.0, 7.0, None] or df["judge_score"].notna().sum() == 5
+    # sample 0: "ok" (score 7); sample 1: "500", "500", then "ok" on its third attempt (retries=2);
+    # sample 2: "400", not retried; samples 3-5: the script has run out and the endpoint answers "ok"
+    assert df["judge_score"].fillna(-1.0).tolist() == [7.0, 7.0, -1.0, 7.0, 7.0, 7.0]
+    assert df["judge_attempts"].tolist() == [1, 3, 1, 1, 1, 1] and len(e.requests) == 8
     assert df.loc[2, "judge_error"] == "HTTP 400"
     assert "judge-model" in summary["external_judge"] and "1 unscored" in summary["external_judge"]
 

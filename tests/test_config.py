@@ -1,7 +1,12 @@
+import copy
+import dataclasses
+
 import pytest
 import yaml
 
-from andrea.config import ConfigError, load_config, validate_config, vocab_size
+from andrea.config import SCHEMA_PATH, ConfigError, load_config, load_schema, show_config, train_settings, validate_config, vocab_size
+from andrea.optim import OptimConfig
+from andrea.settings import CurriculumSettings, TrainSettings
 from conftest import REPO, snakemake
 
 
@@ -35,6 +40,13 @@ def test_model_table_matches_spec_vocabularies():
         (lambda c: c["models"]["ANDREA-tiny"].update(n_layer=0), "models.ANDREA-tiny.n_layer"),
         (lambda c: c["sources"]["chat"].update(adapter="nope"), "sources.chat.adapter"),
         (lambda c: c["hermes3"].update(hub_timeout_s=600), "hermes3.hub_timeout_s"),
+        (lambda c: c["train"]["defaults"].update(lr="fast"), "train.defaults.lr"),
+        (lambda c: c["train"]["ANDREA-tiny"].update(batch_size=2.5), "train.ANDREA-tiny.batch_size"),
+        (lambda c: c["train"]["ANDREA-tiny"].update(lrr=1.0), "lrr"),
+        (lambda c: c["train"]["ANDREA-tiny"]["curriculum"].update(focus_dice="four"), "train.ANDREA-tiny.curriculum.focus_dice"),
+        (lambda c: c["train"]["defaults"].update(curriculum={"ucb": 1.0}), "ucb"),
+        (lambda c: c["curriculum"].update(phase_lengths=[7, "x"]), "curriculum.phase_lengths"),
+        (lambda c: c["train"].update({"ANDREA-tny": {"lr": 1.0e-3}}), "train.ANDREA-tny"),
     ],
 )
 def test_bad_config_names_the_key(mutate, key):
@@ -57,7 +69,7 @@ def test_semantic_checks_name_the_key():
 
 
 def test_missing_and_unparsable_config_files(tmp_path):
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(ConfigError, match="no such config file"):
         load_config(tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("sources: [unclosed\n")
@@ -74,3 +86,106 @@ def test_workflow_refuses_bad_config_before_any_job(workflow_dir):
     assert proc.returncode != 0
     assert "treshold" in proc.stdout + proc.stderr
     assert not (workflow_dir / "results").exists()
+
+
+# ---------------------------------------------------------------------------- training settings
+
+
+def test_a_setting_missing_from_the_file_takes_the_schema_default():
+    schema = load_schema()
+    train_defaults = {k: s["default"] for k, s in schema["$defs"]["train_settings"]["properties"].items() if "default" in s}
+    curriculum_defaults = {k: s["default"] for k, s in schema["properties"]["curriculum"]["properties"].items()}
+    cfg = shipped()
+    del cfg["train"], cfg["curriculum"]  # every training and curriculum setting left out
+    s = TrainSettings.from_config(validate_config(cfg), "ANDREA-tiny")
+    assert s.as_dict() == {**train_defaults, "curriculum": curriculum_defaults}
+    assert (s.lr, s.beta2, s.seq_len, s.sample_prompt) == (3.0e-4, 0.999, None, "> Tell me about the sea.\n\n< ")
+    assert s.curriculum.ucb_c == 14.142 and s.curriculum.phase_lengths == (7, 14, 21, 28, 42)
+    assert OptimConfig.of(s) == OptimConfig()  # the optimizer's fallbacks are the schema's defaults
+
+
+def test_a_model_entry_overrides_train_defaults_which_override_the_schema():
+    cfg = shipped()
+    cfg["train"]["defaults"].update(lr=1.0e-3, seed=7, curriculum={"ucb_c": 2.0, "focus_dice": 2})
+    cfg["train"]["ANDREA-tiny"]["seed"] = 9
+    cfg["train"]["ANDREA-tiny"]["curriculum"]["focus_dice"] = 3  # beside its warmup_steps: 150
+    cfg["curriculum"].update(ema_alpha=0.2, ucb_c=5.0)
+    cfg = validate_config(cfg)
+    tiny, small = TrainSettings.from_config(cfg, "ANDREA-tiny"), TrainSettings.from_config(cfg, "ANDREA-12M")
+    assert (tiny.lr, tiny.seed, small.lr, small.seed) == (2.0e-3, 9, 1.0e-3, 7)  # tiny's own lr wins
+    assert (tiny.curriculum.focus_dice, small.curriculum.focus_dice) == (3, 2)
+    assert tiny.curriculum.ucb_c == small.curriculum.ucb_c == 2.0  # train.defaults.curriculum over curriculum
+    assert tiny.curriculum.ema_alpha == 0.2 and tiny.curriculum.warmup_steps == 150
+    assert "lr" not in cfg["train"]["ANDREA-12M"]  # no defaults filled into a model's entry
+
+
+def test_snakemake_fills_the_same_defaults_as_the_andrea_commands():
+    """The workflow validates with Snakemake first (set_default=True): it must not fill a model's
+    train entry with the built-in defaults, which would then beat train.defaults."""
+    from snakemake.utils import validate
+
+    raw = shipped()
+    raw["train"]["defaults"]["lr"] = 1.0e-3
+    del raw["curriculum"]
+    by_snakemake = copy.deepcopy(raw)
+    validate(by_snakemake, str(SCHEMA_PATH))
+    assert validate_config(by_snakemake) == validate_config(raw)
+    assert train_settings(validate_config(by_snakemake), "ANDREA-12M")["lr"] == 1.0e-3
+
+
+def test_the_settings_classes_cover_the_schema_and_reject_unknown_keys():
+    schema = load_schema()
+    assert [f.name for f in dataclasses.fields(TrainSettings)] == list(schema["$defs"]["train_settings"]["properties"])
+    assert [f.name for f in dataclasses.fields(CurriculumSettings)] == list(schema["properties"]["curriculum"]["properties"])
+    # a model's entry and the curriculum overrides take exactly the same keys
+    assert list(schema["$defs"]["train_override"]["properties"]) == list(schema["$defs"]["train_settings"]["properties"])
+    assert list(schema["$defs"]["curriculum_override"]["properties"]) == list(schema["properties"]["curriculum"]["properties"])
+    good = train_settings(load_config(REPO / "config" / "config.yaml"), "ANDREA-tiny")
+    assert TrainSettings.from_dict(good).as_dict() == good
+    with pytest.raises(ConfigError, match="train: unknown setting 'lerning_rate'"):
+        TrainSettings.from_dict({**good, "lerning_rate": 1.0})
+    with pytest.raises(ConfigError, match="train.curriculum: unknown setting 'ucb'"):
+        TrainSettings.from_dict({**good, "curriculum": {**good["curriculum"], "ucb": 1.0}})
+    with pytest.raises(ConfigError, match="missing setting 'beta1'"):
+        TrainSettings.from_dict({k: v for k, v in good.items() if k != "beta1"})
+    with pytest.raises(ConfigError, match="train.batch_size: expected int"):
+        TrainSettings.from_dict({**good, "batch_size": 8.0})
+    with pytest.raises(ConfigError, match="curriculum.warmup_sources: expected a list of str"):
+        CurriculumSettings.from_dict({**good["curriculum"], "warmup_sources": "chat"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        TrainSettings.from_dict(good).lr = 1.0
+
+
+def test_config_show_marks_the_values_that_came_from_defaults(tmp_path, capsys):
+    from andrea.cli import main
+
+    cfg = shipped()
+    cfg["train"]["defaults"]["lr"] = 1.0e-3
+    del cfg["models"]["ANDREA-12M"]["n_segments"]  # invalid: show refuses it like every command
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ConfigError, match="n_segments"):
+        show_config(path)
+    cfg["models"]["ANDREA-12M"]["n_segments"] = 4096
+    path.write_text(yaml.safe_dump(cfg))
+
+    text = show_config(path)
+    assert yaml.safe_load(text) == load_config(path)  # the effective config, as YAML
+    lines = text.splitlines()
+    assert "    lr: 0.001" in lines  # set in the file: no mark
+    assert "    beta1: 0.9  # default" in lines and "    mlp_ratio: 4  # default" in lines
+    assert "  ucb_c: 14.142  # default" in lines
+    assert "  warmup_sources: [hermes3-general, hermes3-creative, hermes3-roleplay, chat, smoltalk, oasst, gutenberg]" in lines
+
+    assert main(["config", "show", "--config", str(path), "--model", "ANDREA-tiny"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert yaml.safe_load(out)["train"] == train_settings(load_config(path), "ANDREA-tiny")
+    assert "  lr: 0.002" in lines  # train.ANDREA-tiny's own
+    assert "  batch_size: 8  # default" in lines and "  backend: auto  # train.defaults" in lines
+    assert "    warmup_steps: 150" in lines and "    ucb_c: 14.142  # default" in lines
+    assert "    warmup_sources: [hermes3-general, hermes3-creative, hermes3-roleplay, chat, smoltalk, oasst, gutenberg]  # curriculum" in lines
+    assert '  sample_prompt: "> Tell me about the sea.\\n\\n< "  # default' in lines
+    assert "  mlp_ratio: 4  # default" in lines and "  d_model: 128" in lines
+    with pytest.raises(ConfigError, match="unknown model 'nope'"):
+        show_config(path, "nope")

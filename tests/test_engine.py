@@ -372,3 +372,37 @@ def test_memory_plan_counts_every_buffer():
     assert plan.parameters == 5 * 4 * e.n_params  # w, g, m, v and the decay mask, float32
     assert plan.activations > 0 and plan.total == plan.parameters + plan.activations + plan.scratch
     assert "memory plan" in plan.describe()
+
+
+def test_every_backend_implements_the_interface_with_its_signatures():
+    """The engine calls the interface's methods with the interface's arguments: a backend whose
+    method takes other arguments would only fail deep inside a pass."""
+    import inspect
+
+    from andrea.engine.backend import Backend
+    from andrea.engine.engine import BACKENDS, load_backend
+
+    for name in BACKENDS:
+        try:
+            cls = load_backend(name)
+        except RuntimeError:  # CuPy is not installed here (the GPU tests cover it on the device)
+            continue
+        assert not inspect.isabstract(cls), f"{name}: {sorted(cls.__abstractmethods__)} not implemented"
+        for method in Backend.__abstractmethods__:
+            want = [p for p in inspect.signature(getattr(Backend, method)).parameters if p != "self"]
+            got = [p for p in inspect.signature(getattr(cls, method)).parameters if p != "self"]
+            assert got[: len(want)] == want, f"{name}.{method}{got} differs from the interface's {want}"
+
+
+def test_a_forward_only_pass_over_reused_buffers_equals_the_training_forward():
+    """Generation's buffers (one set for all layers, two residual buffers) give the training
+    forward's loss, byte for byte on the same backend."""
+    from andrea import model as gpt
+    from andrea.model import Activations
+
+    e = make_engine("float32", seed=5)
+    x, y = batch(2, 0)
+    loss = e.forward(x, y)
+    A = Activations(e.cfg, e.B, e.T, e.be, saved=False, backward=False)
+    A.saved["probs"], A.saved["losses"] = np.zeros_like(e.acts["probs"]), np.zeros_like(e.acts["losses"])
+    assert gpt.forward(e.cfg, e.be, e.W, A, e.tokens, e.targets) == loss

@@ -17,7 +17,7 @@ except Exception:  # ImportError, or CUDA without a device
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_GPU, reason="no CUDA GPU with CuPy here (GPU tests run on the device)")]
 
 if HAVE_GPU:
-    from andrea.engine import cupy_backend as gb
+    from andrea.engine.cupy import BF16, VOCAB_PAD, CupyBackend
 from andrea.engine import Engine
 from andrea.engine import numpy_backend as nb
 from andrea.model import ModelConfig
@@ -45,14 +45,8 @@ def h(x):
     return cp.asnumpy(x)
 
 
-@pytest.fixture(autouse=True)
-def fp32():
-    gb.set_precision("fp32")  # also forgets cached bf16 weights (buffers are reused between tests)
-    yield
-    gb.set_precision("fp32")
-
-
 def test_gemm_all_transposes_and_accumulation():
+    gb = CupyBackend("fp32")
     a, b = r(37, 53), r(53, 29)
     for ta in (False, True):
         for tb in (False, True):
@@ -66,6 +60,7 @@ def test_gemm_all_transposes_and_accumulation():
 
 
 def test_embedding_pair():
+    gb = CupyBackend("fp32")
     tok = RNG.integers(0, V, (B, T)).astype(np.int32)
     tok[0, :20] = 5
     wte, wpe, dout = r(V, d), r(T, d), r(B, T, d)
@@ -81,6 +76,7 @@ def test_embedding_pair():
 
 
 def test_layernorm_pair():
+    gb = CupyBackend("fp32")
     x, gam, bet, dout = r(B, T, d), r(d), r(d), r(B, T, d)
     outs = {}
     for name, be, conv in (("n", nb, lambda a: a), ("g", gb, g)):
@@ -97,8 +93,8 @@ def test_layernorm_pair():
 def test_fused_residual_layernorm_pairs(precision):
     """residual add + LayerNorm in one kernel; LayerNorm backward with its parameter sums reduced
     on the way and the residual gradient handed to the branch (residual_add_bwd fused)."""
-    gb.set_precision(precision)
-    dt, tol = (gb.BF16, 1e-2) if precision == "bf16" else (np.float32, 1e-5)
+    gb = CupyBackend(precision)
+    dt, tol = (BF16, 1e-2) if precision == "bf16" else (np.float32, 1e-5)
     x, f, gam, bet, dout = r(B, T, d), r(B, T, d), r(d), r(d), r(B, T, d)
     res_n, out_n = np.zeros((B, T, d), np.float32), np.zeros((B, T, d), np.float32)
     m_n, s_n = np.zeros((B, T), np.float32), np.zeros((B, T), np.float32)
@@ -119,8 +115,8 @@ def test_fused_residual_layernorm_pairs(precision):
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_row_kernels_at_widths_the_vector_kernels_do_not_take(precision):
     """d_model not a multiple of 4, and a GELU size not a multiple of 8: the scalar kernels."""
-    gb.set_precision(precision)
-    dt, tol = (gb.BF16, 1e-2) if precision == "bf16" else (np.float32, 1e-5)
+    gb = CupyBackend(precision)
+    dt, tol = (BF16, 1e-2) if precision == "bf16" else (np.float32, 1e-5)
     C = 130
     x, f, gam, bet, dout = r(3, 5, C), r(3, 5, C), r(C), r(C), r(3, 5, C)
     res_n, out_n, m_n, s_n = np.zeros_like(x), np.zeros_like(x), np.zeros((3, 5), np.float32), np.zeros((3, 5), np.float32)
@@ -158,11 +154,10 @@ def test_cuda_graph_replay_equals_eager_steps():
     assert out[True] == out[False]
 
 
-@pytest.mark.parametrize("impl", ["strip", "flash"])
 @pytest.mark.parametrize("head_dim", [32, 64])
-def test_attention_pair_matches_reference_without_a_TxT_matrix(head_dim, impl, monkeypatch):
-    monkeypatch.setattr(gb, "ATTENTION", impl)
-    monkeypatch.setattr(gb, "STRIP", 32)  # several strips, the last one partial (T = 100)
+def test_attention_pair_matches_reference_without_a_TxT_matrix(head_dim):
+    """fp32: the CUDA-core flash kernels, at every head size (T = 100: the last tile partial)."""
+    gb = CupyBackend("fp32")
     Hh = d // head_dim
     qkv, dy = r(3, B, Hh, T, head_dim), r(B, T, d)
     y_n, lse_n = np.zeros((B, T, d), np.float32), np.zeros((B, Hh, T), np.float32)
@@ -180,18 +175,16 @@ def test_attention_pair_matches_reference_without_a_TxT_matrix(head_dim, impl, m
 
 def round16(a, dtype=None):
     """a rounded to the 16-bit type (bf16 unless given), back in float32."""
-    return np.asarray(a, np.float32).astype(dtype or gb.BF16).astype(np.float32)
+    return np.asarray(a, np.float32).astype(dtype or BF16).astype(np.float32)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-@pytest.mark.parametrize("variant", ["1", "2", "3"])
 @pytest.mark.parametrize("head_dim,T_", [(32, 100), (64, 100), (64, 200), (16, 37)])
-def test_tensor_core_flash_attention_matches_reference(head_dim, T_, variant, precision, monkeypatch):
-    """bf16 mode: the fused mma.sync kernels on a [B, T, 3, H, D] buffer, partial tiles included;
-    variant 1 loads tiles synchronously, 2 double-buffers them with cp.async, 3 as 2 at 4 blocks/SM."""
-    monkeypatch.setattr(gb, "FLASH_VARIANT", variant)
-    gb.set_precision(precision)
-    hd = gb._half()
+def test_tensor_core_flash_attention_matches_reference(head_dim, T_, precision):
+    """16-bit modes: the fused mma.sync kernels (tiles double-buffered with cp.async) on a
+    [B, T, 3, H, D] buffer, partial tiles included."""
+    gb = CupyBackend(precision)
+    hd = gb.half
     Hh = 2
     dd = Hh * head_dim
     qkv = round16(r(B, T_, 3, Hh, head_dim), hd)
@@ -221,8 +214,8 @@ def test_16bit_pairs_match_numpy(precision):
     """bf16 and fp16 modes on the buffers the engine plans for them (16-bit activations,
     [B, T, 3, H, D] q/k/v, padded 16-bit logits, weights read from the 16-bit copy AdamW keeps):
     each pair within 1e-2."""
-    gb.set_precision(precision)
-    bf = gb._half()
+    gb = CupyBackend(precision)
+    bf = gb.half
     # the head first, as in the model's layout: its bf16 copy is padded with zero rows, and every
     # weight after it sits further on in the copy
     shapes = {"wte": (V, d), "wq": (d, d), "wk": (d, d), "wv": (d, d), "wo": (d, d), "w1": (d, M), "w2": (M, d)}
@@ -234,7 +227,7 @@ def test_16bit_pairs_match_numpy(precision):
         host[k] = round16(host[k], bf)
         off += math.prod(s)
     gb.register_weights(flat, head=W["wte"])
-    assert gb._mirror_of(W["wte"], padded=True).shape == (-(-V // gb.VOCAB_PAD) * gb.VOCAB_PAD, d)
+    assert gb.weights.view(W["wte"], padded=True).shape == (-(-V // VOCAB_PAD) * VOCAB_PAD, d)
     x = round16(r(B, T, d), bf)
     xb = g(x).astype(bf)
 
@@ -296,7 +289,7 @@ def test_16bit_pairs_match_numpy(precision):
     ldx_n, ldw_n = np.zeros((B, T, d), np.float32), np.zeros((V, d), np.float32)
     nb.loss_bwd(x, host["wte"], tgt, probs_n, ldx_n, ldw_n, 0.5)
     shape, dtype = gb.plan_buffer("probs", (B, T, V), np.float32, H)
-    assert shape[-1] % gb.VOCAB_PAD == 0 and dtype == bf
+    assert shape[-1] % VOCAB_PAD == 0 and dtype == bf
     probs_g, losses_g = cp.zeros(shape, dtype), cp.zeros((B, T), cp.float32)
     loss_g = gb.loss_fwd(xb, W["wte"], g(tgt.astype(np.int32)), probs_g, losses_g)
     ldx_g, ldw_g = cp.zeros((B, T, d), cp.float32), cp.zeros((V, d), cp.float32)
@@ -308,11 +301,12 @@ def test_16bit_pairs_match_numpy(precision):
     grad, m_, v_ = cp.ones_like(flat), cp.zeros_like(flat), cp.zeros_like(flat)
     gb.adamw(flat, grad, m_, v_, cp.ones_like(flat), 1e-2, 0.9, 0.999, 1e-8, 0.0, 1)
     for k in shapes:
-        assert h(gb._operand(W[k], weight=True)).tobytes() == h(W[k]).astype(bf).tobytes(), k
-    assert not h(gb._mirror_of(W["wte"], padded=True)[V:]).astype(np.float32).any()  # the padding stays zero
+        assert h(gb.weights.operand(W[k], weight=True)).tobytes() == h(W[k]).astype(bf).tobytes(), k
+    assert not h(gb.weights.view(W["wte"], padded=True)[V:]).astype(np.float32).any()  # the padding stays zero
 
 
 def test_matmul_pairs_and_classifier():
+    gb = CupyBackend("fp32")
     x, wq, wk, wv, wo = r(B, T, d), r(d, d, scale=0.1), r(d, d, scale=0.1), r(d, d, scale=0.1), r(d, d, scale=0.1)
     w1, w2, wte = r(d, M, scale=0.1), r(M, d, scale=0.1), r(V, d, scale=0.1)
     tgt = RNG.integers(0, V, (B, T))
@@ -340,6 +334,7 @@ def test_matmul_pairs_and_classifier():
 
 
 def test_optimizer_kernels():
+    gb = CupyBackend("fp32")
     n = 300_001
     w, grad, m, v = r(n), r(n), r(n, scale=0.01), np.abs(r(n, scale=0.01))
     decay = (RNG.random(n) > 0.3).astype(np.float32)
@@ -449,7 +444,7 @@ def test_bf16_engine_plans_bf16_activations():
     fp32 = Engine(CFG, 4, 128, backend="cupy", seed=1)
     bf16 = Engine(CFG, 4, 128, backend="cupy", seed=1, precision="bf16")
     assert bf16.acts["qkv"].shape == (CFG.n_layer, 4, 128, 3, CFG.n_head, CFG.head_dim)
-    assert bf16.acts["mlp_h"].dtype == gb.BF16 and bf16.acts["res"].dtype == np.float32
+    assert bf16.acts["mlp_h"].dtype == BF16 and bf16.acts["res"].dtype == np.float32
     assert bf16.memory_plan().activations < 0.6 * fp32.memory_plan().activations
 
 
@@ -470,12 +465,9 @@ def test_gpu_checkpoint_loads_in_the_numpy_backend(tmp_path):
 def test_snapshot_holds_the_value_at_its_step():
     """A checkpoint's snapshot is the buffer when it was taken, whatever the training does next:
     the device-side copy, brought to the host later on a stream of its own."""
-    cp = pytest.importorskip("cupy")
-    from andrea.engine import cupy_backend as cb
-
     a = cp.arange(50_000_000, dtype=cp.float32)
     want = cp.asnumpy(a)
-    snap = cb.snapshot(a)
+    snap = CupyBackend("fp32").snapshot(a)
     a *= 2  # the next steps change the weights
     got = snap.host()
     assert np.array_equal(got, want) and snap.copy is None
@@ -504,3 +496,112 @@ def test_forward_only_batches_between_steps_change_nothing(precision):
         with pytest.raises(ValueError, match="forward pass only"):
             e.forward_backward(evb[0])
     assert runs[0] == runs[1]
+
+
+def _layer_pass(be, loss_scale):
+    """One transformer layer's kernel pairs, the classifier and an AdamW step on `be`, over buffers
+    it planned and weights it registered: a generator that yields after each call (so that calls of
+    several backends can interleave), returning the results as host arrays."""
+    rng = np.random.default_rng(9)
+    shapes = {"wte": (V, d), "wq": (d, d), "wk": (d, d), "wv": (d, d), "wo": (d, d), "w1": (d, M), "w2": (M, d)}
+    n = sum(math.prod(s) for s in shapes.values())
+    flat, grads = g(r(n, scale=0.1)), cp.zeros(n, cp.float32)
+    W, G, off = {}, {}, 0
+    for k, s in shapes.items():
+        W[k], G[k] = flat[off:off + math.prod(s)].reshape(s), grads[off:off + math.prod(s)].reshape(s)
+        off += math.prod(s)
+    be.register_weights(flat, head=W["wte"])
+    be.set_loss_scale(loss_scale)
+
+    def buf(name, *shape):
+        shape, dtype = be.plan_buffer(name, shape, np.float32, H)
+        return cp.zeros(shape, dtype)
+
+    x = g(rng.standard_normal((B, T, d)).astype(np.float32))
+    tgt = g(rng.integers(0, V, (B, T)).astype(np.int32))
+    ln, mean, rstd = buf("ln1", B, T, d), buf("ln1_mean", B, T), buf("ln1_rstd", B, T)
+    be.layernorm_fwd(x, cp.ones(d, cp.float32), cp.zeros(d, cp.float32), ln, mean, rstd)
+    yield
+    qkv, y, lse = buf("qkv", 3, B, H, T, D), buf("att_y", B, T, d), buf("att_lse", B, H, T)
+    be.attn_qkv_fwd(ln, W["wq"], W["wk"], W["wv"], qkv, H)
+    yield
+    be.attn_fwd(qkv, y, lse)
+    yield
+    out, hbuf, abuf = buf("branch", B, T, d), buf("mlp_h", B, T, M), buf("mlp_a", B, T, M)
+    be.attn_out_fwd(y, W["wo"], out)
+    yield
+    be.mlp_fwd(ln, W["w1"], W["w2"], hbuf, abuf, out)
+    yield
+    probs, losses = buf("probs", B, T, V), buf("losses", B, T)
+    loss = be.loss_fwd(ln, W["wte"], tgt, probs, losses)
+    yield
+    d_ln, d_branch, d_y, d_qkv = buf("d_ln", B, T, d), buf("d_branch", B, T, d), buf("d_y", B, T, d), buf("d_qkv", 3, B, H, T, D)
+    be.loss_bwd(ln, W["wte"], tgt, probs, d_ln, G["wte"])
+    yield
+    be.residual_add_bwd(d_ln, d_branch)
+    yield
+    be.mlp_bwd(d_branch, ln, hbuf, abuf, W["w1"], W["w2"], d_ln, G["w1"], G["w2"])
+    yield
+    be.attn_out_bwd(d_branch, y, W["wo"], d_y, G["wo"])
+    yield
+    be.attn_bwd(d_y, qkv, y, lse, d_qkv)
+    yield
+    be.attn_qkv_bwd(d_qkv, ln, W["wq"], W["wk"], W["wv"], d_ln, G["wq"], G["wk"], G["wv"])
+    yield
+    be.adamw(flat, grads, cp.zeros_like(flat), cp.zeros_like(flat), cp.ones(n, cp.uint8), 1e-2, 0.9, 0.999, 1e-8, 0.1, 1,
+             1.0 / loss_scale)
+    yield
+    mlp = be.weights.operand(W["w1"], weight=True)  # the weight copy AdamW refreshed (fp32: the weights)
+    return [np.float64(loss), h(losses), h(d_qkv).view(np.uint8), h(d_ln), h(grads), h(flat), h(mlp).view(np.uint8)]
+
+
+def test_backends_of_different_precisions_work_side_by_side():
+    """fp32, bf16 and fp16 backends in one process, their calls interleaved one by one, give the same
+    bytes as each backend alone: precision, weight copies, loss scale, scratch buffers and cuBLAS
+    handles are each backend's own (fp16 with a loss scale the others must not see)."""
+    scales = {"fp32": 1.0, "bf16": 1.0, "fp16": 1024.0}
+
+    def finish(gen):
+        try:
+            while True:
+                next(gen)
+        except StopIteration as stop:
+            return stop.value
+
+    alone = {p: finish(_layer_pass(CupyBackend(p), s)) for p, s in scales.items()}
+    running = {p: _layer_pass(CupyBackend(p), s) for p, s in scales.items()}
+    together = {}
+    while running:
+        for p in list(running):
+            try:
+                next(running[p])
+            except StopIteration as stop:
+                together[p] = stop.value
+                del running[p]
+    for p in scales:
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(together[p], alone[p])), p
+    # the fp16 backend's gradients carry its loss scale; bf16's (the same model) do not
+    assert 100 < np.linalg.norm(alone["fp16"][4]) / np.linalg.norm(alone["bf16"][4]) < 10_000
+
+
+def test_engines_of_different_precisions_train_side_by_side():
+    """A bf16, an fp16 and an fp32 engine in one process, their training steps interleaved (graph
+    replays included), end with the same weights and losses as each engine trained alone."""
+    oc = OptimConfig(lr=1e-3, warmup_steps=1)
+
+    def steps(e):
+        for s in range(3):
+            yield train_step(e, [batch(60 + s)], s, oc).loss
+
+    alone = {}
+    for p in ("bf16", "fp16", "fp32"):
+        e = Engine(CFG, 4, 128, backend="cupy", seed=8, precision=p)
+        alone[p] = (list(steps(e)), e.host(e.w).tobytes())
+    engines = {p: Engine(CFG, 4, 128, backend="cupy", seed=8, precision=p) for p in alone}
+    runs = {p: steps(e) for p, e in engines.items()}
+    losses = {p: [] for p in engines}
+    for _ in range(3):
+        for p in engines:
+            losses[p].append(next(runs[p]))
+    for p, e in engines.items():
+        assert (losses[p], e.host(e.w).tobytes()) == alone[p], p

@@ -211,7 +211,12 @@ def test_verdict_parsing():
 def test_builtin_scores():
     s = builtin_scores("the cat sat on the mat and the dog sat on the log")
     assert s["distinct_1"] == pytest.approx(8 / 13, abs=1e-4) and s["n_words"] == 13
+    # 12 bigrams; "sat on" and "on the" come twice: 10 distinct. Its 10 4-grams are all different.
+    assert s["distinct_2"] == pytest.approx(10 / 12, abs=1e-4) and s["repetition"] == 0.0
+    # 4-grams: abcd bcda cdab dabc abcd: the fifth repeats the first
     assert repetition_rate("a b c d a b c d".split()) == pytest.approx(1 / 5)
+    assert repetition_rate("a a a a a a".split()) == pytest.approx(2 / 3)  # 3 4-grams, 2 repeats
+    assert repetition_rate("a a a".split()) == 0.0  # no 4-gram at all
     assert builtin_scores("")["coherence"] == 0 and builtin_scores("")["english_rate"] == 0
 
 

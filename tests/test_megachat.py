@@ -157,9 +157,12 @@ def test_missing_source_fails_naming_the_key_unless_optional(config, tmp_path):
         "repo-commits": {"adapter": "git_log", "location": str(tmp_path), "optional": True},  # not a repository
     })
     counts, rows = run(cfg, tmp_path)
-    assert "skipped_source" in counts["per_source"]["chat"]
-    assert "skipped_source" in counts["per_source"]["repo-commits"]
+    assert counts["per_source"]["chat"] == {"skipped_source": f"{tmp_path / 'nope.jsonl'} does not exist"}
+    assert list(counts["per_source"]["repo-commits"]) == ["skipped_source"]
     assert rows and {r["source"] for r in rows} == {"synthetic-chat"}
+    # a skipped source is no input of the stage (repo-commits was found, then failed to read)
+    manifest = json.loads((tmp_path / "prep" / "manifest.json").read_text())
+    assert [i["source"] for i in manifest["inputs"]] == ["synthetic-chat"]
 
 
 def test_strict_mode_stops_on_a_malformed_record(config, tmp_path):

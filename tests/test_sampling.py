@@ -28,6 +28,20 @@ def test_cached_decoding_gives_the_full_forward_logits(tied):
         m.forward([1])
 
 
+def test_sampler_over_an_engines_weights_reads_them_in_place():
+    """The trainer samples from its engine's own weight buffer (no copy per sample): the sampler
+    sees each optimizer update, and generating never writes the weights."""
+    eng = Engine(CFG, batch_size=1, seq_len=8, seed=4)
+    m = InferenceModel(CFG, eng.w)
+    before = m.forward([3, 4, 5]).copy()
+    w0 = eng.w.copy()
+    generate(m, [3, 4, 5], 30, np.random.default_rng(0), stop_at_bos=False)
+    assert np.array_equal(eng.w, w0)
+    eng.w *= 1.5  # an update of the engine's weights, in place
+    m.reset()
+    assert not np.allclose(m.forward([3, 4, 5]), before)
+
+
 def test_generation_is_seeded_and_respects_its_limits():
     m = InferenceModel(CFG, init_weights(CFG, seed=1) * 8)
     a = generate(m, [256 % 60, 5, 6], 50, np.random.default_rng(7), stop_at_bos=False)

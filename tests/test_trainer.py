@@ -83,6 +83,16 @@ def wait_for_lines(run_dir, n, proc, timeout=120):
     raise AssertionError("timed out waiting for training progress")
 
 
+def interrupt(config, shards, run_dir, after_lines, sig=signal.SIGTERM, *extra):
+    """Start a training run, send it `sig` once `after_lines` steps are logged, wait for it to
+    exit: (exit status, stderr)."""
+    proc = train(config, shards, run_dir, *extra, wait=False)
+    wait_for_lines(run_dir, after_lines, proc)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
 @pytest.fixture(scope="module")
 def straight(shards, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("straight")
@@ -113,11 +123,8 @@ def test_straight_run_writes_every_artifact(straight):
 def test_sigterm_then_resume_equals_the_straight_run(shards, straight, tmp_path):
     cfg = write_config(tmp_path / "config.yaml")
     run = tmp_path / "run"
-    proc = train(cfg, shards, run, wait=False)
-    wait_for_lines(run, 90, proc)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-2000:]
+    rc, err = interrupt(cfg, shards, run, 90)
+    assert rc == 0, err[-2000:]
     stopped_at = json.loads((run / "state.json").read_text())["step"]
     assert 90 <= stopped_at < 240 and "stopped by a signal" in err
     p = train(cfg, shards, run)
@@ -212,11 +219,8 @@ def test_recorded_batches_replay_to_the_same_losses(shards, tmp_path):
 def test_sigusr1_checkpoints_and_carries_on(shards, straight, tmp_path):
     cfg = write_config(tmp_path / "config.yaml", keep_checkpoints=10)
     run = tmp_path / "run"
-    proc = train(cfg, shards, run, wait=False)
-    wait_for_lines(run, 50, proc)
-    proc.send_signal(signal.SIGUSR1)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0 and "(SIGUSR1)" in err
+    rc, err = interrupt(cfg, shards, run, 50, signal.SIGUSR1)
+    assert rc == 0 and "(SIGUSR1)" in err
     steps = sorted(int(p.stem.split("_")[1]) for p in (run / "checkpoints").glob("step_*.bin"))
     assert any(s % 40 for s in steps), steps  # one off the periodic grid
     assert (run / "final.bin").read_bytes() == (straight / "final.bin").read_bytes()
@@ -225,10 +229,7 @@ def test_sigusr1_checkpoints_and_carries_on(shards, straight, tmp_path):
 def test_policy_change_applies_from_the_resume_step(shards, straight, tmp_path):
     cfg = write_config(tmp_path / "config.yaml")
     run = tmp_path / "run"
-    proc = train(cfg, shards, run, wait=False)
-    wait_for_lines(run, 100, proc)
-    proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=120)
+    assert interrupt(cfg, shards, run, 100)[0] == 0
     stopped_at = json.loads((run / "state.json").read_text())["step"]
     c = yaml.safe_load(cfg.read_text())
     c["sources"]["dictionary"]["floor"] = 1.0  # the "polish pivot": a new floor

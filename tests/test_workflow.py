@@ -158,7 +158,9 @@ def test_full_size_plan(workflow_dir):
     """The real ANDREA-120M DAG plans (200K steps, batch 8, context 1024, 20K warm-up)."""
     plan = snakemake(workflow_dir, "-n", "results/ANDREA-120M/audit")
     text = plan.stdout + plan.stderr
-    for rule in ("pull_hermes3", "prep_megachat", "filter_shape", "train_tokenizer", "encode", "shards", "train", "audit"):
+    # on its data profile, real: fetched first, then the real profile's data stages
+    for rule in ("fetch_data", "pull_hermes3_real", "prep_megachat_real", "filter_shape_real", "train_tokenizer", "encode",
+                 "shards", "train", "audit"):
         assert f"rule {rule}:" in text, rule
     from andrea.config import load_config
     from andrea.trainer import train_settings
@@ -171,7 +173,7 @@ def test_full_size_plan(workflow_dir):
 def test_a_refused_training_says_why_in_one_paragraph(workflow_dir):
     """ANDREA-120M on a machine without a GPU: the train job refuses with the estimate and what
     to do, in its log, without a traceback."""
-    set_config(workflow_dir, {"sources.repo-docstrings.max_docs": 200})
+    set_config(workflow_dir, {"sources.repo-docstrings.max_docs": 200, "data_profile": "embedded"})  # no network here
     proc = snakemake(workflow_dir, "results/ANDREA-120M/ckpt", check=False)
     assert proc.returncode != 0
     log = (workflow_dir / "results" / "logs" / "train" / "ANDREA-120M.log").read_text()

@@ -1,5 +1,6 @@
-"""The training engine: buffers, kernel pairs and optimizer steps (andrea.engine.engine) over a
-backend (andrea.engine.numpy_backend; the CuPy backend implements the same functions)."""
+"""The training engine (andrea.engine.engine) over a backend object: the interface is
+andrea.engine.backend, implemented by andrea.engine.numpy_backend (the reference) and
+andrea.engine.cupy (NVIDIA GPUs)."""
 
 from andrea.engine.engine import (
     Engine,
@@ -7,8 +8,9 @@ from andrea.engine.engine import (
     PreparedBatch,
     gpu_status,
     load_backend,
+    make_backend,
     materialise,
     resolve_backend,
 )
 
-__all__ = ["Engine", "MemoryPlan", "PreparedBatch", "gpu_status", "load_backend", "materialise", "resolve_backend"]
+__all__ = ["Engine", "MemoryPlan", "PreparedBatch", "gpu_status", "load_backend", "make_backend", "materialise", "resolve_backend"]

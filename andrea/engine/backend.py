@@ -89,9 +89,8 @@ class Backend(abc.ABC):
         return np.array(a, copy=True)
 
     def set_loss_scale(self, scale: float) -> None:
-        """Gradients of the 16-bit path come out multiplied by `scale` (fp16 loss scaling)."""
-        if scale != 1.0:
-            raise ValueError(f"the {self.name} backend in {self.precision} has no loss scaling")
+        """The fp16 loss scale, for a backend whose loss kernel multiplies the gradients by it on the
+        device (so a captured graph follows changes); the others get it as backward's dloss."""
 
     def capture(self, fn: Callable[[], None]) -> Callable[[], None]:
         """`fn`, recorded once and replayed (can_capture)."""

@@ -153,11 +153,14 @@ __device__ void load_query_tile(const float* q, const float* dy, const float* ls
     }
 }
 
-// dk_j = scale * sum_{i>=j} P_ij (dP_ij - delta_i) q_i
-extern "C" __global__ void attn_bwd_dk(const float* __restrict__ q, const float* __restrict__ k,
-                                       const float* __restrict__ v, const float* __restrict__ dy,
-                                       const float* __restrict__ lse, const float* __restrict__ delta,
-                                       float* __restrict__ dk, int H, int T, float scale) {
+// The key-side kernels, one thread per key row j, over the query tiles from j's own on:
+//   dK:  dk_j = scale * sum_{i>=j} P_ij (dP_ij - delta_i) q_i    (GRAD_K)
+//   dV:  dv_j = sum_{i>=j} P_ij dy_i                              (v is not read)
+template <bool GRAD_K>
+__device__ __forceinline__ void attn_bwd_keys(const float* __restrict__ q, const float* __restrict__ k,
+                                              const float* __restrict__ v, const float* __restrict__ dy,
+                                              const float* __restrict__ lse, const float* __restrict__ delta,
+                                              float* __restrict__ out, int H, int T, float scale) {
     __shared__ float Qs[BQT][D];
     __shared__ float dYs[BQT][D];
     __shared__ float ls[BQT], dls[BQT];
@@ -165,11 +168,11 @@ extern "C" __global__ void attn_bwd_dk(const float* __restrict__ q, const float*
     long base = (long)bh * T * D;
     int j = blockIdx.x * BKEYS + threadIdx.x;
     bool active = j < T;
-    float kr[D], vr[D], acc[D];
+    float kr[D], vr[GRAD_K ? D : 1], acc[D];
 #pragma unroll
     for (int d = 0; d < D; d++) {
         kr[d] = active ? k[base + (long)j * D + d] : 0.f;
-        vr[d] = active ? v[base + (long)j * D + d] : 0.f;
+        if constexpr (GRAD_K) vr[d] = active ? v[base + (long)j * D + d] : 0.f;
         acc[d] = 0.f;
     }
     int i_start = (blockIdx.x * BKEYS / BQT) * BQT;
@@ -180,57 +183,41 @@ extern "C" __global__ void attn_bwd_dk(const float* __restrict__ q, const float*
             for (int ii = 0; ii < BQT; ii++) {
                 int i = i0 + ii;
                 if (i < j || i >= T) continue;
-                float s = 0.f, dp = 0.f;
+                if constexpr (GRAD_K) {
+                    float s = 0.f, dp = 0.f;
 #pragma unroll
-                for (int d = 0; d < D; d++) { s += Qs[ii][d] * kr[d]; dp += dYs[ii][d] * vr[d]; }
-                float ds = expf(s - ls[ii]) * (dp - dls[ii]);
+                    for (int d = 0; d < D; d++) { s += Qs[ii][d] * kr[d]; dp += dYs[ii][d] * vr[d]; }
+                    float ds = expf(s - ls[ii]) * (dp - dls[ii]);
 #pragma unroll
-                for (int d = 0; d < D; d++) acc[d] += ds * Qs[ii][d];  // Qs holds q * scale
+                    for (int d = 0; d < D; d++) acc[d] += ds * Qs[ii][d];  // Qs holds q * scale
+                } else {
+                    float s = 0.f;
+#pragma unroll
+                    for (int d = 0; d < D; d++) s += Qs[ii][d] * kr[d];
+                    float p = expf(s - ls[ii]);
+#pragma unroll
+                    for (int d = 0; d < D; d++) acc[d] += p * dYs[ii][d];
+                }
             }
         }
         __syncthreads();
     }
     if (active) {
 #pragma unroll
-        for (int d = 0; d < D; d++) dk[base + (long)j * D + d] = acc[d];
+        for (int d = 0; d < D; d++) out[base + (long)j * D + d] = acc[d];
     }
 }
 
-// dv_j = sum_{i>=j} P_ij dy_i
+extern "C" __global__ void attn_bwd_dk(const float* __restrict__ q, const float* __restrict__ k,
+                                       const float* __restrict__ v, const float* __restrict__ dy,
+                                       const float* __restrict__ lse, const float* __restrict__ delta,
+                                       float* __restrict__ dk, int H, int T, float scale) {
+    attn_bwd_keys<true>(q, k, v, dy, lse, delta, dk, H, T, scale);
+}
+
 extern "C" __global__ void attn_bwd_dv(const float* __restrict__ q, const float* __restrict__ k,
                                        const float* __restrict__ dy, const float* __restrict__ lse,
                                        const float* __restrict__ delta, float* __restrict__ dv,
                                        int H, int T, float scale) {
-    __shared__ float Qs[BQT][D];
-    __shared__ float dYs[BQT][D];
-    __shared__ float ls[BQT], dls[BQT];
-    int bh = blockIdx.y, b = bh / H, h = bh % H;
-    long base = (long)bh * T * D;
-    int j = blockIdx.x * BKEYS + threadIdx.x;
-    bool active = j < T;
-    float kr[D], acc[D];
-#pragma unroll
-    for (int d = 0; d < D; d++) { kr[d] = active ? k[base + (long)j * D + d] : 0.f; acc[d] = 0.f; }
-    int i_start = (blockIdx.x * BKEYS / BQT) * BQT;
-    for (int i0 = i_start; i0 < T; i0 += BQT) {
-        load_query_tile(q, dy, lse, delta, Qs, dYs, ls, dls, base, b, h, H, T, i0, scale);
-        __syncthreads();
-        if (active) {
-            for (int ii = 0; ii < BQT; ii++) {
-                int i = i0 + ii;
-                if (i < j || i >= T) continue;
-                float s = 0.f;
-#pragma unroll
-                for (int d = 0; d < D; d++) s += Qs[ii][d] * kr[d];
-                float p = expf(s - ls[ii]);
-#pragma unroll
-                for (int d = 0; d < D; d++) acc[d] += p * dYs[ii][d];
-            }
-        }
-        __syncthreads();
-    }
-    if (active) {
-#pragma unroll
-        for (int d = 0; d < D; d++) dv[base + (long)j * D + d] = acc[d];
-    }
+    attn_bwd_keys<false>(q, k, nullptr, dy, lse, delta, dv, H, T, scale);
 }

@@ -141,84 +141,6 @@ __device__ __forceinline__ void store_rows(h16* dst, long sT, const float acc[ND
     }
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
-flash_fwd(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __restrict__ v, h16* __restrict__ y,
-          float* __restrict__ lse, int H, int T, long sB, long sT, long sH, float scale) {
-    __shared__ __align__(16) h16 Qs[TILE * LDR];
-    __shared__ __align__(16) h16 Ks[TILE * LDR];
-    __shared__ __align__(16) h16 Vs[TILE * LDR];
-    const int qb = gridDim.x - 1 - blockIdx.x;  // longest rows first
-    const int bh = blockIdx.y, b = bh / H, h = bh % H;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const long base = b * sB + h * sH;
-    const int q0 = qb * TILE, r0 = warp * 16;
-    const float sl2 = scale * LOG2E;  // scores in log2 units: exp2 instead of exp
-
-    load_rows(Qs, q + base, sT, q0, T);
-    __syncthreads();
-    unsigned qf[KD][4];
-#pragma unroll
-    for (int kc = 0; kc < KD; kc++) load_a(qf[kc], Qs, LDR, r0, kc * 16, g, t);
-
-    float o[ND][4];
-#pragma unroll
-    for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows g and g + 8
-    const int i0 = q0 + r0 + g, i1 = i0 + 8;
-
-    for (int j0 = 0; j0 <= q0; j0 += TILE) {
-        __syncthreads();
-        load_rows(Ks, k + base, sT, j0, T);
-        load_rows(Vs, v + base, sT, j0, T);
-        __syncthreads();
-        float s[NT][4];
-        scores(s, qf, Ks, g, t);
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < NT; n++) {
-            int j = j0 + n * 8 + 2 * t;
-            s[n][0] = j <= i0 ? s[n][0] * sl2 : -INFINITY;
-            s[n][1] = j + 1 <= i0 ? s[n][1] * sl2 : -INFINITY;
-            s[n][2] = j <= i1 ? s[n][2] * sl2 : -INFINITY;
-            s[n][3] = j + 1 <= i1 ? s[n][3] * sl2 : -INFINITY;
-            mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
-        }
-        float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
-        float c0 = exp2f(m0 - mn0), c1 = exp2f(m1 - mn1);  // 0 on the first tile
-        m0 = mn0;
-        m1 = mn1;
-        float ps0 = 0.f, ps1 = 0.f;
-#pragma unroll
-        for (int n = 0; n < NT; n++) {
-            s[n][0] = exp2f(s[n][0] - mn0);
-            s[n][1] = exp2f(s[n][1] - mn0);
-            s[n][2] = exp2f(s[n][2] - mn1);
-            s[n][3] = exp2f(s[n][3] - mn1);
-            ps0 += s[n][0] + s[n][1];
-            ps1 += s[n][2] + s[n][3];
-        }
-        l0 = l0 * c0 + ps0;  // per-thread partial row sums; the quad's are added at the end
-        l1 = l1 * c1 + ps1;
-#pragma unroll
-        for (int n = 0; n < ND; n++) {
-            o[n][0] *= c0;
-            o[n][1] *= c0;
-            o[n][2] *= c1;
-            o[n][3] *= c1;
-        }
-        accumulate(o, s, Vs, lane);
-    }
-    l0 = quad_sum(l0);
-    l1 = quad_sum(l1);
-    const long yT = (long)H * D;
-    store_rows(y + (long)b * T * yT + h * D, yT, o, q0 + r0, T, 1.f / l0, 1.f / l1, g, t);
-    if (t == 0) {
-        if (i0 < T) lse[(long)bh * T + i0] = (m0 + log2f(l0)) * LN2;
-        if (i1 < T) lse[(long)bh * T + i1] = (m1 + log2f(l1)) * LN2;
-    }
-}
-
 // delta[b, h, i] = sum_d dy[b, i, h, d] * y[b, i, h, d]: one warp per row, fp32 sums
 extern "C" __global__ void flash_delta(const h16* __restrict__ dy, const h16* __restrict__ y,
                                        float* __restrict__ delta, int B, int H, int T) {
@@ -236,136 +158,14 @@ extern "C" __global__ void flash_delta(const h16* __restrict__ dy, const h16* __
     if (lane == 0) delta[((long)b * H + h) * T + i] = s;
 }
 
-// dq_i = scale * sum_{j <= i} P_ij (dP_ij - delta_i) k_j,  dP = dy · vᵀ, P = exp(scale q·k - lse)
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
-flash_bwd_dq(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __restrict__ v,
-             const h16* __restrict__ dy, const float* __restrict__ lse, const float* __restrict__ delta,
-             h16* __restrict__ dq, int H, int T, long sB, long sT, long sH, float scale) {
-    __shared__ __align__(16) h16 Ks[TILE * LDR];
-    __shared__ __align__(16) h16 Vs[TILE * LDR];
-    const int qb = gridDim.x - 1 - blockIdx.x;
-    const int bh = blockIdx.y, b = bh / H, h = bh % H;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const long base = b * sB + h * sH;
-    const int q0 = qb * TILE, r0 = warp * 16;
-    const float sl2 = scale * LOG2E;
-    const long yT = (long)H * D;
-
-    load_rows(Ks, q + base, sT, q0, T);  // Ks, Vs double as staging for q and dy
-    load_rows(Vs, dy + (long)b * T * yT + h * D, yT, q0, T);
-    __syncthreads();
-    unsigned qf[KD][4], df[KD][4];
-#pragma unroll
-    for (int kc = 0; kc < KD; kc++) {
-        load_a(qf[kc], Ks, LDR, r0, kc * 16, g, t);
-        load_a(df[kc], Vs, LDR, r0, kc * 16, g, t);
-    }
-    const int i0 = q0 + r0 + g, i1 = i0 + 8;
-    const float L0 = i0 < T ? lse[(long)bh * T + i0] * LOG2E : 0.f, L1 = i1 < T ? lse[(long)bh * T + i1] * LOG2E : 0.f;
-    const float d0 = i0 < T ? delta[(long)bh * T + i0] : 0.f, d1 = i1 < T ? delta[(long)bh * T + i1] : 0.f;
-    float acc[ND][4];
-#pragma unroll
-    for (int n = 0; n < ND; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-
-    for (int j0 = 0; j0 <= q0; j0 += TILE) {
-        __syncthreads();
-        load_rows(Ks, k + base, sT, j0, T);
-        load_rows(Vs, v + base, sT, j0, T);
-        __syncthreads();
-        float s[NT][4], dp[NT][4];
-        scores(s, qf, Ks, g, t);
-        scores(dp, df, Vs, g, t);
-#pragma unroll
-        for (int n = 0; n < NT; n++) {
-            int j = j0 + n * 8 + 2 * t;
-            float p0 = j <= i0 ? exp2f(s[n][0] * sl2 - L0) : 0.f;
-            float p1 = j + 1 <= i0 ? exp2f(s[n][1] * sl2 - L0) : 0.f;
-            float p2 = j <= i1 ? exp2f(s[n][2] * sl2 - L1) : 0.f;
-            float p3 = j + 1 <= i1 ? exp2f(s[n][3] * sl2 - L1) : 0.f;
-            s[n][0] = p0 * (dp[n][0] - d0);
-            s[n][1] = p1 * (dp[n][1] - d0);
-            s[n][2] = p2 * (dp[n][2] - d1);
-            s[n][3] = p3 * (dp[n][3] - d1);
-        }
-        accumulate(acc, s, Ks, lane);
-    }
-    store_rows(dq + base, sT, acc, q0 + r0, T, scale, scale, g, t);
-}
-
-// For the 64 keys of a block: dv_j = sum_{i >= j} P_ij dy_i, dk_j = scale * sum_{i >= j} dS_ij q_i,
-// computed transposed (keys as rows): Sᵀ = k · qᵀ, dPᵀ = v · dyᵀ.
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
-flash_bwd_dkdv(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __restrict__ v,
-               const h16* __restrict__ dy, const float* __restrict__ lse, const float* __restrict__ delta,
-               h16* __restrict__ dk, h16* __restrict__ dv, int H, int T, long sB, long sT, long sH, float scale) {
-    __shared__ __align__(16) h16 Qs[TILE * LDR];
-    __shared__ __align__(16) h16 Ds[TILE * LDR];
-    __shared__ float Ls[TILE], Es[TILE];
-    const int bh = blockIdx.y, b = bh / H, h = bh % H;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const long base = b * sB + h * sH;
-    const int k0 = blockIdx.x * TILE, r0 = warp * 16;  // the first keys see the most queries: launched first
-    const float sl2 = scale * LOG2E;
-    const long yT = (long)H * D;
-    const h16* dyb = dy + (long)b * T * yT + h * D;
-
-    load_rows(Qs, k + base, sT, k0, T);  // staging for k and v
-    load_rows(Ds, v + base, sT, k0, T);
-    __syncthreads();
-    unsigned kf[KD][4], vf[KD][4];
-#pragma unroll
-    for (int kc = 0; kc < KD; kc++) {
-        load_a(kf[kc], Qs, LDR, r0, kc * 16, g, t);
-        load_a(vf[kc], Ds, LDR, r0, kc * 16, g, t);
-    }
-    const int j0k = k0 + r0 + g, j1k = j0k + 8;  // this thread's two key rows
-    float dka[ND][4], dva[ND][4];
-#pragma unroll
-    for (int n = 0; n < ND; n++) {
-        dka[n][0] = dka[n][1] = dka[n][2] = dka[n][3] = 0.f;
-        dva[n][0] = dva[n][1] = dva[n][2] = dva[n][3] = 0.f;
-    }
-
-    for (int i0 = k0; i0 < T; i0 += TILE) {
-        __syncthreads();
-        load_rows(Qs, q + base, sT, i0, T);
-        load_rows(Ds, dyb, yT, i0, T);
-        for (int e = threadIdx.x; e < TILE; e += WARPS * 32) {
-            int i = i0 + e;
-            Ls[e] = i < T ? lse[(long)bh * T + i] * LOG2E : 0.f;
-            Es[e] = i < T ? delta[(long)bh * T + i] : 0.f;
-        }
-        __syncthreads();
-        float s[NT][4], dp[NT][4];
-        scores(s, kf, Qs, g, t);
-        scores(dp, vf, Ds, g, t);
-#pragma unroll
-        for (int n = 0; n < NT; n++) {
-            int c = n * 8 + 2 * t, i = i0 + c;  // query columns c, c + 1
-            bool ok00 = i >= j0k && i < T, ok01 = i + 1 >= j0k && i + 1 < T;
-            bool ok10 = i >= j1k && i < T, ok11 = i + 1 >= j1k && i + 1 < T;
-            s[n][0] = ok00 ? exp2f(s[n][0] * sl2 - Ls[c]) : 0.f;
-            s[n][1] = ok01 ? exp2f(s[n][1] * sl2 - Ls[c + 1]) : 0.f;
-            s[n][2] = ok10 ? exp2f(s[n][2] * sl2 - Ls[c]) : 0.f;
-            s[n][3] = ok11 ? exp2f(s[n][3] * sl2 - Ls[c + 1]) : 0.f;
-            dp[n][0] = s[n][0] * (dp[n][0] - Es[c]);
-            dp[n][1] = s[n][1] * (dp[n][1] - Es[c + 1]);
-            dp[n][2] = s[n][2] * (dp[n][2] - Es[c]);
-            dp[n][3] = s[n][3] * (dp[n][3] - Es[c + 1]);
-        }
-        accumulate(dva, s, Ds, lane);
-        accumulate(dka, dp, Qs, lane);
-    }
-    store_rows(dk + base, sT, dka, k0 + r0, T, scale, scale, g, t);
-    store_rows(dv + base, sT, dva, k0 + r0, T, 1.f, 1.f, g, t);
-}
-
 // ---------------------------------------------------------------------------------------------
-// Pipelined variants (suffix 2): the next tile is fetched with cp.async into a second shared-memory
-// buffer while the tensor cores work on the current one (global-memory latency hidden even at two
-// or three blocks per SM); the block's own rows (q and dy, or k and v) go straight from global
-// memory into their fragment registers; B fragments of the score products come through ldmatrix,
-// exponentials from ex2.approx, and masks are evaluated on edge tiles only.
+// Pipelining: the next tile is fetched with cp.async into a second shared-memory buffer while the
+// tensor cores work on the current one (global-memory latency hidden even at two or three blocks
+// per SM); the block's own rows (q and dy, or k and v) go straight from global memory into their
+// fragment registers; B fragments of the score products come through ldmatrix, exponentials from
+// ex2.approx, and masks are evaluated on edge tiles only. (load_rows, load_a and scores above load
+// and read tiles synchronously: the first version of these kernels, kept for comparison outside
+// the package, builds on them.)
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     unsigned addr;
@@ -445,41 +245,56 @@ __device__ __forceinline__ void global_a(unsigned a[KD][4], const h16* src, long
 #define FLASH_MINB 1  // blocks per SM the forward and dQ kernels must fit (registers capped to match)
 #endif
 
+// The key and value tiles of the query-side kernels (forward, dQ), double-buffered: kv_first starts
+// tile 0; kv_wait, before tile j0 (buffer cur) is used, starts the next one into the other buffer
+// and waits for this one.
+typedef h16 Tiles[2][TILE * LDR];
+
+__device__ __forceinline__ void kv_first(Tiles& Ks, Tiles& Vs, const h16* k, const h16* v, long sT, int T) {
+    async_rows(Ks[0], k, sT, 0, T);
+    async_rows(Vs[0], v, sT, 0, T);
+    cp_async_commit();
+}
+
+__device__ __forceinline__ void kv_wait(Tiles& Ks, Tiles& Vs, const h16* k, const h16* v, long sT, int T, int j0,
+                                        int q0, int cur) {
+    if (j0 + TILE <= q0) {  // fetch the next tile while this one is used
+        async_rows(Ks[cur ^ 1], k, sT, j0 + TILE, T);
+        async_rows(Vs[cur ^ 1], v, sT, j0 + TILE, T);
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    __syncthreads();
+}
+
+// O = softmax(scale q·kᵀ, causal)·v for the block's 64 query rows; saves each row's log-sum-exp
 extern "C" __global__ void __launch_bounds__(WARPS * 32, FLASH_MINB)
-flash_fwd2(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __restrict__ v, h16* __restrict__ y,
+flash_fwd(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __restrict__ v, h16* __restrict__ y,
            float* __restrict__ lse, int H, int T, long sB, long sT, long sH, float scale) {
-    __shared__ __align__(16) h16 Ks[2][TILE * LDR];
-    __shared__ __align__(16) h16 Vs[2][TILE * LDR];
+    __shared__ __align__(16) Tiles Ks;
+    __shared__ __align__(16) Tiles Vs;
     const int qb = gridDim.x - 1 - blockIdx.x;  // longest rows first
     const int bh = blockIdx.y, b = bh / H, h = bh % H;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const long base = b * sB + h * sH;
     const int q0 = qb * TILE, r0 = warp * 16;
-    const float sl2 = scale * LOG2E;
+    const float sl2 = scale * LOG2E;  // scores in log2 units: exp2 instead of exp
 
-    async_rows(Ks[0], k + base, sT, 0, T);
-    async_rows(Vs[0], v + base, sT, 0, T);
-    cp_async_commit();
+    kv_first(Ks, Vs, k + base, v + base, sT, T);
     unsigned qf[KD][4];
     global_a(qf, q + base, sT, q0 + r0, T, g, t);
 
     float o[ND][4];
 #pragma unroll
     for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows g and g + 8
     const int i0 = q0 + r0 + g, i1 = i0 + 8;
 
     for (int j0 = 0, it = 0; j0 <= q0; j0 += TILE, it++) {
         const int cur = it & 1;
-        if (j0 + TILE <= q0) {  // fetch the next tile while this one is used
-            async_rows(Ks[cur ^ 1], k + base, sT, j0 + TILE, T);
-            async_rows(Vs[cur ^ 1], v + base, sT, j0 + TILE, T);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        kv_wait(Ks, Vs, k + base, v + base, sT, T, j0, q0, cur);
         float s[NT][4];
         scores_ldsm(s, qf, Ks[cur], lane);
         float mx0 = -INFINITY, mx1 = -INFINITY;
@@ -495,7 +310,7 @@ flash_fwd2(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __re
             mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
         }
         float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
-        float c0 = fast_exp2(m0 - mn0), c1 = fast_exp2(m1 - mn1);
+        float c0 = fast_exp2(m0 - mn0), c1 = fast_exp2(m1 - mn1);  // 0 on the first tile
         m0 = mn0;
         m1 = mn1;
         float ps0 = 0.f, ps1 = 0.f;
@@ -508,7 +323,7 @@ flash_fwd2(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __re
             ps0 += s[n][0] + s[n][1];
             ps1 += s[n][2] + s[n][3];
         }
-        l0 = l0 * c0 + ps0;
+        l0 = l0 * c0 + ps0;  // per-thread partial row sums; the quad's are added at the end
         l1 = l1 * c1 + ps1;
 #pragma unroll
         for (int n = 0; n < ND; n++) {
@@ -530,12 +345,13 @@ flash_fwd2(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __re
     }
 }
 
+// dq_i = scale * sum_{j <= i} P_ij (dP_ij - delta_i) k_j,  dP = dy · vᵀ, P = exp(scale q·k - lse)
 extern "C" __global__ void __launch_bounds__(WARPS * 32, FLASH_MINB)
-flash_bwd_dq2(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __restrict__ v,
+flash_bwd_dq(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __restrict__ v,
               const h16* __restrict__ dy, const float* __restrict__ lse, const float* __restrict__ delta,
               h16* __restrict__ dq, int H, int T, long sB, long sT, long sH, float scale) {
-    __shared__ __align__(16) h16 Ks[2][TILE * LDR];
-    __shared__ __align__(16) h16 Vs[2][TILE * LDR];
+    __shared__ __align__(16) Tiles Ks;
+    __shared__ __align__(16) Tiles Vs;
     const int qb = gridDim.x - 1 - blockIdx.x;
     const int bh = blockIdx.y, b = bh / H, h = bh % H;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -544,9 +360,7 @@ flash_bwd_dq2(const h16* __restrict__ q, const h16* __restrict__ k, const h16* _
     const float sl2 = scale * LOG2E;
     const long yT = (long)H * D;
 
-    async_rows(Ks[0], k + base, sT, 0, T);
-    async_rows(Vs[0], v + base, sT, 0, T);
-    cp_async_commit();
+    kv_first(Ks, Vs, k + base, v + base, sT, T);
     unsigned qf[KD][4], df[KD][4];
     global_a(qf, q + base, sT, q0 + r0, T, g, t);
     global_a(df, dy + (long)b * T * yT + h * D, yT, q0 + r0, T, g, t);
@@ -559,15 +373,7 @@ flash_bwd_dq2(const h16* __restrict__ q, const h16* __restrict__ k, const h16* _
 
     for (int j0 = 0, it = 0; j0 <= q0; j0 += TILE, it++) {
         const int cur = it & 1;
-        if (j0 + TILE <= q0) {
-            async_rows(Ks[cur ^ 1], k + base, sT, j0 + TILE, T);
-            async_rows(Vs[cur ^ 1], v + base, sT, j0 + TILE, T);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        kv_wait(Ks, Vs, k + base, v + base, sT, T, j0, q0, cur);
         float s[NT][4], dp[NT][4];
         scores_ldsm(s, qf, Ks[cur], lane);
         scores_ldsm(dp, df, Vs[cur], lane);
@@ -590,8 +396,10 @@ flash_bwd_dq2(const h16* __restrict__ q, const h16* __restrict__ k, const h16* _
     store_rows(dq + base, sT, acc, q0 + r0, T, scale, scale, g, t);
 }
 
+// For the 64 keys of a block: dv_j = sum_{i >= j} P_ij dy_i, dk_j = scale * sum_{i >= j} dS_ij q_i,
+// computed transposed (keys as rows): Sᵀ = k · qᵀ, dPᵀ = v · dyᵀ.
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
-flash_bwd_dkdv2(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __restrict__ v,
+flash_bwd_dkdv(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __restrict__ v,
                 const h16* __restrict__ dy, const float* __restrict__ lse, const float* __restrict__ delta,
                 h16* __restrict__ dk, h16* __restrict__ dv, int H, int T, long sB, long sT, long sH, float scale) {
     __shared__ __align__(16) h16 Qs[2][TILE * LDR];

@@ -4,25 +4,28 @@
 
 // The 16-bit type of the fast path: bf16, or fp16 when compiled with -DANDREA_FP16 (the fp16
 // mode, with loss scaling). Kernels use h16 and these conversions; H16_PTX names it for mma.sync.
+// CUDA names the conversions of both types alike (__float2half_rn, __float2bfloat16_rn, ...):
+// H16_FN pastes the type's name (H16_NAME) between the common parts.
 #ifdef ANDREA_FP16
 #include <cuda_fp16.h>
 typedef __half h16;
 typedef __half2 h16x2;
 #define H16_PTX "f16"
-__device__ __forceinline__ h16 to_h16(float v) { return __float2half_rn(v); }
-__device__ __forceinline__ float from_h16(h16 v) { return __half2float(v); }
-__device__ __forceinline__ h16x2 pack_h16x2(float lo, float hi) { return __floats2half2_rn(lo, hi); }
-__device__ __forceinline__ float2 unpack_h16x2(h16x2 v) { return __half22float2(v); }
+#define H16_NAME half
 #else
 #include <cuda_bf16.h>
 typedef __nv_bfloat16 h16;
 typedef __nv_bfloat162 h16x2;
 #define H16_PTX "bf16"
-__device__ __forceinline__ h16 to_h16(float v) { return __float2bfloat16_rn(v); }
-__device__ __forceinline__ float from_h16(h16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ h16x2 pack_h16x2(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
-__device__ __forceinline__ float2 unpack_h16x2(h16x2 v) { return __bfloat1622float2(v); }
+#define H16_NAME bfloat16
 #endif
+#define H16_PASTE(pre, name, post) pre##name##post
+#define H16_EXPAND(pre, name, post) H16_PASTE(pre, name, post)
+#define H16_FN(pre, post) H16_EXPAND(pre, H16_NAME, post)
+__device__ __forceinline__ h16 to_h16(float v) { return H16_FN(__float2, _rn)(v); }
+__device__ __forceinline__ float from_h16(h16 v) { return H16_FN(__, 2float)(v); }
+__device__ __forceinline__ h16x2 pack_h16x2(float lo, float hi) { return H16_FN(__floats2, 2_rn)(lo, hi); }
+__device__ __forceinline__ float2 unpack_h16x2(h16x2 v) { return H16_FN(__, 22float2)(v); }
 
 #ifndef INFINITY  // NVRTC has no <math.h>
 #define INFINITY __int_as_float(0x7f800000)

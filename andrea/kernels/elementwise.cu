@@ -3,6 +3,15 @@
 
 #define GELU_C 0.7978845608028654f
 
+// GELU (tanh approximation) and its derivative, for the scalar kernels
+__device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.f + tanhf(GELU_C * (x + 0.044715f * x * x * x))); }
+
+__device__ __forceinline__ float gelu_grad(float x) {
+    float u = x * x;
+    float t = tanhf(GELU_C * x * (1.f + 0.044715f * u));
+    return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * GELU_C * (1.f + 3.f * 0.044715f * u);
+}
+
 extern "C" __global__ void embed_fwd(const int* __restrict__ tok, const float* __restrict__ wte,
                                      const float* __restrict__ wpe, float* __restrict__ out,
                                      int N, int T, int C) {
@@ -15,19 +24,14 @@ extern "C" __global__ void embed_fwd(const int* __restrict__ tok, const float* _
 extern "C" __global__ void gelu_fwd(const float* __restrict__ h, float* __restrict__ a, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float x = h[i];
-    a[i] = 0.5f * x * (1.f + tanhf(GELU_C * (x + 0.044715f * x * x * x)));
+    a[i] = gelu(h[i]);
 }
 
 // da *= gelu'(h), in place
 extern "C" __global__ void gelu_bwd(const float* __restrict__ h, float* __restrict__ da, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float x = h[i];
-    float u = x * x;
-    float t = tanhf(GELU_C * x * (1.f + 0.044715f * u));
-    float d = 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * GELU_C * (1.f + 3.f * 0.044715f * u);
-    da[i] *= d;
+    da[i] *= gelu_grad(h[i]);
 }
 
 // Stage 1 of global clipping: one partial sum of squares per block of `block` elements.
@@ -59,13 +63,13 @@ extern "C" __global__ void grad_scale(float* __restrict__ g, float scale, long n
     if (i < n) g[i] *= scale;
 }
 
-// Fused AdamW over the flat buffers: decoupled decay where decay[i] = 1, then Adam.
+// Fused AdamW over the flat buffers, element i: decoupled decay where decay[i] = 1, then Adam.
 // The gradient is multiplied by gscale first (global clipping, folded in: no separate pass).
-extern "C" __global__ void adamw(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ m,
-                                 float* __restrict__ v, const unsigned char* __restrict__ decay, float gscale,
-                                 float lr, float beta1, float beta2, float eps, float wd, float bc1, float bc2, long n) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
+// Returns the updated weight.
+__device__ __forceinline__ float adamw_update(long i, float* __restrict__ w, const float* __restrict__ g,
+                                              float* __restrict__ m, float* __restrict__ v,
+                                              const unsigned char* __restrict__ decay, float gscale, float lr,
+                                              float beta1, float beta2, float eps, float wd, float bc1, float bc2) {
     float gi = g[i] * gscale;
     float mi = beta1 * m[i] + (1.f - beta1) * gi;
     float vi = beta2 * v[i] + (1.f - beta2) * gi * gi;
@@ -75,6 +79,14 @@ extern "C" __global__ void adamw(float* __restrict__ w, const float* __restrict_
     wi -= lr * wd * decay[i] * wi;
     wi -= lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
     w[i] = wi;
+    return wi;
+}
+
+extern "C" __global__ void adamw(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ m,
+                                 float* __restrict__ v, const unsigned char* __restrict__ decay, float gscale,
+                                 float lr, float beta1, float beta2, float eps, float wd, float bc1, float bc2, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) adamw_update(i, w, g, m, v, decay, gscale, lr, beta1, beta2, eps, wd, bc1, bc2);
 }
 
 // ---- 16-bit modes: activations feeding matrix products are stored in bf16 or fp16 (fp32 arithmetic) ----
@@ -82,18 +94,14 @@ extern "C" __global__ void adamw(float* __restrict__ w, const float* __restrict_
 extern "C" __global__ void gelu_fwd_h16(const h16* __restrict__ h, h16* __restrict__ a, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float x = from_h16(h[i]);
-    a[i] = to_h16(0.5f * x * (1.f + tanhf(GELU_C * (x + 0.044715f * x * x * x))));
+    a[i] = to_h16(gelu(from_h16(h[i])));
 }
 
 // da *= gelu'(h), in place, 16-bit
 extern "C" __global__ void gelu_bwd_h16(const h16* __restrict__ h, h16* __restrict__ da, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float x = from_h16(h[i]);
-    float u = x * x;
-    float t = tanhf(GELU_C * x * (1.f + 0.044715f * u));
-    float d = 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * GELU_C * (1.f + 3.f * 0.044715f * u);
+    float d = gelu_grad(from_h16(h[i]));
     da[i] = to_h16(from_h16(da[i]) * d);
 }
 
@@ -117,20 +125,10 @@ extern "C" __global__ void adamw_h16(float* __restrict__ w, const float* __restr
                                       h16* __restrict__ wb, long gap_at, long gap, float gscale, float lr,
                                       float beta1, float beta2, float eps, float wd, float bc1, float bc2, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float gi = g[i] * gscale;
-    float mi = beta1 * m[i] + (1.f - beta1) * gi;
-    float vi = beta2 * v[i] + (1.f - beta2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    float wi = w[i];
-    wi -= lr * wd * decay[i] * wi;
-    wi -= lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
-    w[i] = wi;
-    wb[gapped(i, gap_at, gap)] = to_h16(wi);
+    if (i < n) wb[gapped(i, gap_at, gap)] = to_h16(adamw_update(i, w, g, m, v, decay, gscale, lr, beta1, beta2, eps, wd, bc1, bc2));
 }
 
-// Embedding backward planned on the host (andrea/engine/cupy_backend.upload_tokens): positions
+// Embedding backward planned on the host (andrea/engine/cupy: plan_tokens, upload_tokens): positions
 // sorted (stably) by token, seg[k]..seg[k+1] the positions of the k-th distinct token uniq[k],
 // count[0] distinct tokens. One block per distinct token sums its rows in position order:
 // deterministic, no atomics, no device sort and no host sync (a CUDA graph can hold it).

@@ -51,16 +51,20 @@ __device__ void add_layernorm_rows(const float* __restrict__ x, const float* __r
     if (lane == 0) { mean[row] = m; rstd[row] = r; }
 }
 
-extern "C" __global__ void add_layernorm_fwd(const float* x, const float* f, float* res, const float* g, const float* b,
-                                             float* out, float* mean, float* rstd, int N, int C, float eps) {
-    add_layernorm_rows(x, f, res, g, b, out, mean, rstd, N, C, eps);
-}
+// The kernels `name` (fp32 output) and `name`_h16 (16-bit output, the next matrix product's operand
+// in the bf16 and fp16 modes) of a residual-add + LayerNorm row function.
+#define ADD_LAYERNORM_KERNELS(name, rows)                                                                        \
+    extern "C" __global__ void name(const float* x, const float* f, float* res, const float* g, const float* b,  \
+                                    float* out, float* mean, float* rstd, int N, int C, float eps) {             \
+        rows(x, f, res, g, b, out, mean, rstd, N, C, eps);                                                       \
+    }                                                                                                            \
+    extern "C" __global__ void name##_h16(const float* x, const float* f, float* res, const float* g,            \
+                                          const float* b, h16* out, float* mean, float* rstd, int N, int C,      \
+                                          float eps) {                                                           \
+        rows(x, f, res, g, b, out, mean, rstd, N, C, eps);                                                       \
+    }
 
-extern "C" __global__ void add_layernorm_fwd_h16(const float* x, const float* f, float* res, const float* g,
-                                                  const float* b, h16* out, float* mean, float* rstd, int N,
-                                                  int C, float eps) {
-    add_layernorm_rows(x, f, res, g, b, out, mean, rstd, N, C, eps);
-}
+ADD_LAYERNORM_KERNELS(add_layernorm_fwd, add_layernorm_rows)
 
 // the same, output in 16 bits (the next matrix product's operand in the bf16 and fp16 modes)
 extern "C" __global__ void layernorm_fwd_h16(const float* __restrict__ x, const float* __restrict__ g,
@@ -187,16 +191,7 @@ __device__ void add_layernorm_vec(const float* __restrict__ x, const float* __re
     if (lane == 0) { mean[row] = m; rstd[row] = r; }
 }
 
-extern "C" __global__ void add_layernorm_fwd_vec(const float* x, const float* f, float* res, const float* g, const float* b,
-                                                 float* out, float* mean, float* rstd, int N, int C, float eps) {
-    add_layernorm_vec(x, f, res, g, b, out, mean, rstd, N, C, eps);
-}
-
-extern "C" __global__ void add_layernorm_fwd_vec_h16(const float* x, const float* f, float* res, const float* g,
-                                                      const float* b, h16* out, float* mean, float* rstd, int N,
-                                                      int C, float eps) {
-    add_layernorm_vec(x, f, res, g, b, out, mean, rstd, N, C, eps);
-}
+ADD_LAYERNORM_KERNELS(add_layernorm_fwd_vec, add_layernorm_vec)
 
 // layernorm_bwd_dx with the row's dout and x held in registers
 extern "C" __global__ void layernorm_bwd_dx_vec(const float* __restrict__ dout, const float* __restrict__ x,

@@ -1,29 +1,96 @@
 import os
+import re
 from pathlib import Path
 
 from andrea.config import HERMES3_PARTS, train_settings
+from andrea.fetch import wanted
+from andrea.profiles import model_profile, profile_config, used_profiles
 from andrea.records import embedded_location
 from andrea.versions import (
-    stage_dir,
+    STAGES,
+    enabled_sources,
     stage_versions,
     train_needs_gpu,
     train_run_key,
     train_version,
 )
 
-VERSIONS = stage_versions(config)
 RESULTS = config["results_dir"]
-PULL_DIR = str(stage_dir(config, "pull_hermes3"))
-PREP_DIR = str(stage_dir(config, "prep_megachat"))
-FILTER_DIR = str(stage_dir(config, "filter_shape"))
+# The data stages run once per data profile the models train on (andrea.profiles); the version
+# in a stage's directory name says which profile it is of (the profile is part of it).
+PROFILES = used_profiles(config)
+PCONFIG = {p: profile_config(config, p) for p in PROFILES}
+PVERSIONS = {p: stage_versions(PCONFIG[p]) for p in PROFILES}
+VERSION_PROFILE = {s: {PVERSIONS[p][s]: p for p in PROFILES} for s in STAGES}
+# profiles with hub datasets: fetched once into fetch_dir (by fetch_data) before their data stages
+FETCH_DIR = config["fetch_dir"]
+HUB_PROFILES = [p for p in PROFILES if wanted(PCONFIG[p])]
 
 
-def log_path(stage):
-    return f"{RESULTS}/logs/{stage}/{VERSIONS[stage]}.log"
+def versions(stage):
+    """The versions of a stage in this workflow: its {version} wildcard takes only these."""
+    return "|".join(VERSION_PROFILE[stage])
 
 
-def benchmark_path(stage):
-    return f"{RESULTS}/benchmarks/{stage}/{VERSIONS[stage]}.tsv"
+def profile_of(stage, wildcards):
+    return VERSION_PROFILE[stage][wildcards.version]
+
+
+def stage_path(stage, profile, n=None):
+    """A stage's directory for a profile (train_tokenizer and encode: for vocabulary size n)."""
+    v = PVERSIONS[profile][stage]
+    return f"{RESULTS}/data/{stage}/{v if n is None else f'N{n}-{v}'}"
+
+
+TOKENIZER_DIR = f"{RESULTS}/data/train_tokenizer/N{{n}}-{{version}}"
+ENCODE_DIR = f"{RESULTS}/data/encode/N{{n}}-{{version}}"
+
+
+def stage_config(stage, profile):
+    """The part of a profile's config a stage reads, and no more: a job's params are compared
+    between runs, so a setting the stage does not read (the audit's, a floor) must not be in them.
+    """
+    pc = PCONFIG[profile]
+    drop = ("floor", "cap", "weight") if stage == "prep_megachat" else ("floor", "cap")
+    sources = {
+        k: {f: x for f, x in v.items() if f not in drop}
+        for k, v in pc["sources"].items()
+    }
+    keys = {
+        "prep_megachat": ("megachat", "strict"),
+        "train_tokenizer": ("megachat", "tokenizer"),
+    }[stage]
+    return {"sources": sources, **{k: pc[k] for k in keys}}
+
+
+def hub_dir(input):
+    """The fetch folder of a job whose inputs hold its profile's fetch marker (None: no hub data)."""
+    marker = [f for f in input if f.startswith(f"{FETCH_DIR}/profiles/")]
+    return str(Path(marker[0]).parents[1]) if marker else None
+
+
+def fetched(profile):
+    """The fetch_data marker of a profile with hub datasets (none for the others)."""
+    return [f"{FETCH_DIR}/profiles/{profile}.json"] if profile in HUB_PROFILES else []
+
+
+def stage_rule(stage, profile):
+    """What a data stage is called for a profile: its own name for the default profile, else
+    <stage>_<profile> (snakemake filter_shape_real)."""
+    default = config.get("data_profile") or "embedded"
+    return (
+        stage
+        if profile == default
+        else f"{stage}_{re.sub(r'[^A-Za-z0-9_]', '_', profile)}"
+    )
+
+
+def log_path(stage, profile):
+    return f"{RESULTS}/logs/{stage}/{PVERSIONS[profile][stage]}.log"
+
+
+def benchmark_path(stage, profile):
+    return f"{RESULTS}/benchmarks/{stage}/{PVERSIONS[profile][stage]}.tsv"
 
 
 def in_workdir(path):
@@ -35,21 +102,15 @@ def in_workdir(path):
         return str(path)
 
 
-def hermes3_input(wildcards):
-    """The local file pull_hermes3 reads (none for the hub), so editing it re-runs the stage.
-    The embedded corpus lives in the checkout: relative when that is the working directory. A
-    location the user configures is used as written, absolute or relative."""
-    loc = config["hermes3"]["location"]
+def hermes3_input(profile):
+    """What a profile's pull_hermes3 reads, so that a change re-runs it: the local file (the
+    embedded corpus lives in the checkout: relative when that is the working directory; a
+    configured location is used as written), or, for a hub dataset, the profile's fetch marker.
+    """
+    loc = PCONFIG[profile]["hermes3"]["location"]
     if loc == "hub":
-        return []
+        return fetched(profile)
     return [in_workdir(embedded_location("hermes3"))] if loc == "embedded" else [loc]
-
-
-from andrea.versions import enabled_sources
-
-SOURCES = enabled_sources(config)
-TOKENIZER_DIR = f"{RESULTS}/data/train_tokenizer/N{{n}}-{VERSIONS['train_tokenizer']}"
-ENCODE_DIR = f"{RESULTS}/data/encode/N{{n}}-{VERSIONS['encode']}"
 
 
 def model_n_segments(model):
@@ -62,7 +123,8 @@ def model_n_segments(model):
 
 
 def model_encode_manifest(wildcards):
-    return rules.encode.output.manifest.format(n=model_n_segments(wildcards.model))
+    n = model_n_segments(wildcards.model)
+    return f"{stage_path('encode', model_profile(config, wildcards.model), n)}/manifest.json"
 
 
 def train_resources(wildcards):

@@ -10,17 +10,19 @@ localrules:
 rule render_filter_report:
     """The shape filter's report.json and removed examples as a page of the report."""
     input:
-        report=rules.filter_shape.output.report,
-        removed=rules.filter_shape.output.removed,
+        report=f"{RESULTS}/data/filter_shape/{{version}}/report.json",
+        removed=f"{RESULTS}/data/filter_shape/{{version}}/removed_examples.jsonl",
     output:
         report(
-            f"{RESULTS}/report/filter_shape/{VERSIONS['filter_shape']}.html",
+            f"{RESULTS}/report/filter_shape/{{version}}.html",
             caption="../report/filter_shape.rst",
             category="Data",
-            labels={"page": f"shape filter {VERSIONS['filter_shape']}"},
+            labels={"page": "shape filter {version}"},
         ),
     log:
-        f"{RESULTS}/logs/render_filter_report/{VERSIONS['filter_shape']}.log",
+        f"{RESULTS}/logs/render_filter_report/{{version}}.log",
+    wildcard_constraints:
+        version=versions("filter_shape"),
     conda:
         "../envs/andrea.yaml"
     script:
@@ -30,18 +32,19 @@ rule render_filter_report:
 rule render_saturation:
     """The tokenizer's saturation.json (N segments) as a page of the report."""
     input:
-        saturation=rules.train_tokenizer.output.saturation,
+        saturation=f"{TOKENIZER_DIR}/saturation.json",
     output:
         report(
-            f"{RESULTS}/report/train_tokenizer/N{{n}}-{VERSIONS['train_tokenizer']}.html",
+            f"{RESULTS}/report/train_tokenizer/N{{n}}-{{version}}.html",
             caption="../report/saturation.rst",
             category="Data",
-            labels={"page": f"tokenizer N{{n}}-{VERSIONS['train_tokenizer']}"},
+            labels={"page": "tokenizer N{n}-{version}"},
         ),
     log:
-        f"{RESULTS}/logs/render_saturation/N{{n}}-{VERSIONS['train_tokenizer']}.log",
+        f"{RESULTS}/logs/render_saturation/N{{n}}-{{version}}.log",
     wildcard_constraints:
         n=r"\d+",
+        version=versions("train_tokenizer"),
     conda:
         "../envs/andrea.yaml"
     script:

@@ -1,16 +1,17 @@
 rule train_tokenizer:
     input:
-        megachat=rules.filter_shape.output.megachat,
+        megachat=lambda wildcards: f"{stage_path('filter_shape', profile_of('train_tokenizer', wildcards))}/megachat.parquet",
     output:
         segments=f"{TOKENIZER_DIR}/harris_segments.json",
         saturation=f"{TOKENIZER_DIR}/saturation.json",
         manifest=f"{TOKENIZER_DIR}/manifest.json",
     log:
-        f"{RESULTS}/logs/train_tokenizer/N{{n}}-{VERSIONS['train_tokenizer']}.log",
+        f"{RESULTS}/logs/train_tokenizer/N{{n}}-{{version}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/train_tokenizer/N{{n}}-{VERSIONS['train_tokenizer']}.tsv"
+        f"{RESULTS}/benchmarks/train_tokenizer/N{{n}}-{{version}}.tsv"
     wildcard_constraints:
         n=r"\d+",
+        version=versions("train_tokenizer"),
     conda:
         "../envs/andrea.yaml"
     resources:
@@ -18,41 +19,29 @@ rule train_tokenizer:
         runtime=120,
         mem_mb=16000,
     params:
-        version=VERSIONS["train_tokenizer"],
+        config=lambda wildcards: stage_config(
+            "train_tokenizer", profile_of("train_tokenizer", wildcards)
+        ),
+        version=lambda wildcards: wildcards.version,
     script:
         "../scripts/train_tokenizer.py"
 
 
 rule encode:
     input:
-        megachat=rules.filter_shape.output.megachat,
-        segments=rules.train_tokenizer.output.segments,
+        megachat=lambda wildcards: f"{stage_path('filter_shape', profile_of('encode', wildcards))}/megachat.parquet",
+        segments=lambda wildcards: f"{stage_path('train_tokenizer', profile_of('encode', wildcards), wildcards.n)}/harris_segments.json",
     output:
-        tokens=expand(
-            "{dir}/{source}.tokens.bin",
-            dir=ENCODE_DIR,
-            source=SOURCES,
-            allow_missing=True,
-        ),
-        offsets=expand(
-            "{dir}/{source}.offsets.bin",
-            dir=ENCODE_DIR,
-            source=SOURCES,
-            allow_missing=True,
-        ),
-        shards=expand(
-            "{dir}/{source}.shard.json",
-            dir=ENCODE_DIR,
-            source=SOURCES,
-            allow_missing=True,
-        ),
+        # the shards (<source>.tokens.bin, .offsets.bin, .shard.json of every source the profile
+        # reads: their number differs by profile) are written atomically, listed in the manifest
         manifest=f"{ENCODE_DIR}/manifest.json",
     log:
-        f"{RESULTS}/logs/encode/N{{n}}-{VERSIONS['encode']}.log",
+        f"{RESULTS}/logs/encode/N{{n}}-{{version}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/encode/N{{n}}-{VERSIONS['encode']}.tsv"
+        f"{RESULTS}/benchmarks/encode/N{{n}}-{{version}}.tsv"
     wildcard_constraints:
         n=r"\d+",
+        version=versions("encode"),
     conda:
         "../envs/andrea.yaml"
     threads: config["cluster"]["job_threads"]
@@ -61,9 +50,11 @@ rule encode:
         runtime=240,
         mem_mb=8000,
     params:
-        sources=SOURCES,
+        sources=lambda wildcards: enabled_sources(
+            PCONFIG[profile_of("encode", wildcards)]
+        ),
         megachat=config["megachat"],
-        version=VERSIONS["encode"],
+        version=lambda wildcards: wildcards.version,
     script:
         "../scripts/encode.py"
 

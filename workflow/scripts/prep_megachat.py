@@ -11,8 +11,9 @@ from andrea.megachat import prep_megachat
 if __name__ == "__main__":
     setup_logging(snakemake.log[0])
     prep_megachat(
-        snakemake.config,
+        snakemake.params.config,  # the config of the data profile this version is of
         Path(snakemake.output.manifest).parent,
         snakemake.params.version,
         pull_dir=Path(snakemake.input.parts[0]).parent,
+        hub_dir=snakemake.params.hub_dir,
     )

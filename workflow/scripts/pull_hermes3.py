@@ -15,4 +15,5 @@ if __name__ == "__main__":
         Path(snakemake.output.manifest).parent,
         snakemake.params.version,
         strict=snakemake.params.strict,
+        hub_dir=snakemake.params.hub_dir,
     )

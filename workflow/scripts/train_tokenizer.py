@@ -14,6 +14,6 @@ if __name__ == "__main__":
         snakemake.input.megachat,
         Path(snakemake.output.manifest).parent,
         int(snakemake.wildcards.n),
-        snakemake.config,
+        snakemake.params.config,  # the config of the data profile this version is of
         snakemake.params.version,
     )

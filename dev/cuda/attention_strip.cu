@@ -1,5 +1,9 @@
+// Strip attention's row kernels, kept for dev/cuda/attention.py only: production dropped strip attention
+// (it was andrea/kernels/attention_strip.cu up to commit 9fdabf6; the flash kernels of attention.cu
+// replaced it). The driver, with the strip GEMMs, is strip_fwd / strip_bwd in dev/cuda/attention.py.
+//
 // Row kernels for strip attention: scores of a strip of queries against all earlier keys come
-// from tensor-core GEMMs (cuBLAS); these kernels do the causal softmax and its gradient on the
+// from batched GEMMs (cuBLAS, through cupy.matmul here); these kernels do the causal softmax and its gradient on the
 // strip. S is [BH][SQ][LD] (row r of batch b at b*SQ*LD + r*LD), only columns j < keys are used.
 // Query row r is global position i0 + r; it sees keys j <= i0 + r. One block per (row, bh).
 #include "common.cuh"

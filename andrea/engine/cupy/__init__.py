@@ -1,0 +1,486 @@
+"""CuPy backend: the kernel pairs of andrea/engine/backend.py on an NVIDIA GPU, with hand-written
+CUDA kernels (andrea/kernels/*.cu, loaded with cupy.RawModule) for everything but the large matrix
+products, which go to cuBLAS.
+
+    from andrea.engine.cupy import CupyBackend
+    be = CupyBackend("bf16")
+
+Precision (one per backend object):
+- "fp32": weights, gradients, Adam state and activations are float32 (the reference mode, checked
+  against NumPy to 1e-5). Attention runs the CUDA-core flash kernels (kernels/attention.cu).
+- "bf16": fp32 master weights, gradients, m and v, and an fp32 residual stream; every activation
+  that feeds a matrix product (LayerNorm outputs, q/k/v, attention output, MLP hidden and GELU
+  output, logits and their gradient) is stored in bf16 by the kernel that produces it, so no pass
+  casts operands. A bf16 copy of the weights is refreshed by the AdamW kernel. Attention is the
+  fused tensor-core flash kernel (kernels/attention_mma.cu); q, k, v live in one [B, T, 3, H, D]
+  buffer written by one strided-batched GEMM. Matrix products accumulate in fp32 and write fp32
+  straight into the gradients (beta = 1).
+- "fp16": the same with fp16 for bf16 (the kernels are compiled with -DANDREA_FP16), and the
+  loss scaled (set_loss_scale) so that small gradients survive fp16's range; the optimizer step
+  unscales (andrea/optim.py: dynamic loss scaling).
+Every reduction runs in a fixed order (no atomics), so results are deterministic.
+
+Modules: kernels (compiling and caching the CUDA sources), gemm (cuBLAS on the backend's own
+handle), weights (dtypes, the 16-bit weight copy, operand casting), attention (the two flash
+implementations), graphs (CUDA-graph capture). All mutable state lives on the CupyBackend object,
+so backends of different precisions work side by side in one process.
+"""
+
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+
+from andrea.engine.backend import Backend
+from andrea.engine.cupy import attention
+from andrea.engine.cupy.gemm import Cublas
+from andrea.engine.cupy.graphs import CapturedPass
+from andrea.engine.cupy.kernels import blocks, kernel
+from andrea.engine.cupy.weights import BF16, FP16, VOCAB_PAD, Weights, defines, half_dtype, is_16bit
+
+__all__ = ["BF16", "FP16", "VOCAB_PAD", "CupyBackend", "Snapshot"]
+
+H16_BUFFERS = {"ln1", "ln2", "lnf", "att_y", "mlp_h", "mlp_a", "d_y", "d_branch"}  # 16-bit in the 16-bit modes
+LN_MAXV = 12  # kernels/layernorm.cu: float4s per lane in the vectorised row kernels
+LN_ROWS = 64  # rows per partial sum of the LayerNorm parameter gradients
+
+
+def _ln_vec(C: int) -> bool:
+    """The vectorised LayerNorm row kernels apply: rows of float4s that fit a warp's registers."""
+    return C % 4 == 0 and C <= 4 * 32 * LN_MAXV
+
+
+def _consecutive(mats) -> bool:
+    """Equal-shaped matrices back to back in memory (W_Q, W_K, W_V in the flat buffers)?"""
+    step = mats[0].size * mats[0].itemsize
+    return all(b.data.ptr - a.data.ptr == step for a, b in zip(mats, mats[1:]))
+
+
+class Snapshot:
+    """A buffer's value now, brought to the host later: a device-side copy (a fraction of a
+    millisecond) and an event, so a checkpoint costs the step loop almost nothing; host() runs in
+    the writer's thread and transfers on a stream of its own, beside the training kernels."""
+
+    def __init__(self, a):
+        self.device_id = a.device.id
+        self.copy = a.copy()
+        self.ready = cp.cuda.Event(disable_timing=True)
+        self.ready.record()
+
+    def host(self) -> np.ndarray:
+        with cp.cuda.Device(self.device_id):
+            stream = cp.cuda.Stream(non_blocking=True)
+            stream.wait_event(self.ready)
+            out = self.copy.get(stream=stream)
+            stream.synchronize()
+        self.copy = None  # the device memory goes back to the pool
+        return out
+
+
+class CupyBackend(Backend):
+    """The kernels and buffers of one engine on an NVIDIA GPU, in one precision."""
+
+    name = "cupy"
+    precisions = ("fp32", "bf16", "fp16")
+    can_capture = True
+    plans_tokens = True
+    index_dtype = np.int32
+    decay_dtype = np.uint8  # the weight-decay mask as bytes (a quarter of an fp32 mask's memory)
+    xp = cp
+
+    def __init__(self, precision: str = "fp32"):
+        super().__init__(precision)
+        if precision == "bf16" and BF16 is None:
+            raise RuntimeError("bf16 needs ml_dtypes (pip install ml_dtypes) with CuPy >= 14")
+        self.defines = defines(precision)
+        self.weights = Weights(precision)
+        self._scratch: dict = {}  # (key, shape, dtype) -> buffer the kernels need besides the engine's
+        self._embed_plans: dict = {}  # (device token buffer, size) -> packed plan buffer, filled by upload_tokens
+        self._cublas: dict = {}  # device -> Cublas (handle and workspace)
+        self._loss_scale = None  # on the device, read by the classifier kernel (created on first use)
+        self._loss_scale_now = 1.0
+
+    @property
+    def recomputes_gelu(self) -> bool:
+        """The 16-bit modes keep only the MLP's pre-activation h: mlp_bwd recomputes a = gelu(h) into the
+        buffer it is given (the engine then allocates one, not one per layer: less memory than PyTorch)."""
+        return self.precision != "fp32"
+
+    @property
+    def half(self):
+        """The 16-bit activation dtype of a 16-bit mode (None in fp32)."""
+        return None if self.precision == "fp32" else half_dtype(self.precision)
+
+    # ------------------------------------------------------------------ internals
+    def kernel(self, module: str, function: str, head_dim: int | None = None, extra_defines: tuple = ()):
+        """A kernel of kernels/<module>.cu, built for this backend's 16-bit type."""
+        return kernel(module, function, head_dim, extra_defines + self.defines)
+
+    def scratch(self, key: str, shape: tuple, dtype) -> cp.ndarray:
+        """Buffers the kernels need besides the engine's, allocated once per shape."""
+        k = (key, shape, np.dtype(dtype))
+        if k not in self._scratch:
+            self._scratch[k] = cp.zeros(shape, dtype=dtype)
+        return self._scratch[k]
+
+    def _blas(self) -> Cublas:
+        dev = cp.cuda.runtime.getDevice()
+        if dev not in self._cublas:
+            self._cublas[dev] = Cublas()
+        return self._cublas[dev]
+
+    def _loss_scale_buffer(self):
+        """The loss scale on the device (read by the classifier kernel, so a captured graph follows
+        changes of the scale without being captured again)."""
+        if self._loss_scale is None:
+            self._loss_scale = cp.full(1, self._loss_scale_now, dtype=cp.float32)
+        return self._loss_scale
+
+    def graph_buffers(self) -> tuple:
+        """The device buffers a captured pass reads and writes, for it to hold while it lives."""
+        return (list(self._scratch.values()), self.weights.mirror, list(self._embed_plans.values()),
+                self._loss_scale_buffer(), [c.workspace for c in self._cublas.values()])
+
+    def _operand(self, x, weight: bool = False):
+        return self.weights.operand(x, weight)
+
+    # ------------------------------------------------------------------ matrix products
+    def gemm(self, a, b, c, ta: bool = False, tb: bool = False, accumulate: bool = False, alpha: float = 1.0) -> None:
+        """c (row-major [m, n], fp32, bf16 or fp16) = alpha · op(a) · op(b), or += with `accumulate`,
+        through cublasGemmEx with fp32 accumulation (gemm.Cublas.gemm)."""
+        self._blas().gemm(a, b, c, ta, tb, accumulate, alpha)
+
+    def bgemm(self, a, b, c, m, n, k, lda, ldb, ldc, sa, sb, sc, batch, ta=False, tb=False, accumulate=False) -> None:
+        """Row-major strided-batched C[i] = op(A[i]) · op(B[i]) (gemm.Cublas.bgemm)."""
+        self._blas().bgemm(a, b, c, m, n, k, lda, ldb, ldc, sa, sb, sc, batch, ta, tb, accumulate)
+
+    def _mm(self, a, b):
+        out = cp.empty((a.shape[0], b.shape[1]), dtype=cp.float32)
+        self.gemm(self._operand(a), self._operand(b, weight=True), out)
+        return out
+
+    # ------------------------------------------------------------------ buffers
+    def plan_buffer(self, name: str, shape: tuple, dtype, n_head: int):
+        """The engine's buffer `name` as this backend stores it: (shape, dtype). In the 16-bit modes the
+        activations that feed matrix products are 16-bit, q/k/v are one [B, T, 3, H, D] buffer per layer
+        (one GEMM writes it, attention reads it in place), and the logits' rows are padded to a
+        multiple of VOCAB_PAD entries (aligned shapes for the tensor-core GEMMs)."""
+        if self.precision == "fp32":
+            return shape, dtype
+        if name in ("qkv", "d_qkv"):  # [..., 3, B, H, T, D] -> [..., B, T, 3, H, D]
+            *lead, three, B, H, T, D = shape
+            return (*lead, B, T, three, H, D), self.half
+        if name == "probs":
+            *lead, V = shape
+            return (*lead, -(-V // VOCAB_PAD) * VOCAB_PAD), self.half
+        if name in H16_BUFFERS:
+            return shape, self.half
+        return shape, dtype
+
+    def register_weights(self, w, head=None) -> None:
+        """Keep a 16-bit copy of the flat weight buffer `w` (the 16-bit modes) that AdamW refreshes as
+        it updates w; `head` (a view into w: the output head, [V, d]) gets zero rows up to a multiple
+        of VOCAB_PAD. A backend serves one engine: registering again replaces the copy (a captured
+        graph keeps the one it reads alive)."""
+        self.weights.register(w, head)
+
+    def invalidate_weight_cache(self) -> None:
+        """Forget the 16-bit weight copies (after the weights change outside AdamW, e.g. a load)."""
+        self.weights.invalidate()
+
+    @staticmethod
+    def plan_tokens(host) -> np.ndarray:
+        """Plan the embedding backward on the host from a batch of token IDs: positions sorted stably
+        by token, the segment of each distinct token, and their count, packed into one int32 array.
+        embed_bwd then needs no device sort and no host sync (so a graph can hold it). Host work only:
+        the trainer runs it in a background thread while the previous step runs."""
+        flat = np.ascontiguousarray(host).reshape(-1)
+        order = np.argsort(flat, kind="stable")
+        st = flat[order]
+        starts = np.flatnonzero(np.concatenate(([True], st[1:] != st[:-1])))
+        n = flat.size
+        packed = np.zeros(3 * n + 2, dtype=np.int32)  # order [n] | seg [n + 1] | uniq [n] | count [1]
+        packed[:n] = order
+        packed[n:n + starts.size] = starts
+        packed[n + starts.size] = n
+        packed[2 * n + 1:2 * n + 1 + starts.size] = st[starts]
+        packed[3 * n + 1] = starts.size
+        return packed
+
+    def upload_tokens(self, host, dev, plan=None) -> None:
+        """Copy a batch of token IDs into the device buffer `dev`, with its embedding-backward plan
+        (plan_tokens) when given: a batch without one only goes forward (validation); the next
+        training batch uploads its own plan before any backward reads it."""
+        if plan is not None:
+            key = (dev.data.ptr, dev.size)
+            if key not in self._embed_plans:
+                self._embed_plans[key] = cp.zeros(plan.size, dtype=cp.int32)
+            self._embed_plans[key].set(plan)
+        dev.set(np.ascontiguousarray(host, dtype=dev.dtype).reshape(dev.shape))
+
+    def to_host(self, a) -> np.ndarray:
+        return cp.asnumpy(a)
+
+    def snapshot(self, a) -> Snapshot:
+        return Snapshot(a)
+
+    def set_loss_scale(self, scale: float) -> None:
+        """Gradients of the 16-bit fast path come out multiplied by `scale` (fp16 loss scaling; the
+        classifier kernel reads it from the device)."""
+        if self.precision == "fp32":
+            super().set_loss_scale(scale)  # 1.0, or an error: the fp32 kernels do not scale
+            return
+        if scale != self._loss_scale_now:
+            self._loss_scale_now = scale
+            if self._loss_scale is not None:
+                self._loss_scale.fill(scale)
+
+    def capture(self, fn) -> CapturedPass:
+        """fn recorded once as a CUDA graph (on its first call, after an eager warm-up) and replayed."""
+        if self.precision == "fp32":
+            raise ValueError("CUDA-graph capture needs the 16-bit fast path (the fp32 path allocates temporaries)")
+        return CapturedPass(self, fn)
+
+    def release(self) -> None:
+        """Drop every buffer this backend keeps between calls (scratch, 16-bit weight copies, embedding
+        plans) and its cuBLAS handles; its engine must not train on after it (AdamW would no longer
+        refresh the weight copy). Graphs it captured keep what they use."""
+        self._scratch.clear()
+        self.weights.clear()
+        self._embed_plans.clear()
+        for blas in self._cublas.values():
+            blas.close()
+        self._cublas.clear()
+
+    # ------------------------------------------------------------------ embedding
+    def embed_fwd(self, tokens, wte, wpe, out) -> None:
+        B, T = tokens.shape
+        C = wte.shape[1]
+        n = B * T * C
+        self.kernel("elementwise", "embed_fwd")((blocks(n),), (256,), (tokens, wte, wpe, out, np.int32(B * T), np.int32(T),
+                                                                      np.int32(C)))
+
+    def embed_bwd(self, dout, tokens, dwte, dwpe) -> None:
+        B, T, C = dout.shape
+        self.kernel("elementwise", "embed_bwd_wpe")((blocks(T * C),), (256,), (dout, dwpe, np.int32(B), np.int32(T), np.int32(C)))
+        plan = self._embed_plans.get((tokens.data.ptr, tokens.size))
+        if plan is None:  # tokens not uploaded through upload_tokens: plan on the host now
+            host = cp.asnumpy(tokens)
+            self.upload_tokens(host, tokens, plan=self.plan_tokens(host))
+            plan = self._embed_plans[(tokens.data.ptr, tokens.size)]
+        n = tokens.size
+        self.kernel("elementwise", "embed_bwd_planned")((n,), (256,), (dout, plan[:n], plan[n:2 * n + 1],
+                                                                      plan[2 * n + 1:3 * n + 1], plan[3 * n + 1:], dwte,
+                                                                      np.int32(C)))
+
+    # ------------------------------------------------------------------ layernorm
+    def layernorm_fwd(self, x, g, b, out, mean, rstd, eps=1e-5) -> None:
+        C = x.shape[-1]
+        N = x.size // C
+        if _ln_vec(C):  # the residual-add kernel with no residual
+            self.kernel("layernorm", "add_layernorm_fwd_vec_h16" if is_16bit(out) else "add_layernorm_fwd_vec")(
+                (blocks(N, 8),), (256,), (x, np.uint64(0), np.uint64(0), g, b, out, mean, rstd, np.int32(N), np.int32(C),
+                                          np.float32(eps)))
+            return
+        self.kernel("layernorm", "layernorm_fwd_h16" if is_16bit(out) else "layernorm_fwd")(
+            (blocks(N, 8),), (256,), (x, g, b, out, mean, rstd, np.int32(N), np.int32(C), np.float32(eps)))
+
+    def add_layernorm_fwd(self, x, f, res, g, b, out, mean, rstd, eps=1e-5) -> None:
+        """res = x + f and out = LayerNorm(res) in one kernel."""
+        C = x.shape[-1]
+        N = x.size // C
+        vec = "_vec" if _ln_vec(C) else ""
+        self.kernel("layernorm", f"add_layernorm_fwd{vec}_h16" if is_16bit(out) else f"add_layernorm_fwd{vec}")(
+            (blocks(N, 8),), (256,), (x, f, res, g, b, out, mean, rstd, np.int32(N), np.int32(C), np.float32(eps)))
+
+    def layernorm_bwd(self, dout, x, mean, rstd, g, dx, dg, db, branch=None) -> None:
+        """dx += the input gradient (one warp per row); dγ and dβ += their gradients (per-chunk column
+        partials, then one ordered sum); with `branch`, the updated dx is also written there (in the
+        same kernel when it is 16-bit)."""
+        C = x.shape[-1]
+        N = x.size // C
+        fused_copy = branch is not None and is_16bit(branch)
+        self.kernel("layernorm", "layernorm_bwd_dx_vec" if _ln_vec(C) else "layernorm_bwd_dx")(
+            (blocks(N, 8),), (256,), (dout, x, mean, rstd, g, dx, branch if fused_copy else np.uint64(0), np.int32(N),
+                                      np.int32(C)))
+        chunks = (N + LN_ROWS - 1) // LN_ROWS
+        partial = self.scratch("ln_partial", (chunks, 2 * C), cp.float32)
+        self.kernel("layernorm", "layernorm_bwd_params")((blocks(C, 128), chunks), (128,), (dout, x, mean, rstd, partial,
+                                                                                          np.int32(N), np.int32(C),
+                                                                                          np.int32(LN_ROWS)))
+        self.kernel("layernorm", "ln_partials_final")((blocks(2 * C),), (256,), (partial, dg, db, np.int32(chunks), np.int32(C)))
+        if branch is not None and not fused_copy:
+            branch[...] = dx
+
+    # ------------------------------------------------------------------ attention
+    def attn_qkv_fwd(self, x, wq, wk, wv, qkv, n_head) -> None:
+        if is_16bit(qkv):  # one strided-batched GEMM: q, k, v = x·W_Q, x·W_K, x·W_V into [B·T, 3, d]
+            B, T, _, H, D = qkv.shape
+            d = H * D
+            ws = [self._operand(w, weight=True) for w in (wq, wk, wv)]
+            x2 = self._operand(x.reshape(-1, d))
+            if _consecutive(ws):
+                self.bgemm(x2, ws[0], qkv, B * T, d, d, d, d, 3 * d, 0, d * d, d, 3)
+            else:
+                q2 = qkv.reshape(B * T, 3 * d)
+                for i, w in enumerate(ws):
+                    self.gemm(x2, w, q2[:, i * d:(i + 1) * d])
+            return
+        B, T, d = x.shape
+        D = d // n_head
+        x2 = x.reshape(-1, d)
+        for i, w in enumerate((wq, wk, wv)):
+            qkv[i] = self._mm(x2, w).reshape(B, T, n_head, D).transpose(0, 2, 1, 3)
+
+    def attn_qkv_bwd(self, dqkv, x, wq, wk, wv, dx, dwq, dwk, dwv) -> None:
+        if is_16bit(dqkv):
+            B, T, _, H, D = dqkv.shape
+            d = H * D
+            g2 = dqkv.reshape(B * T, 3 * d)
+            x2 = self._operand(x.reshape(-1, d))
+            dx2 = dx.reshape(-1, d)
+            for i, w in enumerate((wq, wk, wv)):
+                self.gemm(g2[:, i * d:(i + 1) * d], self._operand(w, weight=True), dx2, tb=True, accumulate=i > 0)
+            if _consecutive([dwq, dwk, dwv]):  # dW_i += xᵀ · dqkv_i, one strided-batched GEMM
+                self.bgemm(x2, g2, dwq, d, d, B * T, d, 3 * d, d, 0, d, d * d, 3, ta=True, accumulate=True)
+            else:
+                for i, dw in enumerate((dwq, dwk, dwv)):
+                    self.gemm(x2, g2[:, i * d:(i + 1) * d], dw, ta=True, accumulate=True)
+            return
+        B, T, d = x.shape
+        x2 = self._operand(x.reshape(-1, d))
+        dx2 = dx.reshape(-1, d)
+        for i, (w, dw) in enumerate(((wq, dwq), (wk, dwk), (wv, dwv))):
+            g = self._operand(dqkv[i].transpose(0, 2, 1, 3).reshape(-1, d))
+            self.gemm(g, self._operand(w, weight=True), dx2, tb=True, accumulate=i > 0)
+            self.gemm(x2, g, dw, ta=True, accumulate=True)
+
+    def attn_fwd(self, qkv, y, lse) -> None:
+        attention.attn_fwd(self, qkv, y, lse)
+
+    def attn_bwd(self, dy, qkv, y, lse, dqkv) -> None:
+        attention.attn_bwd(self, dy, qkv, y, lse, dqkv)
+
+    def qkv_heads(self, qkv):
+        """q, k, v as [B, H, T, D] views: of the 16-bit [B, T, 3, H, D] buffer, or of fp32's [3, B, H, T, D]."""
+        return attention.qkv_heads(qkv) if is_16bit(qkv) else super().qkv_heads(qkv)
+
+    def attn_out_fwd(self, y, wo, out) -> None:
+        d = y.shape[-1]
+        self.gemm(self._operand(y.reshape(-1, d)), self._operand(wo, weight=True), out.reshape(-1, out.shape[-1]))
+
+    def attn_out_bwd(self, dout, y, wo, dy, dwo) -> None:
+        d = y.shape[-1]
+        g = self._operand(dout.reshape(-1, dout.shape[-1]))
+        self.gemm(g, self._operand(wo, weight=True), dy.reshape(-1, d), tb=True)
+        self.gemm(self._operand(y.reshape(-1, d)), g, dwo, ta=True, accumulate=True)
+
+    # ------------------------------------------------------------------ MLP
+    def gelu(self, h, out) -> None:
+        """out = gelu(h) (tanh approximation)."""
+        if is_16bit(out) and out.size % 8 == 0:  # 8 elements per thread, tanh on the SFU
+            self.kernel("elementwise", "gelu_fwd_h16x8")((blocks(h.size // 8),), (256,), (h, out, np.int64(h.size // 8)))
+            return
+        self.kernel("elementwise", "gelu_fwd_h16" if is_16bit(out) else "gelu_fwd")((blocks(h.size),), (256,),
+                                                                                   (h, out, np.int64(h.size)))
+
+    def mlp_fwd(self, x, w1, w2, h, a, out) -> None:
+        d = x.shape[-1]
+        M = h.shape[-1]
+        self.gemm(self._operand(x.reshape(-1, d)), self._operand(w1, weight=True), h.reshape(-1, M))
+        self.gelu(h, a)
+        self.gemm(self._operand(a.reshape(-1, M)), self._operand(w2, weight=True), out.reshape(-1, d))
+
+    def mlp_bwd(self, dout, x, h, a, w1, w2, dx, dw1, dw2) -> None:
+        d = x.shape[-1]
+        M = h.shape[-1]
+        fast = is_16bit(h)
+        if fast:  # a was not kept: recompute it into the buffer given
+            self.gelu(h, a)
+        g = self._operand(dout.reshape(-1, d))
+        self.gemm(self._operand(a.reshape(-1, M)), g, dw2, ta=True, accumulate=True)
+        da = self.scratch("mlp_da", (g.shape[0], M), h.dtype if fast else cp.float32)
+        self.gemm(g, self._operand(w2, weight=True), da, tb=True)
+        if fast and da.size % 8 == 0:
+            self.kernel("elementwise", "gelu_bwd_h16x8")((blocks(da.size // 8),), (256,), (h, da, np.int64(da.size // 8)))
+        else:
+            self.kernel("elementwise", "gelu_bwd_h16" if fast else "gelu_bwd")((blocks(da.size),), (256,),
+                                                                              (h, da, np.int64(da.size)))
+        dap = self._operand(da)
+        self.gemm(self._operand(x.reshape(-1, d)), dap, dw1, ta=True, accumulate=True)
+        self.gemm(dap, self._operand(w1, weight=True), dx.reshape(-1, d), tb=True)
+
+    def residual_add_bwd(self, dout, df) -> None:
+        """df = dout: the residual branch's gradient, cast to 16 bits when df is (the operand of its
+        matrix products). The engine gets this fused into layernorm_bwd(branch=...)."""
+        if is_16bit(df):
+            self.kernel("elementwise", "cast_h16")((blocks(df.size),), (256,), (dout, df, np.int64(df.size)))
+        else:
+            df[...] = dout
+
+    # ------------------------------------------------------------------ loss
+    def loss_fwd(self, x, w, targets, probs, losses):
+        d = x.shape[-1]
+        V = w.shape[0]
+        N = x.size // d
+        if is_16bit(probs):  # 16-bit logits, then loss and (softmax - onehot) · loss scale in place, one kernel
+            logits = probs.reshape(N, -1)
+            wp = self.weights.view(w, padded=True)
+            if wp is not None and wp.shape[0] == logits.shape[1]:  # padded head: zero logits past V
+                self.gemm(self._operand(x.reshape(-1, d)), wp, logits, tb=True)
+            else:
+                self.gemm(self._operand(x.reshape(-1, d)), self._operand(w, weight=True), logits[:, :V], tb=True)
+            self.kernel("classifier", "softmax_xent_h16")((N,), (256,), (logits, targets, losses, self._loss_scale_buffer(),
+                                                                        np.int32(V), np.int32(logits.shape[1])))
+            return None if cp.cuda.get_current_stream().is_capturing() else float(losses.mean())
+        self.gemm(self._operand(x.reshape(-1, d)), self._operand(w, weight=True), probs.reshape(-1, V), tb=True)
+        self.kernel("classifier", "softmax_xent_fwd")((N,), (256,), (probs, targets, losses, np.int32(V)))
+        return float(losses.mean())
+
+    def loss_bwd(self, x, w, targets, probs, dx, dw, dloss=1.0) -> None:
+        d = x.shape[-1]
+        V = w.shape[0]
+        N = x.size // d
+        if is_16bit(probs):  # probs holds softmax - onehot (loss_fwd); the 1/N and dloss go into alpha
+            dl = probs.reshape(N, -1)
+            wp = self.weights.view(w, padded=True)
+            if wp is not None and wp.shape[0] == dl.shape[1]:  # aligned K; the padded columns hold zeros
+                self.gemm(dl, wp, dx.reshape(-1, d), alpha=dloss / N)
+            else:
+                self.gemm(dl[:, :V], self._operand(w, weight=True), dx.reshape(-1, d), alpha=dloss / N)
+            self.gemm(dl[:, :V], self._operand(x.reshape(-1, d)), dw, ta=True, accumulate=True, alpha=dloss / N)
+            return
+        self.kernel("classifier", "softmax_xent_bwd")((N,), (256,), (probs, targets, np.float32(dloss / N), np.int32(V)))
+        dl = self._operand(probs.reshape(-1, V))
+        self.gemm(dl, self._operand(w, weight=True), dx.reshape(-1, d))
+        self.gemm(dl, self._operand(x.reshape(-1, d)), dw, ta=True, accumulate=True)
+
+    # ------------------------------------------------------------------ optimizer
+    def grad_norm_partial(self, grads, partial, block=1 << 16) -> None:
+        self.kernel("elementwise", "grad_norm_partial")((partial.size,), (256,), (grads, partial, np.int64(grads.size),
+                                                                                 np.int64(block)))
+
+    def grad_norm_final(self, partial) -> float:
+        out = self.scratch("norm_out", (1,), cp.float64)
+        self.kernel("elementwise", "grad_norm_final")((1,), (1,), (partial, np.int32(partial.size), out))
+        return float(out[0])
+
+    def grad_scale(self, grads, scale) -> None:
+        self.kernel("elementwise", "grad_scale")((blocks(grads.size),), (256,), (grads, np.float32(scale), np.int64(grads.size)))
+
+    def adamw(self, w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale=1.0) -> None:
+        self.weights.copies.clear()  # the weights change: copies not kept by the kernel below are stale
+        if decay.dtype != np.uint8:
+            decay = (decay != 0).astype(np.uint8)
+        bc1 = 1 - beta1**step
+        bc2 = 1 - beta2**step
+        f = np.float32
+        hyper = (f(lr), f(beta1), f(beta2), f(eps), f(weight_decay), f(bc1), f(bc2), np.int64(w.size))
+        mirror = self.weights.mirror_of(w)
+        if mirror is not None:  # update and refresh the 16-bit copy in one pass
+            mirror.stale = False
+            self.kernel("elementwise", "adamw_h16")((blocks(w.size),), (256,), (w, g, m, v, decay, mirror.copy,
+                                                                               np.int64(mirror.gap_at), np.int64(mirror.gap),
+                                                                               f(gscale), *hyper))
+        else:
+            self.kernel("elementwise", "adamw")((blocks(w.size),), (256,), (w, g, m, v, decay, f(gscale), *hyper))

@@ -1,0 +1,366 @@
+"""`andrea data fetch`: download every hub dataset a data profile reads, once, to a local folder
+the data stages then read with no network.
+
+Layout of the folder (config `fetch_dir`, default data/hub):
+
+    <owner>/<name>/...             the dataset repository's files (as `hf download --local-dir`)
+    manifest.json                  per dataset: the revision asked for, the commit fetched, the
+                                   file patterns, and each file's size and sha256
+    profiles/<profile>.json        written when every dataset of the profile is complete: the
+                                   Snakemake rule fetch_data's output (rewritten only on change)
+
+A revision that is not a full commit hash (`main`) is resolved once, by the first fetch, and the
+commit is kept: a later fetch that finds another commit refuses (`--update` moves to it). A
+fetch that was stopped resumes: files already fetched and unchanged are not fetched again (and
+huggingface_hub resumes a file it had begun). A second fetch of a complete copy needs no network.
+
+Where the hub cannot be reached, the fetch fails at once (in about `timeout` seconds at most),
+naming the datasets missing, the command to run where there is network, and how to train on the
+embedded corpus instead.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from andrea.hub import FULL_COMMIT, HUB_TIMEOUT_S, MIRROR_ENV, HubLocation, HubUnreachable, mirror_commit, parse_hub_location, probe_hub
+from andrea.io import atomic_path, sha256_file, write_json_atomic
+
+log = logging.getLogger("andrea.fetch")
+
+MANIFEST = "manifest.json"
+
+
+class FetchError(RuntimeError):
+    """A fetch that cannot go on; the message says why and what to do."""
+
+
+class DataNotFetched(FetchError):
+    """A profile's hub datasets are neither in the fetch folder nor reachable."""
+
+
+@dataclass
+class Want:
+    """One dataset repository a profile reads, and the sources that read it."""
+
+    dataset: str
+    revision: str
+    patterns: list[str] | None
+    sources: list[str] = field(default_factory=list)
+
+    def spec(self) -> str:
+        return f"{self.dataset}@{self.revision}"
+
+
+@dataclass
+class RemoteFile:
+    path: str  # relative to the repository root, '/'-separated
+    size: int | None
+    sha256: str | None  # known for the hub's large (LFS/xet) files; checked after download
+
+
+def wanted(pconfig: dict) -> list[Want]:
+    """The dataset repositories of a profile's config, one per dataset (sources sharing one share
+    it: their file patterns are merged; they must ask for the same revision)."""
+    from andrea.profiles import hub_inputs
+
+    out: dict[str, Want] = {}
+    for key, location, cfg in hub_inputs(pconfig):
+        loc = parse_hub_location(location)
+        revision = loc.revision or "main"
+        patterns = cfg.get("files")
+        w = out.get(loc.dataset)
+        if w is None:
+            out[loc.dataset] = Want(loc.dataset, revision, sorted(patterns) if patterns else None, [key])
+            continue
+        if w.revision != revision:
+            raise FetchError(f"{', '.join(w.sources)} and {key} read {loc.dataset} at different revisions "
+                             f"({w.revision}, {revision}); give them the same one")
+        w.patterns = None if w.patterns is None or not patterns else sorted(set(w.patterns) | set(patterns))
+        w.sources.append(key)
+    return list(out.values())
+
+
+def selected(path: str, patterns: list[str] | None) -> bool:
+    return patterns is None or any(fnmatch.fnmatch(path, p) for p in patterns)
+
+
+# ---------------------------------------------------------------- where the files come from
+
+
+class HubTransport:
+    """The Hugging Face hub, through huggingface_hub."""
+
+    name = "the Hugging Face hub"
+
+    def __init__(self, timeout: float = HUB_TIMEOUT_S):
+        self.timeout = timeout
+        # huggingface_hub reads these when it is imported: set before the first import
+        os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", str(int(timeout)))
+        os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", str(int(timeout)))
+
+    def resolve(self, w: Want, key: str) -> str:
+        """The commit a revision stands for (raises HubUnreachable within about the timeout)."""
+        return probe_hub(HubLocation(w.dataset, w.revision), self.timeout, key, "") or w.revision
+
+    def list_files(self, w: Want, commit: str) -> list[RemoteFile]:
+        from huggingface_hub import HfApi
+
+        info = HfApi().dataset_info(w.dataset, revision=commit, files_metadata=True, timeout=self.timeout)
+        files = []
+        for s in info.siblings or []:
+            lfs = getattr(s, "lfs", None)
+            sha = getattr(lfs, "sha256", None) if lfs is not None and not isinstance(lfs, dict) else (lfs or {}).get("sha256")
+            files.append(RemoteFile(s.rfilename, getattr(s, "size", None), sha))
+        return files
+
+    def download(self, w: Want, commit: str, f: RemoteFile, repo_dir: Path) -> Path:
+        from huggingface_hub import hf_hub_download
+
+        # into repo_dir as `hf download --local-dir` does; an interrupted file resumes from its
+        # .incomplete part in repo_dir/.cache/huggingface
+        return Path(hf_hub_download(w.dataset, f.path, repo_type="dataset", revision=commit, local_dir=repo_dir))
+
+
+class MirrorTransport:
+    """A local folder laid out as the hub's repositories (ANDREA_HUB_MIRROR): what the tests fetch
+    from, and a way to fetch from a copy on a shared disk. Files are copied."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self.name = f"the mirror {self.root} ({MIRROR_ENV})"
+
+    def repo(self, w: Want) -> Path:
+        path = self.root / w.dataset
+        if not path.is_dir():
+            raise HubUnreachable(f"{self.name} has no {w.dataset}")
+        return path
+
+    def resolve(self, w: Want, key: str) -> str:
+        repo = self.repo(w)
+        commit = mirror_commit(repo, HubLocation(w.dataset, w.revision))
+        return commit or (w.revision if FULL_COMMIT.match(w.revision) else f"mirror:{w.revision}")
+
+    def list_files(self, w: Want, commit: str) -> list[RemoteFile]:
+        repo = self.repo(w)
+        return [RemoteFile(p.relative_to(repo).as_posix(), p.stat().st_size, None)
+                for p in sorted(repo.rglob("*")) if p.is_file() and ".cache" not in p.relative_to(repo).parts]
+
+    def download(self, w: Want, commit: str, f: RemoteFile, repo_dir: Path) -> Path:
+        dest = repo_dir / f.path
+        with atomic_path(dest) as tmp:
+            shutil.copyfile(self.repo(w) / f.path, tmp)
+        return dest
+
+
+def default_transport(timeout: float) -> HubTransport | MirrorTransport:
+    root = os.environ.get(MIRROR_ENV)
+    return MirrorTransport(root) if root else HubTransport(timeout)
+
+
+# ---------------------------------------------------------------- the manifest
+
+
+def read_manifest(dest: Path) -> dict:
+    path = dest / MANIFEST
+    if not path.exists():
+        return {"datasets": {}}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise FetchError(f"{path} cannot be read ({e}); move it away and fetch again") from None
+    data.setdefault("datasets", {})
+    return data
+
+
+def is_complete(dest: Path, w: Want, entry: dict | None) -> bool:
+    """The copy of `w` in `dest` is whole: the manifest says so for this revision and these file
+    patterns, and every file it lists is there with its size (its sha256 was checked when fetched)."""
+    if not entry or not entry.get("complete") or entry.get("revision") != w.revision or entry.get("patterns") != w.patterns:
+        return False
+    if FULL_COMMIT.match(w.revision) and entry.get("commit") != w.revision:
+        return False
+    repo = dest / w.dataset
+    for rel, meta in entry.get("files", {}).items():
+        p = repo / rel
+        if not p.is_file() or p.stat().st_size != meta["size"]:
+            return False
+    return True
+
+
+def fetched_commit(root: str | os.PathLike, dataset: str) -> str | None:
+    """The commit of a dataset in a fetch folder, as its manifest records it (None: not fetched)."""
+    path = Path(root) / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        entry = json.loads(path.read_text(encoding="utf-8")).get("datasets", {}).get(dataset)
+    except (OSError, ValueError):
+        return None
+    return entry.get("commit") if entry and entry.get("complete") else None
+
+
+# ---------------------------------------------------------------- the fetch
+
+
+def fetch_command(profile: str, dest: Path) -> str:
+    return f"andrea data fetch --profile {profile} --dir {dest}"
+
+
+def not_fetched_message(profile: str, dest: Path, missing: list[Want], why: str) -> str:
+    listed = "; ".join(f"{', '.join(w.sources)} ({w.spec()})" for w in missing)
+    n = len(missing)
+    return (
+        f"data profile {profile!r} reads {n} hub dataset{'s' if n != 1 else ''} not fetched to {dest}: {listed}; "
+        f"and {why}. On a machine with network, run `{fetch_command(profile, dest)}` and copy {dest} here "
+        f"(the same path from the working directory), then run this again. Or train on the embedded demo corpus "
+        f"instead, with no network: add `--config data_profile=embedded` to the snakemake command "
+        f"(or set models.<model>.data: embedded in config/config.yaml)."
+    )
+
+
+def resolve_all(transport, wants: list[Want], timeout: float) -> tuple[dict[str, str], dict[str, Exception]]:
+    """Each dataset's commit, asked concurrently so that an unreachable hub costs one timeout."""
+    commits: dict[str, str] = {}
+    errors: dict[str, Exception] = {}
+
+    def one(w: Want) -> None:
+        try:
+            commits[w.dataset] = transport.resolve(w, ", ".join(w.sources))
+        except Exception as e:  # noqa: BLE001 - sorted out by the caller
+            errors[w.dataset] = e
+
+    threads = [threading.Thread(target=one, args=(w,), daemon=True, name=f"resolve-{w.dataset}") for w in wants]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout + 2.0  # one deadline for all: they run at once
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    for w in wants:
+        if w.dataset not in commits and w.dataset not in errors:
+            errors[w.dataset] = HubUnreachable(f"no answer for {w.dataset} within {timeout:g} s")
+    return commits, errors
+
+
+def fetch_profile(config: dict, profile: str, dest: str | os.PathLike | None = None, update: bool = False,
+                  timeout: float | None = None, transport=None) -> dict:
+    """Fetch every hub dataset of `profile` into `dest` (default: the config's fetch_dir). Returns
+    {dataset: {"commit", "files", "bytes", "fetched"}}; raises DataNotFetched (no network and
+    something missing) or FetchError."""
+    from andrea.profiles import profile_config
+
+    pconfig = profile_config({**config, "data_profile": None}, profile)
+    dest = Path(dest if dest is not None else config["fetch_dir"])
+    timeout = float(timeout if timeout is not None else config["hermes3"]["hub_timeout_s"])
+    wants = wanted(pconfig)
+    manifest = read_manifest(dest)
+    missing = [w for w in wants if not is_complete(dest, w, manifest["datasets"].get(w.dataset))]
+    for w in wants:
+        if w not in missing:
+            log.info("fetch: %s is complete in %s (commit %s)", w.spec(), dest, manifest["datasets"][w.dataset]["commit"])
+
+    if missing:
+        transport = transport or default_transport(timeout)
+        commits, errors = resolve_all(transport, missing, timeout)
+        if errors:
+            offline = [w for w in missing if isinstance(errors.get(w.dataset), HubUnreachable) and _is_network(errors[w.dataset])]
+            if len(offline) == len(errors):
+                why = _why_unreachable(transport, errors[offline[0].dataset], timeout)
+                raise DataNotFetched(not_fetched_message(profile, dest, missing, why))
+            detail = "; ".join(f"{w.spec()} ({', '.join(w.sources)}): {errors[w.dataset]}" for w in missing if w.dataset in errors)
+            raise FetchError(f"data profile {profile!r}: cannot fetch {detail}")
+        for w in missing:
+            _fetch_one(transport, dest, manifest, w, commits[w.dataset], update)
+
+    summary = {}
+    for w in wants:
+        entry = manifest["datasets"][w.dataset]
+        summary[w.dataset] = {"commit": entry["commit"], "files": len(entry["files"]),
+                              "bytes": sum(f["size"] for f in entry["files"].values()), "fetched": w in missing,
+                              "sources": w.sources}
+    marker = {"profile": profile, "datasets": {w.dataset: {"revision": w.revision, "commit": summary[w.dataset]["commit"],
+                                                         "sources": w.sources} for w in wants}}
+    _write_if_changed(dest / "profiles" / f"{profile}.json", marker)
+    return summary
+
+
+def _is_network(e: Exception) -> bool:
+    """An error that says the hub is out of reach (not: no such dataset, gated, bad revision)."""
+    text = str(e)
+    return not any(s in text for s in ("gated dataset", "has no revision", "the hub has no dataset"))
+
+
+def _why_unreachable(transport, e: Exception, timeout: float) -> str:
+    text = str(e)
+    if "offline mode" in text:
+        return "offline mode is on (HF_HUB_OFFLINE)"
+    if "no answer" in text or "did not answer" in text:
+        return f"{transport.name} did not answer within {timeout:g} s"
+    if isinstance(transport, MirrorTransport):
+        return f"{transport.name} does not hold them"
+    m = re.search(r"\(([^()]*(?:\([^()]*\)[^()]*)*)\)\.", text)  # the probe's (ErrorType: detail)
+    return f"the Hugging Face hub cannot be reached ({m.group(1) if m else text})"
+
+
+def _fetch_one(transport, dest: Path, manifest: dict, w: Want, commit: str, update: bool) -> None:
+    entry = manifest["datasets"].get(w.dataset)
+    if entry and entry.get("revision") == w.revision and entry.get("commit") not in (None, commit) and not update:
+        raise FetchError(
+            f"{w.spec()} was fetched at commit {entry['commit']}, and {w.revision} is now commit {commit}: the copy in "
+            f"{dest} stays as it is. Run the fetch with --update to move to {commit} (the data stages then re-run), "
+            f"or pin the location to @{entry['commit']}"
+        )
+    if not entry or entry.get("commit") != commit:
+        entry = {"revision": w.revision, "commit": commit, "patterns": w.patterns, "complete": False, "files": {}}
+    entry.update(revision=w.revision, patterns=w.patterns, complete=False)
+    manifest["datasets"][w.dataset] = entry
+    repo = dest / w.dataset
+    files = [f for f in transport.list_files(w, commit) if selected(f.path, w.patterns) and not f.path.startswith(".")]
+    if not files:
+        raise FetchError(f"{w.spec()} has no file matching {w.patterns} on {transport.name}")
+    total = sum(f.size or 0 for f in files)
+    log.info("fetch: %s (%s) commit %s: %d files, %.1f MB, into %s", w.spec(), ", ".join(w.sources), commit,
+             len(files), total / 1e6, repo)
+    done_bytes = 0
+    for k, f in enumerate(files, 1):
+        have = entry["files"].get(f.path)
+        local = repo / f.path
+        if have and local.is_file() and local.stat().st_size == have["size"] and (f.size is None or f.size == have["size"]):
+            done_bytes += have["size"]
+            continue  # fetched before this (stopped) fetch: unchanged
+        path = transport.download(w, commit, f, repo)
+        digest = sha256_file(path)
+        size = path.stat().st_size
+        if f.sha256 and digest != f.sha256:
+            path.unlink()
+            raise FetchError(f"{w.dataset}/{f.path}: sha256 {digest} is not the hub's {f.sha256}; it was removed, fetch again")
+        if f.size is not None and size != f.size:
+            path.unlink()
+            raise FetchError(f"{w.dataset}/{f.path}: {size} bytes, the hub says {f.size}; it was removed, fetch again")
+        entry["files"][f.path] = {"size": size, "sha256": digest}
+        done_bytes += size
+        write_json_atomic(dest / MANIFEST, manifest)  # progress survives a stop
+        log.info("fetch: [%d/%d] %s/%s %.1f MB (%.0f%% of %.1f MB)", k, len(files), w.dataset, f.path, size / 1e6,
+                 100 * done_bytes / max(total, 1), total / 1e6)
+    wanted_paths = {f.path for f in files}
+    entry["files"] = {p: m for p, m in entry["files"].items() if p in wanted_paths}
+    entry["complete"] = True
+    write_json_atomic(dest / MANIFEST, manifest)
+
+
+def _write_if_changed(path: Path, obj: dict) -> None:
+    """Snakemake re-runs what reads a file whose time changed: an unchanged marker keeps its own."""
+    text = json.dumps(obj, indent=2, sort_keys=True) + "\n"
+    if path.exists() and path.read_text(encoding="utf-8") == text:
+        return
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")

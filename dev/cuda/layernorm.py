@@ -1,0 +1,191 @@
+"""LayerNorm kernels (andrea/kernels/layernorm.cu), checked against
+andrea/engine/numpy_backend.layernorm_fwd / add_layernorm_fwd / layernorm_bwd and timed.
+
+    python3 dev/cuda/layernorm.py [--quick]
+
+layernorm_fwd      plain: one warp per row, the row read three times (layernorm_fwd[_h16]);
+                   vec: the row held in registers as float4s, read once (add_layernorm_fwd_vec[_h16]
+                   with no residual: what production runs when C % 4 == 0 and C <= 1536)
+add_layernorm_fwd  res = x + f and LayerNorm(res) in one pass; plain and vec
+layernorm_bwd_dx   dx += input gradient, optionally also written in 16 bits (bf16/fp16 rows); plain, vec
+layernorm_bwd_params  dγ, dβ += column sums: per-64-row partials, then one ordered sum of the partials
+Outputs in fp32, or bf16/fp16 (the *_h16 kernels; the fp16 build has -DANDREA_FP16).
+"""
+
+from __future__ import annotations
+
+import common
+import numpy as np
+
+from andrea.engine import numpy_backend as nb
+
+SCRIPT = "layernorm"
+REFERENCES = {"layernorm_fwd": nb.layernorm_fwd, "add_layernorm_fwd": nb.add_layernorm_fwd,
+              "layernorm_bwd_dx": nb.layernorm_bwd, "layernorm_bwd_params": nb.layernorm_bwd}
+V = common.Version
+H16 = ("bf16", "fp16")
+VERSIONS = [
+    V("layernorm_fwd", "plain", ("layernorm_fwd",), "layernorm.cu"),
+    V("layernorm_fwd", "vec", ("add_layernorm_fwd_vec",), "layernorm.cu"),
+    V("layernorm_fwd", "plain", ("layernorm_fwd_h16",), "layernorm.cu", H16),
+    V("layernorm_fwd", "vec", ("add_layernorm_fwd_vec_h16",), "layernorm.cu", H16),
+    V("add_layernorm_fwd", "plain", ("add_layernorm_fwd",), "layernorm.cu"),
+    V("add_layernorm_fwd", "vec", ("add_layernorm_fwd_vec",), "layernorm.cu"),
+    V("add_layernorm_fwd", "plain", ("add_layernorm_fwd_h16",), "layernorm.cu", H16),
+    V("add_layernorm_fwd", "vec", ("add_layernorm_fwd_vec_h16",), "layernorm.cu", H16),
+    V("layernorm_bwd_dx", "plain", ("layernorm_bwd_dx",), "layernorm.cu", ("fp32",) + H16),
+    V("layernorm_bwd_dx", "vec", ("layernorm_bwd_dx_vec",), "layernorm.cu", ("fp32",) + H16),
+    V("layernorm_bwd_params", "partials", ("layernorm_bwd_params", "ln_partials_final"), "layernorm.cu"),
+]
+LN_MAXV = 12  # layernorm.cu: float4s per lane in the vec kernels, so C <= 4 * 32 * 12
+LN_ROWS = 64  # rows per partial sum of dγ, dβ (as cupy_backend.LN_ROWS)
+EPS = 1e-5
+EDGE = [common.Shape("edge B=3 T=37 C=130", 3, 37, 130, 2, 301),  # C % 4 != 0: the plain kernels only
+        common.Shape("edge B=2 T=50 C=1536", 2, 50, 1536, 24, 301)]  # the largest C the vec kernels hold
+
+
+def vec_ok(C: int) -> bool:
+    return C % 4 == 0 and C <= 4 * 32 * LN_MAXV
+
+
+def run_shape(cp, report, shape, rng, reps):
+    N, C = shape.N, shape.C
+    u32 = common.u("fp32")
+    # sums in the kernels: C/32 terms per lane, then a 5-level warp tree, so each row sum carries
+    # at most (C/32 + 5)·u of relative error (recursive-summation bound)
+    k = C // 32 + 5
+    f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
+    x = f32(rng.standard_normal((N, C)) * 2 + 0.5)  # an offset mean, as residual streams have
+    f = f32(rng.standard_normal((N, C)))
+    g = f32(1 + 0.1 * rng.standard_normal(C))
+    b = f32(0.1 * rng.standard_normal(C))
+    dout = f32(rng.standard_normal((N, C)))
+    dx0 = f32(rng.standard_normal((N, C)))  # dx accumulates (the residual stream's gradient)
+    dg0, db0 = f32(rng.standard_normal(C)), f32(rng.standard_normal(C))
+    f64 = lambda a: np.asarray(a, np.float64)  # noqa: E731
+
+    def fwd_reference(add: bool):
+        """(out, mean, rstd, res) of the op's NumPy reference in float64, and the tolerances."""
+        out, mean, rstd, res = np.empty((N, C)), np.empty(N), np.empty(N), np.empty((N, C))
+        if add:
+            nb.add_layernorm_fwd(f64(x), f64(f), res, f64(g), f64(b), out, mean, rstd, EPS)
+        else:
+            nb.layernorm_fwd(f64(x), f64(g), f64(b), out, mean, rstd, EPS)
+            res = f64(x)
+        xhat = (res - mean[:, None]) * rstd[:, None]
+        mean_abs = np.abs(res).mean(1)
+        # the mean's error (k·u·mean|x|) moves every x − mean, times rstd; the rest is a few roundings
+        bound = (k + 10) * u32 * (np.abs(xhat * g) + np.abs(b) + (mean_abs * rstd)[:, None] * np.abs(g))
+        if add:  # the kernel normalises fl(x + f): each element off by ≤ u·|res|, the mean by ≤ u·mean|res|
+            bound += u32 * (np.abs(res) + mean_abs[:, None]) * rstd[:, None] * np.abs(g)
+        return out, mean, rstd, res, bound, (k + 1) * u32 * mean_abs
+
+    refs = {"layernorm_fwd": fwd_reference(False), "add_layernorm_fwd": fwd_reference(True)}
+
+    d = {name: cp.asarray(a) for name, a in dict(x=x, f=f, g=g, b=b, dout=dout).items()}
+    stats = cp.zeros(N, cp.float32), cp.zeros(N, cp.float32)
+    res = cp.zeros((N, C), cp.float32)
+    null = np.uint64(0)
+    grid = (common.blocks(N, 8),)  # 8 warps (rows) per block of 256, as production
+
+    for v in VERSIONS[:8]:
+        if v.name == "vec" and not vec_ok(C):
+            continue
+        for prec in v.precisions:
+            kern = common.build(cp, v, prec)[v.kernels[0]]
+            out = cp.zeros((N, C), cp.float32 if prec == "fp32" else cp.uint16)
+            add = v.op == "add_layernorm_fwd"
+            tail = (d["g"], d["b"], out, *stats, np.int32(N), np.int32(C), np.float32(EPS))
+            if add:
+                argv = (d["x"], d["f"], res) + tail
+            elif v.name == "vec":
+                argv = (d["x"], null, null) + tail  # no residual: plain LayerNorm
+            else:
+                argv = (d["x"],) + tail
+
+            def case(kern=kern, argv=argv, out=out, prec=prec, add=add, op=v.op):
+                kern(grid, (256,), argv)
+                o_ref, m_ref, r_ref, res_ref, bound, mean_bound = refs[op]
+                oh = 0.0 if prec == "fp32" else common.u(prec)  # the 16-bit output's one rounding
+                err = common.compare(common.loaded(out, prec), o_ref, rtol=oh, atol=bound + common.tiny(prec), what="out")
+                # a row sum and a division: (k + 1)·u·mean|x|
+                err = err.worst(common.compare(stats[0].get(), m_ref, rtol=0, atol=mean_bound, what="mean"))
+                err = err.worst(common.compare(stats[1].get(), r_ref, rtol=(k + 5) * u32, what="rstd"))  # + rsqrtf's 2 ulp
+                if add:  # one fp32 addition
+                    err = err.worst(common.compare(res.get(), res_ref, rtol=u32, what="res"))
+                ms = common.bench(cp, lambda: kern(grid, (256,), argv), reps)
+                esz = 4 if prec == "fp32" else 2
+                nbytes = N * C * (4 * (3 if add else 1) + esz) + 8 * N + 8 * C  # each tensor once
+                return err, ms, common.gbps(nbytes, ms)
+
+            report.attempt(v.op, v.name, prec, shape, case)
+
+    # backward: the kernels get fp32 mean and rstd; the reference uses the same values
+    m32, r32 = f32(refs["layernorm_fwd"][1]), f32(refs["layernorm_fwd"][2])
+    dx_ref, dg_ref, db_ref = f64(dx0), f64(dg0), f64(db0)
+    nb.layernorm_bwd(f64(dout), f64(x), f64(m32), f64(r32), f64(g), dx_ref, dg_ref, db_ref)
+    xhat = (f64(x) - f64(m32)[:, None]) * f64(r32)[:, None]
+    dxh = f64(dout) * g
+    s2 = (dxh * xhat).mean(1, keepdims=True)
+    # the two row means carry (C/32 + 5)·u relative to the means of |terms|; the rest a few roundings
+    dx_bound = (k + 6) * u32 * (f64(r32)[:, None] * (np.abs(dxh) + np.abs(dxh).mean(1, keepdims=True)
+                                                      + np.abs(xhat) * (np.abs(dxh * xhat).mean(1, keepdims=True) + np.abs(s2)))
+                                + np.abs(dx0))
+    d_m, d_r = cp.asarray(m32), cp.asarray(r32)
+    for v in VERSIONS[8:10]:
+        if v.name == "vec" and not vec_ok(C):
+            continue
+        for prec in v.precisions:
+            kern = common.build(cp, v, prec)[v.kernels[0]]
+            dx = cp.asarray(dx0)
+            copy = cp.zeros((N, C), cp.uint16) if prec != "fp32" else None
+            argv = (d["dout"], d["x"], d_m, d_r, d["g"], dx, null if copy is None else copy, np.int32(N), np.int32(C))
+
+            def case(kern=kern, argv=argv, dx=dx, copy=copy, prec=prec):
+                kern(grid, (256,), argv)
+                err = common.compare(dx.get(), dx_ref, rtol=0, atol=dx_bound, what="dx")
+                if copy is not None:  # the 16-bit copy: the fp32 result rounded once more
+                    err = err.worst(common.compare(common.from_h16(copy.get(), prec), dx_ref, rtol=common.u(prec),
+                                                   atol=dx_bound + common.tiny(prec), what="dx_h16"))
+                ms = common.bench(cp, lambda: kern(grid, (256,), argv), reps)
+                return err, ms, common.gbps(N * C * (16 + (0 if copy is None else 2)) + 8 * N + 4 * C, ms)
+
+            report.attempt(v.op, v.name, prec, shape, case)
+
+    v = VERSIONS[10]
+    kp = common.build(cp, v)
+    chunks = (N + LN_ROWS - 1) // LN_ROWS
+    partial = cp.zeros((chunks, 2 * C), cp.float32)
+    dg, db = cp.asarray(dg0), cp.asarray(db0)
+
+    def params():
+        kp["layernorm_bwd_params"]((common.blocks(C, 128), chunks), (128,), (d["dout"], d["x"], d_m, d_r, partial,
+                                                                              np.int32(N), np.int32(C), np.int32(LN_ROWS)))
+        kp["ln_partials_final"]((common.blocks(2 * C),), (256,), (partial, dg, db, np.int32(chunks), np.int32(C)))
+
+    def case_params():
+        params()
+        # each column: LN_ROWS terms in order per chunk, then the chunks and the old value in order
+        n = LN_ROWS + chunks + 1
+        err = common.compare(dg.get(), dg_ref, rtol=0, atol=(n + 3) * u32 * (np.abs(dout * xhat).sum(0) + np.abs(dg0)), what="dg")
+        err = err.worst(common.compare(db.get(), db_ref, rtol=0, atol=n * u32 * (np.abs(f64(dout)).sum(0) + np.abs(db0)), what="db"))
+        ms = common.bench(cp, params, reps)
+        return err, ms, common.gbps(2 * N * C * 4 + 8 * N + 2 * chunks * 2 * C * 4, ms)
+
+    report.attempt(v.op, v.name, "fp32", shape, case_params)
+
+
+def main(argv=None) -> int:
+    args = common.parse_args(__doc__, argv)
+    cp = common.import_cupy()
+    shapes = common.model_shapes(args.quick)
+    common.banner(cp, SCRIPT, shapes)
+    report = common.Report(SCRIPT)
+    rng = np.random.default_rng(args.seed)
+    for shape in EDGE + shapes:
+        run_shape(cp, report, shape, rng, args.reps)
+    return report.finish(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,274 @@
+"""Data profiles and `andrea data fetch`, without network.
+
+A folder laid out as the hub's repositories (`hf download --local-dir` copies with their README
+`configs:`) stands in for the hub through ANDREA_HUB_MIRROR: the fetch copies from it file by
+file (the hub transport is the only part not run), and the data stages then read the fetched
+copy with offline mode on, through the same `datasets` call a hub location runs.
+"""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from andrea.config import ConfigError, validate_config
+from andrea.fetch import MANIFEST, DataNotFetched, FetchError, MirrorTransport, fetch_profile
+from andrea.hub import MIRROR_ENV, NOT_FROM_HUB, parse_hub_location
+from andrea.io import sha256_file
+from andrea.profiles import model_profile, profile_config
+from andrea.sources import ADAPTERS
+from andrea.versions import STAGES, stage_versions, train_run_key
+from conftest import REPO, sharegpt
+from test_hub_sources import COMMIT, OTHER_COMMIT, hub_dataset, msgs, offline  # noqa: F401 (offline: autouse)
+
+# ---------------------------------------------------------------- the shipped profiles
+
+
+def test_the_shipped_real_profile_names_every_source_with_revision_and_licence(config):
+    real = config["profiles"]["real"]["sources"]
+    named = set(real)
+    assert named == {"hermes3"} | {s for s, c in config["sources"].items() if c["adapter"] != "hermes3"}
+    for key, entry in real.items():
+        assert entry.get("licence"), f"{key}: no licence"
+        if entry.get("enabled", True) is False:
+            assert entry.get("note"), f"{key}: left out without saying why"
+            continue
+        adapter = "hermes3" if key == "hermes3" else config["sources"][key]["adapter"]
+        assert adapter in ADAPTERS
+        loc = entry["location"]
+        if loc.startswith("hub:"):
+            assert adapter not in NOT_FROM_HUB or adapter == "hermes3"
+            assert parse_hub_location(loc).revision, f"{key}: no revision"
+            assert entry.get("size"), f"{key}: no size"
+        else:
+            assert loc in ("stdlib", "."), f"{key}: a real source reads the hub, the standard library or this repository"
+    pc = profile_config(config, "real")
+    assert pc["hermes3"]["location"] == "hub" and pc["hermes3"]["hub_id"] == "NousResearch/Hermes-3-Dataset"
+    assert not any(c["location"] == "embedded" for c in pc["sources"].values() if c["enabled"]), "real data only"
+
+
+def test_each_model_names_its_profile(config):
+    assert {m: model_profile(config, m) for m in config["models"]} == {
+        "ANDREA-tiny": "embedded", "ANDREA-12M": "real", "ANDREA-120M": "real", "ANDREA-480M": "real"}
+    forced = {**config, "data_profile": "embedded"}
+    assert all(model_profile(forced, m) == "embedded" for m in config["models"])
+
+
+def test_switching_profile_changes_every_data_version_and_the_run(config):
+    emb, real = stage_versions(profile_config(config, "embedded")), stage_versions(profile_config(config, "real"))
+    assert emb == stage_versions(config)  # a config names the embedded profile unless told otherwise
+    assert all(emb[s] != real[s] for s in STAGES)
+    assert train_run_key(config, "ANDREA-120M") != train_run_key({**config, "data_profile": "embedded"}, "ANDREA-120M")
+    # the name is part of the version: a copy of a profile under another name has its own artifacts
+    copy = validate_config({**config, "profiles": {**config["profiles"], "copy": {"sources": {}}}})
+    assert stage_versions(profile_config(copy, "copy"))["pull_hermes3"] != emb["pull_hermes3"]
+    with pytest.raises(ConfigError, match="data_profile is 'embedded'"):
+        profile_config({**config, "data_profile": "embedded"}, "real")
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"profiles": {"p": {"sources": {"hermes3-general": {"location": "x"}}}}}, "hermes3 parts"),
+    ({"profiles": {"p": {"sources": {"chat": {"location": "hub:a/b@main", "size": "1"}}}}}, "needs its `licence`"),
+    ({"profiles": {"p": {"sources": {"chat": {"location": "hub:a/b", "licence": "mit"}}}}}, "names no revision"),
+    ({"profiles": {"p": {"sources": {"repo-commits": {"location": "hub:a/b@main", "licence": "mit"}}}}},
+     "profiles.p: sources.repo-commits.location"),
+    ({"models": {"m": {"d_model": 8, "n_head": 1, "n_layer": 1, "context": 8, "n_segments": 4, "data": "nope"}}},
+     "models.m.data: no data profile 'nope'"),
+    ({"data_profile": "nope"}, "data_profile: no data profile"),
+])
+def test_a_bad_profile_names_the_key(config, change, says):
+    if "profiles" in change:  # beside the shipped ones
+        change = {"profiles": {**config["profiles"], **change["profiles"]}}
+    if "models" in change:  # settings of the shipped models would name models no longer there
+        change["train"] = {k: v for k, v in config.get("train", {}).items() if k not in config["models"]}
+    with pytest.raises(ConfigError) as e:
+        validate_config({**config, **change})
+    assert says in str(e.value)
+
+
+# ---------------------------------------------------------------- fetch
+
+
+@pytest.fixture
+def mini(config, tmp_path, monkeypatch):
+    """A profile `mini` of three hub datasets (one pinned to a commit, two @main) served by a mirror."""
+    mirror = tmp_path / "mirror"
+    hub_dataset(mirror, "test/hermes", {"default": {"train": [[sharegpt(("human", f"q{i}"), ("gpt", f"a{i}"), category="general")
+                                                              for i in range(5)]]}}, fmt="jsonl", commit=COMMIT)
+    hub_dataset(mirror, "test/chat", {"default": {"train": [[sharegpt(("human", "hi"), ("gpt", "hello"))],
+                                                            [sharegpt(("human", "yo"), ("gpt", "hey"))]]}}, commit=COMMIT)
+    hub_dataset(mirror, "test/smol", {"all": {"train": [[msgs(("user", f"u{i}"), ("assistant", f"a{i}")) for i in range(3)]]},
+                                      "other": {"train": [[msgs(("user", "x"), ("assistant", "y"))]]}}, commit=COMMIT)
+    profile = {"sources": {
+        "hermes3": {"location": "hub:test/hermes@main:train", "licence": "apache-2.0"},
+        "chat": {"location": f"hub:test/chat@{COMMIT}:train", "licence": "mit"},
+        "smoltalk": {"location": "hub:test/smol@main:all:train", "licence": "apache-2.0", "files": ["README.md", "data/all/*"]},
+        "irc": {"enabled": False, "licence": "-", "note": "none"},
+    }}
+    cfg = validate_config({**config, "profiles": {**config["profiles"], "mini": profile}})
+    monkeypatch.setenv(MIRROR_ENV, str(mirror))
+    return cfg, mirror, tmp_path / "hub"
+
+
+def test_fetch_copies_every_dataset_with_sha256_and_a_profile_marker(mini):
+    cfg, mirror, dest = mini
+    summary = fetch_profile(cfg, "mini", dest=dest)
+    assert set(summary) == {"test/hermes", "test/chat", "test/smol"}
+    manifest = json.loads((dest / MANIFEST).read_text())["datasets"]
+    for dataset, entry in manifest.items():
+        assert entry["complete"] and entry["commit"] == COMMIT
+        for rel, meta in entry["files"].items():
+            assert meta["sha256"] == sha256_file(mirror / dataset / rel) == sha256_file(dest / dataset / rel)
+    assert not any("other" in rel for rel in manifest["test/smol"]["files"])  # only the files asked for
+    marker = json.loads((dest / "profiles" / "mini.json").read_text())
+    assert marker["datasets"]["test/chat"] == {"revision": COMMIT, "commit": COMMIT, "sources": ["chat"]}
+
+
+def test_a_second_fetch_needs_no_network_and_changes_nothing(mini, monkeypatch):
+    cfg, mirror, dest = mini
+    fetch_profile(cfg, "mini", dest=dest)
+    marker = dest / "profiles" / "mini.json"
+    before = (marker.stat().st_mtime_ns, (dest / MANIFEST).read_text())
+    monkeypatch.setenv(MIRROR_ENV, str(mirror.parent / "gone"))  # nothing to fetch from
+    summary = fetch_profile(cfg, "mini", dest=dest)
+    assert not any(s["fetched"] for s in summary.values())
+    assert (marker.stat().st_mtime_ns, (dest / MANIFEST).read_text()) == before  # Snakemake re-runs nothing
+
+
+def test_an_interrupted_fetch_resumes_where_it_stopped(mini, monkeypatch):
+    cfg, mirror, dest = mini
+    real_download = MirrorTransport.download
+    calls = []
+
+    def failing(self, w, commit, f, repo_dir):
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the user stopped it, or the connection broke
+        calls.append((w.dataset, f.path))
+        return real_download(self, w, commit, f, repo_dir)
+
+    monkeypatch.setattr(MirrorTransport, "download", failing)
+    with pytest.raises(KeyboardInterrupt):
+        fetch_profile(cfg, "mini", dest=dest)
+    assert not (dest / "profiles" / "mini.json").exists()
+    first = list(calls)
+    calls.clear()
+    monkeypatch.setattr(MirrorTransport, "download", lambda self, *a: calls.append((a[0].dataset, a[2].path)) or real_download(self, *a))
+    fetch_profile(cfg, "mini", dest=dest)
+    assert len(first) == 2 and calls, "stopped after two files; the rest fetched now"
+    assert not set(first) & set(calls), "files fetched before the stop are not fetched again"
+    assert (dest / "profiles" / "mini.json").exists()
+
+
+def test_a_damaged_file_is_fetched_again(mini):
+    cfg, mirror, dest = mini
+    fetch_profile(cfg, "mini", dest=dest)
+    entry = json.loads((dest / MANIFEST).read_text())["datasets"]["test/chat"]
+    rel = next(r for r in entry["files"] if r.endswith(".parquet"))
+    (dest / "test/chat" / rel).write_bytes(b"truncated")
+    assert fetch_profile(cfg, "mini", dest=dest)["test/chat"]["fetched"]
+    assert sha256_file(dest / "test/chat" / rel) == entry["files"][rel]["sha256"]
+
+
+def test_main_is_pinned_by_the_first_fetch(mini):
+    cfg, mirror, dest = mini
+    fetch_profile(cfg, "mini", dest=dest)
+    # the hub's main moves on, and the copy is found incomplete: the fetch refuses the new commit
+    for meta in (mirror / "test/smol" / ".cache").rglob("*.metadata"):
+        meta.write_text(meta.read_text().replace(COMMIT, OTHER_COMMIT))
+    (dest / "test/smol" / "README.md").unlink()
+    with pytest.raises(FetchError, match=f"fetched at commit {COMMIT}.*--update"):
+        fetch_profile(cfg, "mini", dest=dest)
+    assert fetch_profile(cfg, "mini", dest=dest, update=True)["test/smol"]["commit"] == OTHER_COMMIT
+
+
+def test_offline_the_fetch_fails_at_once_naming_what_is_missing_and_both_ways_out(mini, monkeypatch):
+    cfg, mirror, dest = mini
+    monkeypatch.delenv(MIRROR_ENV)  # the hub itself, in offline mode (the autouse fixture)
+    t0 = time.monotonic()
+    with pytest.raises(DataNotFetched) as e:
+        fetch_profile(cfg, "mini", dest=dest)
+    assert time.monotonic() - t0 < 10
+    msg = str(e.value)
+    for part in ("hermes3 (test/hermes@main)", "chat (test/chat@", "smoltalk (test/smol@main)", "offline mode",
+                 f"andrea data fetch --profile mini --dir {dest}", "--config data_profile=embedded"):
+        assert part in msg, part
+    assert "irc" not in msg
+
+
+def test_an_unanswering_hub_costs_one_timeout_not_one_per_dataset(mini, monkeypatch):
+    cfg, mirror, dest = mini
+
+    class Silent(MirrorTransport):
+        def resolve(self, w, key):
+            time.sleep(30)
+
+    t0 = time.monotonic()
+    with pytest.raises(DataNotFetched, match="did not answer within 1 s"):
+        fetch_profile(cfg, "mini", dest=dest, timeout=1, transport=Silent(mirror))
+    assert time.monotonic() - t0 < 6
+
+
+def test_the_data_stages_read_the_fetched_copy_offline(mini, monkeypatch, tmp_path):
+    from andrea.hermes3 import pull_hermes3
+    from andrea.megachat import prep_megachat
+
+    cfg, mirror, dest = mini
+    fetch_profile(cfg, "mini", dest=dest)
+    monkeypatch.delenv(MIRROR_ENV)  # offline: only the fetched copy
+    pc = profile_config(cfg, "mini")
+    counts = pull_hermes3(pc["hermes3"], tmp_path / "pull", "v", hub_dir=dest)
+    assert counts["kept"] == 5
+    pull_manifest = json.loads((tmp_path / "pull" / "manifest.json").read_text())
+    assert pull_manifest["inputs"][0]["commit"] == COMMIT and str(dest) in pull_manifest["inputs"][0]["mirror"]
+    pc["sources"] = {k: v for k, v in pc["sources"].items() if k in ("chat", "smoltalk") or v["adapter"] == "hermes3"}
+    counts = prep_megachat(pc, tmp_path / "prep", "v", pull_dir=tmp_path / "pull", hub_dir=dest)
+    assert counts["per_source"]["chat"]["kept"] == 2 and counts["per_source"]["smoltalk"]["kept"] == 3  # `all` only: the files fetched
+    inputs = {i.get("source"): i for i in json.loads((tmp_path / "prep" / "manifest.json").read_text())["inputs"]}
+    assert inputs["smoltalk"]["commit"] == COMMIT
+
+
+def test_oasst_languages_keeps_the_ones_asked_for(config, tmp_path):
+    from conftest import run_prep, with_sources, write_jsonl
+
+    rows = [{"message_id": "1", "parent_id": None, "role": "prompter", "text": "hi", "lang": "en"},
+            {"message_id": "2", "parent_id": "1", "role": "assistant", "text": "hello", "lang": "en"},
+            {"message_id": "3", "parent_id": None, "role": "prompter", "text": "hola", "lang": "es"},
+            {"message_id": "4", "parent_id": "3", "role": "assistant", "text": "buenas", "lang": "es"}]
+    path = write_jsonl(tmp_path / "oasst.jsonl", rows)
+    cfg = with_sources(config, {"oasst": {"adapter": "oasst", "location": str(path), "languages": ["en"]}})
+    counts, docs, _ = run_prep(cfg, tmp_path / "out")
+    assert [d["turns"][0]["text"] for d in docs] == ["hi"]
+    assert counts["per_source"]["oasst"]["skipped"] == {"other_language": 2}
+
+
+def test_the_cli_fetch_says_what_it_did(mini, capsys):
+    from andrea.cli import main
+
+    cfg, mirror, dest = mini
+    path = dest.parent / "config.yaml"
+    import yaml
+
+    raw = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    raw["profiles"]["mini"] = cfg["profiles"]["mini"]
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["data", "fetch", "--config", str(path), "--profile", "mini", "--dir", str(dest)]) == 0
+    out = capsys.readouterr().out
+    assert "test/chat: commit " + COMMIT in out and "3 hub datasets" in out
+
+
+@pytest.mark.slow
+def test_the_mission_command_offline_fails_fast_before_any_stage(workflow_dir, monkeypatch):
+    """ANDREA-12M (profile real) with nothing fetched and no network: the first job, fetch_data,
+    stops the workflow in seconds with the one message; no data stage ran."""
+    from conftest import snakemake
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    t0 = time.monotonic()
+    proc = snakemake(workflow_dir, "results/ANDREA-12M/shards.json", check=False)
+    assert proc.returncode != 0
+    assert time.monotonic() - t0 < 120  # Snakemake's own start-up is most of it
+    out = proc.stdout + proc.stderr
+    assert "andrea data fetch --profile real --dir data/hub" in out and "--config data_profile=embedded" in out
+    assert "hermes3 (NousResearch/Hermes-3-Dataset@main)" in out and "Traceback" not in out
+    assert not (workflow_dir / "results" / "data" / "pull_hermes3").exists()
