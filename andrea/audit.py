@@ -21,9 +21,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from andrea.io import atomic_dir, read_jsonl, read_run_log
+from andrea.io import atomic_dir, read_jsonl
 from andrea.evaluation import heldout_report
 from andrea.judges import ExternalJudge, builtin_scores
+from andrea.runlog import RunLog
 from andrea.sampling import chat_prompt, generate, load_model
 from andrea.shards import Shard
 from andrea.tokenizer import BOS
@@ -39,14 +40,24 @@ def plots(run_dir: Path | None, df: pd.DataFrame, out: Path) -> dict[str, Path]:
 
     out.mkdir(parents=True, exist_ok=True)
     made = {}
-    loss, evals = read_run_log(run_dir / "loss.jsonl") if run_dir else ([], [])
-    evals = [r for r in evals if r.get("bpb") is not None]
-    if loss:
+    # the run's log read once into at most 2,000 buckets (a 200,000-step log does not become
+    # 200,000 dicts and plotted points): the loss as the band from the smallest to the largest in
+    # each bucket, so spikes stay, EMA and SMMA at each bucket's last step
+    rl = RunLog(run_dir / "loss.jsonl") if run_dir else None
+    if rl:
+        rl.poll()
+    loss = rl.series() if rl else {"step": []}
+    evals = [r for r in rl.evals if r.get("bpb") is not None] if rl else []
+    if len(loss["step"]):
         fig, ax = plt.subplots(figsize=(7, 3.2))
-        steps = [r["step"] for r in loss]
-        ax.plot(steps, [r["loss"] for r in loss], color="#bbb", lw=0.8, label="loss")
-        ax.plot(steps, [r["ema"] for r in loss], color="#1f77b4", lw=1.6, label="EMA")
-        ax.plot(steps, [r["smma"] for r in loss], color="#d62728", lw=1.6, label="SMMA")
+        steps = loss["step"]
+        if loss["bucket_steps"] > 1:
+            ax.fill_between(steps, loss["loss_min"], loss["loss_max"], color="#ccc", lw=0,
+                            label=f"loss (range in {loss['bucket_steps']} steps)")
+        else:
+            ax.plot(steps, loss["loss"], color="#bbb", lw=0.8, label="loss")
+        ax.plot(steps, loss["ema"], color="#1f77b4", lw=1.6, label="EMA")
+        ax.plot(steps, loss["smma"], color="#d62728", lw=1.6, label="SMMA")
         ax.set_xlabel("step"), ax.set_ylabel("cross-entropy"), ax.legend(), ax.set_title("Training loss")
         fig.tight_layout()
         fig.savefig(out / "loss.png", dpi=110)

@@ -171,10 +171,13 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
 
 
 def read_run_log(path: str | os.PathLike) -> tuple[list[dict], list[dict]]:
-    """A run's loss.jsonl as (training records, validation records): one line per step, and the
-    validation records marked `"kind": "eval"` (andrea/trainer.py)."""
-    records = read_jsonl(path)
-    return ([r for r in records if r.get("kind", "train") == "train"], [r for r in records if r.get("kind") == "eval"])
+    """A run's loss.jsonl as (training records, validation records): one line per step, each with
+    its weights, focus and mix shares whether the file wrote them on every line or only where they
+    changed, and the validation records marked `"kind": "eval"` (andrea/runlog.py has the format,
+    and a reader that does not hold a long run's records in memory)."""
+    from andrea.runlog import read_run_log as read  # numpy and Arrow's JSON reader: loaded when needed
+
+    return read(path)
 
 
 def read_document(path: str | os.PathLike, what: str = "file", error: type[Exception] | None = None, fmt: str = "json") -> Any:

@@ -10,7 +10,8 @@ max_steps and the bandit's floors and caps: andrea/versions.py train_run_key):
                                   inference and the audit; resuming uses the step checkpoints)
     final.bin                     the end of the run
     loss.jsonl                    one line per step, and one `"kind": "eval"` line per validation;
-                                  continuous across resumes
+                                  continuous across resumes; the bandit's weights and focus only
+                                  where they change, the mix as row counts (andrea/runlog.py)
     samples.jsonl                 every coherence sample with its score
     plan.json                     what the run is: model, memory plan, backend, tokens/step, ETA
     train.log                     the trainer's log, every attempt appended
@@ -51,9 +52,10 @@ from andrea.config import train_settings  # noqa: F401  (re-exported: callers im
 from andrea.curriculum import Bandit
 from andrea.engine import Engine, materialise, resolve_backend
 from andrea.evaluation import build_eval_set, evaluate, prepare_batches
-from andrea.io import atomic_dir, link_or_copy, read_jsonl, sha256_file, write_json_atomic, write_text_atomic
+from andrea.io import atomic_dir, link_or_copy, sha256_file, write_json_atomic
 from andrea.model import ModelConfig, flops_per_token, n_params
 from andrea.optim import NonFiniteCounter, NonFiniteHalt, OptimConfig, train_step
+from andrea.runlog import RecordCompactor, truncate_log
 from andrea.sampling import InferenceModel, generate
 from andrea.settings import TrainSettings
 from andrea.shards import Shard
@@ -452,19 +454,14 @@ class Trainer:
         return True
 
     def _truncate_run_records(self) -> None:
-        self._truncate_jsonl(self.run_dir / "loss.jsonl", lambda r: r["step"] <= self.step if r.get("kind") == "eval" else r["step"] < self.step)
-        self._truncate_jsonl(self.run_dir / "samples.jsonl", lambda r: r["step"] <= self.step)
+        # one truncate each, reading only the logs' tails (andrea/runlog.py): a 200,000-step log is
+        # neither read whole nor copied
+        truncate_log(self.run_dir / "loss.jsonl", lambda r: r["step"] <= self.step if r.get("kind") == "eval" else r["step"] < self.step)
+        truncate_log(self.run_dir / "samples.jsonl", lambda r: r["step"] <= self.step)
         if self.s.record_batches and (self.run_dir / "parity" / "batches.bin").exists():
             keep = min(self.step, self.s.record_batches) * self.B * self.s.grad_accum * (self.T + 1) * 2
             with open(self.run_dir / "parity" / "batches.bin", "r+b") as fh:
                 fh.truncate(keep)
-
-    @staticmethod
-    def _truncate_jsonl(path: Path, keep) -> None:
-        if path.exists():  # a torn last line from a crash is dropped by read_jsonl
-            lines = path.read_text(encoding="utf-8").splitlines()  # kept byte for byte
-            kept = [line for line, r in zip(lines, read_jsonl(path)) if keep(r)]
-            write_text_atomic(path, "".join(line + "\n" for line in kept))
 
     # ------------------------------------------------------------------ signals
     def _on_term(self, signum, frame):
@@ -488,7 +485,7 @@ class Trainer:
         self._log_writes.append(self._log_pool.submit(fn, *args))
 
     def _write_line(self, rec: dict) -> None:
-        self._log_fh.write(json.dumps(rec) + "\n")
+        self._log_fh.write(self._log_compactor.dumps(rec))  # weights and focus only where they change
         self._log_fh.flush()
 
     def _flush_log(self) -> None:
@@ -668,6 +665,7 @@ class Trainer:
                         signal.SIGUSR2: self._on_term}
             previous = {sig: signal.signal(sig, h) for sig, h in handlers.items()}
             self._log_fh = open(self.run_dir / "loss.jsonl", "a", encoding="utf-8") if self.root else None
+            self._log_compactor = RecordCompactor()  # a new file position: its first record is whole
             try:
                 result = self._loop()
             finally:
@@ -739,7 +737,7 @@ class Trainer:
                 "step": self.step, "loss": res.loss, "ema": self.ema, "smma": self.smma, "lr": res.lr,
                 "grad_norm": res.grad_norm, "clipped": res.clipped, "skipped": res.skipped,
                 "tokens_per_s": round(n_tok / dt, 1),
-                "mix": {k: v / len(batch.rows) for k, v in sorted(mix.items())},
+                "rows": len(batch.rows), "mix": dict(sorted(mix.items())),  # the mix as row counts
                 "weights": {k: round(v, 6) for k, v in self.bandit.weights.items()},
                 "focus": list(self.bandit.focus),
             })

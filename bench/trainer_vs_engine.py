@@ -36,6 +36,7 @@ sys.path.insert(0, str(REPO))
 from andrea.config import load_config, train_settings  # noqa: E402
 from andrea.io import sha256_file, write_json_atomic  # noqa: E402
 from andrea.model import ModelConfig  # noqa: E402
+from andrea.runlog import read_records  # noqa: E402
 from andrea.shards import SHARD_FORMAT, shard_paths  # noqa: E402
 from andrea.tokenizer import SEGMENTS_FORMAT, tokenizer_hash  # noqa: E402
 
@@ -152,7 +153,7 @@ def main() -> None:
             tr = Trainer(cfg, model, shards_json, run_dir)
             print(f"{model} B={B}: backend {tr.backend}/{tr.precision} ({tr.backend_reason})", flush=True)
             tr.run()
-            recs = [json.loads(l) for l in (run_dir / "loss.jsonl").read_text().splitlines()]
+            recs = read_records(run_dir / "loss.jsonl")  # the mix as shares, whichever format wrote it
             trainer_tps = [r["tokens_per_s"] for r in recs if r.get("kind", "train") == "train"][args.warmup:]
             big_share = float(np.mean([r["mix"].get("big", 0.0) for r in recs if "mix" in r]))
             # the periodic work at the shipped defaults, measured on this engine

@@ -11,6 +11,7 @@ import urllib.request
 import pytest
 
 from andrea.dashboard import MAX_POINTS, loss_series, make_server
+from andrea.io import read_run_log
 from test_trainer import shards, straight  # noqa: F401  (fixtures: a real run on the embedded corpus)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
@@ -48,11 +49,28 @@ def test_data_endpoints_serve_the_run(server):
         get(f"{url}/static/../../config.py")
 
 
+def test_zoom_serves_every_step_of_a_range(server):
+    url, run = server
+    train, evals = read_run_log(run / "loss.jsonl")
+    d = json.loads(get(f"{url}/data/loss?from=50&to=130")[1])
+    want = [r for r in train if 50 <= r["step"] <= 130]
+    assert d["exact"] and d["step"] == [r["step"] for r in want] and d["bucket_steps"] == 1
+    for k in ("loss", "ema", "smma", "lr", "grad_norm"):
+        assert d[k] == [r[k] for r in want], k  # the values as written, not rounded for a chart
+    assert d["weights"]["chat"] == [r["weights"]["chat"] for r in want]
+    assert d["eval"]["step"] == [r["step"] for r in evals if 50 <= r["step"] <= 130]
+    assert d["n_steps"] == len(train) and d["last"]["step"] == train[-1]["step"]
+    with pytest.raises(urllib.error.HTTPError) as e:
+        get(f"{url}/data/loss?from=ten")
+    assert e.value.code == 400
+
+
 def test_long_runs_are_thinned_for_the_browser(tmp_path):
     lines = [{"step": i, "loss": 1.0, "ema": 1.0, "smma": 1.0, "lr": 0.1, "grad_norm": 1.0, "weights": {"a": 1.0}} for i in range(5001)]
     (tmp_path / "loss.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines) + '{"step": 50')  # torn last line
     d = loss_series(tmp_path)
-    assert d["n_steps"] == 5001 and len(d["step"]) <= MAX_POINTS + 1 and d["step"][-1] == 5000
+    assert d["n_steps"] == 5001 and len(d["step"]) <= MAX_POINTS and d["step"][-1] == 5000
+    assert d["bucket_steps"] == 4 and d["step_first"][:2] == [0, 4] and d["last"]["step"] == 5000
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")

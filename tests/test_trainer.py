@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
+from andrea.runlog import read_records
 from andrea.shards import encode_shards, write_model_shards
 from andrea.tokenizer import train_tokenizer
 from andrea.versions import enabled_sources
@@ -51,7 +52,9 @@ def train(config, shards, run_dir, *extra, wait=True):
 
 
 def records(run_dir):
-    return [json.loads(l) for l in (run_dir / "loss.jsonl").read_text().splitlines()]
+    """loss.jsonl's records as a reader sees them: weights and focus (written where they change)
+    carried onto every training record, the mix as shares (andrea/runlog.py)."""
+    return read_records(run_dir / "loss.jsonl")
 
 
 def loss_lines(run_dir):

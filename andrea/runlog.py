@@ -1,0 +1,644 @@
+"""A run's loss.jsonl: its record format, a reader that rebuilds the full picture, an incremental
+tail with a bounded series and a step index (the dashboard, the audit's plots) and the cut a
+resume makes.
+
+The format (2026-11-30, "compact"; andrea/trainer.py writes it): one training record per step,
+
+    {"step", "loss", "ema", "smma", "lr", "grad_norm", "clipped", "skipped", "tokens_per_s",
+     "rows": rows in the batch, "mix": {source: rows drawn from it}, "weights": {...}, "focus": [...]}
+
+where `weights` (the bandit's source weights) and `focus` are written only when they differ from
+the ones last written (at phase boundaries) and on the first record a trainer process writes; a
+reader carries them forward. Validation records, `{"kind": "eval", "step", ...}`, share the file.
+Files written before (weights and focus on every line, the mix as shares and no `rows`) read the
+same: `expand` gives every training record its weights, focus and mix shares in either format.
+
+A 200,000-step run writes ~65 MB this way (~330 bytes a step) where the former format wrote ~137 MB.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import math
+import os
+import threading
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
+
+log = logging.getLogger("andrea.runlog")
+
+SCALARS = ("loss", "ema", "smma", "lr", "grad_norm", "tokens_per_s")
+BLOCK = 1024  # training records per step-index entry: a zoom reads from the entry before its range
+FINE_BUCKETS = 16384  # the most buckets the tail keeps; past it, neighbours merge and buckets double
+MAX_POINTS = 2000  # the most points a view returns
+READ_CHUNK = 4 << 20  # bytes decoded at a time (Arrow's reader is fastest on blocks of a few MB)
+ZOOM_EXACT_STEPS = 8192  # a zoom this narrow or narrower returns every step, read from the file
+SIGNATURE = 64  # bytes before the read offset remembered to notice a file cut and written again
+
+
+# ----------------------------------------------------------------------------- records
+class RecordCompactor:
+    """Writes training records with weights and focus only when they change. One per open log
+    file: a new trainer process starts with a full record, so no reader needs an earlier file."""
+
+    def __init__(self):
+        self.weights = self.focus = None
+
+    def dumps(self, rec: dict) -> str:
+        if rec.get("kind", "train") == "train":
+            rec = dict(rec)
+            for key in ("weights", "focus"):
+                if key in rec:
+                    if rec[key] == getattr(self, key):
+                        del rec[key]
+                    else:
+                        setattr(self, key, rec[key])
+        return json.dumps(rec) + "\n"
+
+
+class Expander:
+    """Rebuilds full training records in file order: weights and focus carried forward, the mix as
+    shares of the batch. Validation records pass through."""
+
+    def __init__(self):
+        self.weights: dict = {}
+        self.focus: list = []
+
+    def __call__(self, rec: dict) -> dict:
+        if rec.get("kind", "train") != "train":
+            return rec
+        out = dict(rec)
+        self.weights = out.setdefault("weights", self.weights)
+        self.focus = out.setdefault("focus", self.focus)
+        if "rows" in out:  # compact: the mix as counts
+            rows = out.pop("rows")
+            out["mix"] = {k: v / rows for k, v in out.get("mix", {}).items()}
+        return out
+
+
+def read_records(path: str | os.PathLike) -> list[dict]:
+    """Every record of a loss.jsonl in file order, training records expanded (`Expander`). A
+    missing file reads as empty; a torn last line (a write in progress, a crash) is left out; a
+    malformed line elsewhere is skipped and counted in the log."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    torn = not data.endswith(b"\n")
+    expand, out, bad = Expander(), [], 0
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict) or "step" not in rec:
+                raise ValueError("not a record")
+        except ValueError:
+            if not (torn and i == len(lines) - 1):
+                bad += 1
+            continue
+        out.append(expand(rec))
+    if bad:
+        log.warning("%s: skipped %d malformed line(s)", path, bad)
+    return out
+
+
+def read_run_log(path: str | os.PathLike) -> tuple[list[dict], list[dict]]:
+    """A run's loss.jsonl as (training records, validation records), training records expanded."""
+    records = read_records(path)
+    return ([r for r in records if r.get("kind", "train") == "train"], [r for r in records if r.get("kind") == "eval"])
+
+
+def _lines_backwards(fh, size: int, chunk: int = 1 << 16):
+    """(offset, bytes) of each line of a file, the last first (a last line without its newline
+    included), reading it backwards in chunks."""
+    pos, buf = size, b""
+    while pos > 0:
+        n = min(chunk, pos)
+        pos -= n
+        fh.seek(pos)
+        buf = fh.read(n) + buf
+        parts = buf.split(b"\n")
+        first = 0 if pos == 0 else 1  # parts[0] may be the end of a line that starts further back
+        offsets, o = [], pos
+        for p in parts:
+            offsets.append(o)
+            o += len(p) + 1
+        for i in range(len(parts) - 1, first - 1, -1):
+            yield offsets[i], parts[i]
+        buf = parts[0] if first else b""
+
+
+def truncate_log(path: str | os.PathLike, keep: Callable[[dict], bool]) -> int:
+    """Cut a JSON-lines log back to its last record that `keep` accepts (a resume: the records of
+    steps that will run again go). Records are in step order, so what goes is a tail: it is found
+    reading backwards from the end, and the file is cut there with one truncate (atomic, and the
+    kept bytes are not rewritten: a 137 MB log is not copied for a resume). A torn or malformed
+    line in that tail goes with it. Returns the bytes dropped."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    with open(path, "r+b") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        cut = 0
+        for off, line in _lines_backwards(fh, size):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                ok = isinstance(rec, dict) and bool(keep(rec))
+            except (ValueError, KeyError, TypeError):
+                ok = False
+            if ok:
+                cut = off + len(line)
+                break
+        fh.seek(cut)
+        if cut and fh.read(1) != b"\n":  # the kept line had no newline yet: the next append would join it
+            fh.seek(cut)
+            fh.write(b"\n")
+        cut += 1 if cut else 0
+        fh.truncate(cut)
+        return max(0, size - cut)
+
+
+# ----------------------------------------------------------------------------- decoding
+def _numeric(t: pa.DataType) -> bool:
+    return pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_null(t)
+
+
+def _well_typed(t: pa.Table) -> bool:
+    """Every line had an integer step, numbers where numbers belong, weights as numbers."""
+    names = t.column_names
+    if "step" not in names or not pa.types.is_integer(t.schema.field("step").type) or t.column("step").null_count:
+        return False
+    if not all(_numeric(t.schema.field(k).type) for k in SCALARS if k in names):
+        return False
+    if "weights" in names:
+        w = t.schema.field("weights").type
+        if not (pa.types.is_null(w) or (pa.types.is_struct(w) and all(_numeric(f.type) for f in w))):
+            return False
+    return "kind" not in names or pa.types.is_string(t.schema.field("kind").type) or pa.types.is_null(t.schema.field("kind").type)
+
+
+SCALAR_SCHEMA = pa.schema([("step", pa.int64()), ("kind", pa.string())] + [(k, pa.float64()) for k in SCALARS])
+
+
+def _find_all(data: bytes, needle: bytes) -> list[int]:
+    """Where needle occurs in data (bytes.find: several times faster than a regex scan)."""
+    out, i = [], data.find(needle)
+    while i >= 0:
+        out.append(i)
+        i = data.find(needle, i + 1)
+    return out
+
+
+def _table(data: bytes, nl: np.ndarray) -> tuple[pa.Table, np.ndarray, int, dict | None]:
+    """Complete lines (ending at the newlines `nl`) as an Arrow table (Arrow's JSON reader: several
+    times faster than a loop of json.loads), the line index of each row, the count of malformed
+    lines, and, for compact records, {line: record} of the few lines that set weights or focus.
+
+    Compact records (weights on few lines) are read for the step and scalars only (Arrow skips the
+    rest: ~3x faster), and the lines that set weights or focus through json.loads. A block Arrow
+    cannot read (a malformed line, a NaN loss) is read line by line instead."""
+    n_lines = len(nl)
+    try:
+        # blocks of 512 KiB: Arrow decodes them on all cores (~2x on two cores for the former format)
+        ro = pa_json.ReadOptions(block_size=1 << 19)
+        changes = _find_all(data, b'"weights": ') + _find_all(data, b'"focus": ')
+        if len(changes) * 4 < n_lines:
+            t = pa_json.read_json(pa.BufferReader(data), read_options=ro, parse_options=pa_json.ParseOptions(
+                explicit_schema=SCALAR_SCHEMA, unexpected_field_behavior="ignore"))
+            if t.num_rows == n_lines and not t.column("step").null_count:
+                lines = np.unique(np.searchsorted(nl, changes))
+                starts = np.concatenate(([0], nl[:-1] + 1))
+                sparse = {int(i): json.loads(data[starts[i] : nl[i]]) for i in lines}
+                if all(isinstance(r, dict) for r in sparse.values()):
+                    return t, np.arange(n_lines), 0, sparse
+        else:
+            t = pa_json.read_json(pa.BufferReader(data), read_options=ro)
+            if t.num_rows == n_lines and _well_typed(t):
+                return t, np.arange(n_lines), 0, None
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
+        pass
+    recs, rows, bad = [], [], 0
+    for i, line in enumerate(data.split(b"\n")[:n_lines]):
+        try:
+            r = json.loads(line)
+            kind = r.get("kind")
+            rec = {"step": int(r["step"]), "kind": kind if isinstance(kind, str) else None}
+            for k in SCALARS:
+                v = r.get(k)
+                rec[k] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+            w = r.get("weights")
+            rec["weights"] = {str(k): float(v) for k, v in w.items()} if isinstance(w, dict) else None
+            f = r.get("focus")
+            rec["focus"] = [str(x) for x in f] if isinstance(f, list) else None
+        except (ValueError, KeyError, TypeError, AttributeError):
+            bad += 1
+            continue
+        recs.append(rec)
+        rows.append(i)
+    if not recs:
+        return pa.table({"step": pa.array([], pa.int64())}), np.zeros(0, np.int64), bad, None
+    return pa.Table.from_pylist(recs), np.asarray(rows, np.int64), bad, None
+
+
+class Decoded:
+    """One stretch of the log as arrays: training steps with their scalars and weights (carried
+    forward from `carry`), where each training line starts, focus where written, and the
+    validation lines' positions."""
+
+    def __init__(self, data: bytes, base: int, carry: dict[str, float], sources: list[str]):
+        nl = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
+        starts = np.concatenate(([0], nl[:-1] + 1)) if len(nl) else np.zeros(0, np.int64)
+        t, rows, self.malformed, sparse = _table(data, nl)
+        starts = starts[rows]
+        n = t.num_rows
+        names = t.column_names
+        is_eval = np.zeros(n, bool)
+        if "kind" in names:
+            is_eval = pc.fill_null(pc.equal(t.column("kind").cast(pa.string()), "eval"), False).to_numpy(zero_copy_only=False)
+        self.eval_spans = [(int(starts[i]), int(nl[rows[i]])) for i in np.flatnonzero(is_eval)]  # within data
+        tr = ~is_eval
+        self.step = t.column("step").to_numpy(zero_copy_only=False)[tr].astype(np.int64)
+        self.offset = starts[tr].astype(np.int64) + base
+        self.scalars = {}
+        for k in SCALARS:
+            if k in names:
+                self.scalars[k] = t.column(k).cast(pa.float64()).to_numpy(zero_copy_only=False)[tr]
+            else:
+                self.scalars[k] = np.full(len(self.step), np.nan)
+        m = len(self.step)
+        # weights: a row that has them replaces the whole set; a source missing from it is 0
+        self.sources = list(sources)
+        given: dict[str, np.ndarray] = {}
+        present = np.zeros(m, bool)
+        self._focus_sparse: dict[int, list] | None = None
+        if sparse is not None:  # the few lines that set weights or focus, by training row
+            train_row = np.cumsum(tr) - 1
+            self._focus_sparse = {}
+            focus_present = np.zeros(m, bool)
+            ks, ws = [], []
+            for line, r in sparse.items():
+                if not tr[line]:
+                    continue
+                k = int(train_row[line])
+                if isinstance(r.get("weights"), dict):
+                    ks.append(k)
+                    ws.append(r["weights"])
+                if isinstance(r.get("focus"), list):
+                    focus_present[k] = True
+                    self._focus_sparse[k] = r["focus"]
+            present[ks] = True
+            for src in dict.fromkeys(s for w in ws for s in w):
+                if src not in self.sources:
+                    self.sources.append(src)
+                vals = [w.get(src, np.nan) for w in ws]
+                try:
+                    v = np.asarray(vals, float)
+                except (TypeError, ValueError):  # a value that is not a number: as if absent
+                    v = np.array([x if isinstance(x, (int, float)) else np.nan for x in vals], float)
+                given[src] = np.full(m, np.nan)
+                given[src][ks] = v
+        elif "weights" in names and pa.types.is_struct(t.schema.field("weights").type):
+            w = t.column("weights").combine_chunks()
+            present = w.is_valid().to_numpy(zero_copy_only=False)[tr]
+            for f in w.type:
+                given[f.name] = pc.struct_field(w, f.name).cast(pa.float64()).to_numpy(zero_copy_only=False)[tr]
+                if f.name not in self.sources:
+                    self.sources.append(f.name)
+        last = np.maximum.accumulate(np.where(present, np.arange(m), -1)) if m else np.zeros(0, np.int64)
+        self.weights = np.empty((m, len(self.sources)))
+        for j, s in enumerate(self.sources):
+            v = np.nan_to_num(given[s], nan=0.0) if s in given else np.zeros(m)
+            self.weights[:, j] = np.where(last >= 0, v[np.maximum(last, 0)], carry.get(s, 0.0))
+        self.focus_col = t.column("focus") if "focus" in names and sparse is None else None
+        if sparse is not None:
+            present = focus_present
+        else:
+            present = (self.focus_col.is_valid().to_numpy(zero_copy_only=False)[tr]
+                       if self.focus_col is not None else np.zeros(m, bool))
+        self._focus_last = np.maximum.accumulate(np.where(present, np.arange(m), -1)) if m else np.zeros(0, np.int64)
+        self._focus_rows = np.flatnonzero(tr)
+
+    def focus_before(self, k: int, carry: list) -> list:
+        """The focus in force before training row k (`carry` when no row before k wrote one)."""
+        if k == 0 or self._focus_last[k - 1] < 0:
+            return carry
+        if self._focus_sparse is not None:
+            return self._focus_sparse[int(self._focus_last[k - 1])]
+        return self.focus_col.take([int(self._focus_rows[self._focus_last[k - 1]])]).to_pylist()[0]
+
+
+# ----------------------------------------------------------------------------- buckets
+# how each bucket column merges: a bucket spans steps [step_first, step]
+MERGE = {"id": "first", "step_first": "first", "step": "last", "n": "sum", "loss": "last", "loss_min": "min",
+         "loss_max": "max", "ema": "last", "smma": "last", "lr": "last", "grad_norm": "max", "grad_norm_min": "min",
+         "tokens_per_s": "last"}
+
+
+def _reduce(cols: dict[str, np.ndarray], starts: np.ndarray) -> dict[str, np.ndarray]:
+    ends = np.concatenate((starts[1:], [len(cols["id"])])) - 1
+    out = {}
+    for k, v in cols.items():
+        how = MERGE.get(k, "sum")  # the weights ("w:<source>") are summed: their mean is the share
+        if how == "first":
+            out[k] = v[starts]
+        elif how == "last":
+            out[k] = v[ends]
+        elif how == "sum":
+            out[k] = np.add.reduceat(v, starts)
+        else:
+            with np.errstate(invalid="ignore"):
+                out[k] = (np.fmin if how == "min" else np.fmax).reduceat(v, starts)
+    return out
+
+
+def _group(cols: dict[str, np.ndarray], ids: np.ndarray) -> dict[str, np.ndarray]:
+    """Merge consecutive rows of equal id (ids non-decreasing)."""
+    starts = np.flatnonzero(np.concatenate(([True], ids[1:] != ids[:-1])))
+    g = _reduce({**cols, "id": ids}, starts)
+    return g
+
+
+class Buckets:
+    """The run's training records as at most `limit` buckets of `width` steps (a power of two),
+    each bucket aligned at a multiple of its width. Per bucket: the first and last step, the count,
+    the smallest and largest loss and gradient norm (a spike stays visible however long the run),
+    the last loss, EMA, SMMA, learning rate and tokens/s, and the mean weight of each source.
+    When a record would make one bucket too many, neighbours merge and the width doubles, so the
+    memory held is bounded by `limit`, not by the run's length."""
+
+    def __init__(self, limit: int = FINE_BUCKETS):
+        self.limit, self.width = limit, 1
+        self.cols: dict[str, np.ndarray] = {k: np.zeros(0) for k in MERGE}
+        self.cols["id"] = np.zeros(0, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.cols["id"])
+
+    @staticmethod
+    def rows(step: np.ndarray, scalars: dict[str, np.ndarray], weights: np.ndarray, sources: list[str]) -> dict[str, np.ndarray]:
+        """Per-step rows in bucket form (a bucket of one step)."""
+        r = {"id": step.copy(), "step_first": step.astype(float), "step": step.astype(float), "n": np.ones(len(step)),
+             "loss": scalars["loss"], "loss_min": scalars["loss"], "loss_max": scalars["loss"], "ema": scalars["ema"],
+             "smma": scalars["smma"], "lr": scalars["lr"], "grad_norm": scalars["grad_norm"],
+             "grad_norm_min": scalars["grad_norm"], "tokens_per_s": scalars["tokens_per_s"]}
+        for j, s in enumerate(sources):
+            r["w:" + s] = weights[:, j]
+        return r
+
+    def add(self, rows: dict[str, np.ndarray]) -> None:
+        if not len(rows["id"]):
+            return
+        rows = dict(rows)
+        rows["id"] = rows["id"] // self.width
+        n_old = len(self)
+        for k in rows:  # a source seen for the first time weighed 0 before
+            if k not in self.cols:
+                self.cols[k] = np.zeros(n_old)
+        for k in self.cols:
+            if k not in rows:
+                rows[k] = np.zeros(len(rows["id"]))
+        # the newest bucket may still be filling: it is merged again with the new rows
+        tail = {k: np.concatenate((v[-1:], rows[k])) for k, v in self.cols.items()} if n_old else rows
+        merged = _group({k: v for k, v in tail.items() if k != "id"}, tail["id"])
+        self.cols = {k: np.concatenate((v[: n_old - 1], merged[k])) for k, v in self.cols.items()} if n_old else merged
+        while len(self) > self.limit:
+            self.width *= 2
+            self.cols = _group({k: v for k, v in self.cols.items() if k != "id"}, self.cols["id"] // 2)
+
+    def view(self, max_points: int = MAX_POINTS, lo: int | None = None, hi: int | None = None) -> dict:
+        """The buckets overlapping steps [lo, hi], merged further (aligned, by powers of two) to at
+        most max_points."""
+        c = self.cols
+        if lo is not None or hi is not None:
+            sel = np.ones(len(self), bool)
+            if lo is not None:
+                sel &= c["step"] >= lo
+            if hi is not None:
+                sel &= c["step_first"] <= hi
+            c = {k: v[sel] for k, v in c.items()}
+        g = 1
+        while len(c["id"]) and (c["id"][-1] // g - c["id"][0] // g + 1) > max_points:
+            g *= 2
+        if g > 1:
+            c = _group({k: v for k, v in c.items() if k != "id"}, c["id"] // g)
+        return columns(c, self.width * g)
+
+
+def columns(c: dict[str, np.ndarray], bucket_steps: int) -> dict:
+    """Bucket columns as a view: arrays (NaN: a value the records lacked), weights as means."""
+    n = np.maximum(c["n"], 1)
+    out = {"bucket_steps": int(bucket_steps), "step": c["step"].astype(np.int64), "step_first": c["step_first"].astype(np.int64)}
+    for k in ("loss", "loss_min", "loss_max", "ema", "smma", "lr", "grad_norm", "grad_norm_min", "tokens_per_s"):
+        out[k] = c[k]
+    out["weights"] = {k[2:]: v / n for k, v in sorted(c.items()) if k.startswith("w:")}
+    return out
+
+
+def jsonable(d):
+    """A view with its arrays as lists, NaN as None."""
+    if isinstance(d, dict):
+        return {k: jsonable(v) for k, v in d.items()}
+    if isinstance(d, np.ndarray):
+        return d.tolist() if d.dtype.kind in "iu" else [x if x == x else None for x in d.tolist()]
+    return d
+
+
+# ----------------------------------------------------------------------------- the tail
+class RunLog:
+    """A loss.jsonl read incrementally: each `poll` reads only the bytes appended since the last
+    (up to a budget), decodes them in one go and folds them into the bounded `Buckets`; an index
+    remembers the byte offset of every BLOCK-th training record (with the weights and focus in force
+    there) so `zoom` reads a step range from the file at full resolution without re-reading it.
+
+    A file cut and written again (a resume truncates it; a rename gives a new inode) is noticed by
+    its inode, a size below the read offset, or the bytes just before the offset no longer being
+    the ones read; the log is then read again from the start. Thread-safe (the dashboard's server
+    answers requests on several threads)."""
+
+    def __init__(self, path: str | os.PathLike, limit: int = FINE_BUCKETS):
+        self.path, self.limit = Path(path), limit
+        self.lock = threading.RLock()
+        self.generation = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.generation += 1
+        self.ident = None
+        self.offset = 0
+        self.size = 0
+        self.signature = b""
+        self.n_train = 0
+        self.last_step = -1
+        self.malformed = 0
+        self.out_of_order = 0
+        self.sources: list[str] = []
+        self.weights: dict[str, float] = {}
+        self.focus: list = []
+        self.buckets = Buckets(self.limit)
+        self.index_steps: list[int] = []  # first step of each block
+        self.index: list[tuple[int, dict, list]] = []  # (byte offset, weights and focus in force there)
+        self.evals: list[dict] = []
+        # the validation records as columns too, grown as they come (the dashboard sends them all)
+        self.eval_cols: dict[str, list] = {"step": [], "loss": [], "bpb": []}
+        self.eval_sources: dict[str, list] = {}
+        self.last: dict | None = None
+
+    @property
+    def behind(self) -> int:
+        """Bytes in the file not yet read."""
+        return max(0, self.size - self.offset)
+
+    def poll(self, max_bytes: int | None = None) -> bool:
+        """Read what is new (at most max_bytes of it, whole lines). True when something changed."""
+        with self.lock:
+            try:
+                st = os.stat(self.path)
+            except FileNotFoundError:
+                if self.offset:
+                    self._reset()
+                    return True
+                return False
+            ident = (st.st_dev, st.st_ino)
+            changed = False
+            if self.offset and (ident != self.ident or st.st_size < self.offset or not self._signature_holds()):
+                log.info("%s was cut or written again: reading it from the start", self.path)
+                self._reset()
+                changed = True
+            self.ident, self.size = ident, st.st_size
+            if st.st_size == self.offset:
+                return changed
+            budget = st.st_size - self.offset if max_bytes is None else min(max_bytes, st.st_size - self.offset)
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                progressed = False
+                while budget > 0:
+                    data = fh.read(min(budget, READ_CHUNK))
+                    cut = data.rfind(b"\n") + 1
+                    if cut == 0 and progressed:  # the budget ends inside a line: it is read next time
+                        break
+                    while cut == 0 and self.offset + len(data) < st.st_size:  # a line longer than the budget
+                        more = fh.read(1 << 16)
+                        if not more:
+                            break
+                        data += more
+                        cut = data.rfind(b"\n") + 1
+                    if cut == 0:  # only a line still being written
+                        break
+                    self._ingest(data[:cut])
+                    changed = progressed = True
+                    budget -= cut
+                    fh.seek(self.offset)
+            return changed
+
+    def _signature_holds(self) -> bool:
+        n = len(self.signature)
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset - n)
+            return fh.read(n) == self.signature
+
+    def _ingest(self, data: bytes) -> None:
+        base = self.offset
+        d = Decoded(data, base, self.weights, self.sources)
+        self.malformed += d.malformed
+        for a, b in d.eval_spans:
+            try:
+                r = json.loads(data[a:b])
+                step = int(r["step"])
+            except (ValueError, KeyError, TypeError):
+                self.malformed += 1
+                continue
+            self._add_eval(r, step)
+        # steps only go forward in a log; a line that does not (never written by the trainer) is
+        # counted and left out
+        ok = d.step > np.maximum.accumulate(np.concatenate(([self.last_step], d.step)))[:-1]
+        if not ok.all():
+            self.out_of_order += int((~ok).sum())
+        idx = np.flatnonzero(ok)
+        m = len(idx)
+        if m:
+            step, W = d.step[idx], d.weights[idx]
+            scalars = {k: v[idx] for k, v in d.scalars.items()}
+            for k in range((-self.n_train) % BLOCK, m, BLOCK):
+                row = int(idx[k])
+                before_w = dict(zip(d.sources, d.weights[row - 1].tolist())) if row else dict(self.weights)
+                before_f = d.focus_before(row, self.focus)
+                self.index_steps.append(int(step[k]))
+                self.index.append((int(d.offset[row]), before_w, before_f))
+            self.buckets.add(Buckets.rows(step, scalars, W, d.sources))
+            self.n_train += m
+            self.last_step = int(step[-1])
+            self.last = {"step": self.last_step, **{k: (None if math.isnan(v[-1]) else float(v[-1])) for k, v in scalars.items()}}
+        if len(d.step):
+            self.weights = dict(zip(d.sources, d.weights[-1].tolist()))
+            self.focus = d.focus_before(len(d.step), self.focus)
+        self.sources = d.sources
+        self.offset = base + len(data)
+        self.signature = (self.signature + data)[-SIGNATURE:]
+
+    def _add_eval(self, r: dict, step: int) -> None:
+        self.evals.append(r)
+        n = len(self.eval_cols["step"])
+        self.eval_cols["step"].append(step)
+        for k in ("loss", "bpb"):
+            v = r.get(k)
+            self.eval_cols[k].append(v if isinstance(v, (int, float)) else None)
+        sources = r.get("sources") if isinstance(r.get("sources"), dict) else {}
+        for s, v in sources.items():
+            if s not in self.eval_sources:
+                self.eval_sources[s] = [None] * n
+        for s, col in self.eval_sources.items():
+            v = sources.get(s)
+            col.append(v.get("bpb") if isinstance(v, dict) and isinstance(v.get("bpb"), (int, float)) else None)
+
+    def eval_view(self, lo: int | None = None, hi: int | None = None) -> dict:
+        """The validation records (steps [lo, hi]) as arrays: loss, bits per byte, and bits per
+        byte per source (NaN where a record lacks one)."""
+        with self.lock:
+            step = np.asarray(self.eval_cols["step"], np.int64)
+            sel = np.ones(len(step), bool)
+            if lo is not None:
+                sel &= step >= lo
+            if hi is not None:
+                sel &= step <= hi
+            col = lambda v: np.asarray(v, float)[sel]  # noqa: E731 (None -> NaN)
+            return {"step": step[sel], "loss": col(self.eval_cols["loss"]), "bpb": col(self.eval_cols["bpb"]),
+                    "sources": {s: col(v) for s, v in sorted(self.eval_sources.items())}}
+
+    # ------------------------------------------------------------------ views
+    def series(self, max_points: int = MAX_POINTS) -> dict:
+        with self.lock:
+            return self._meta() | self.buckets.view(max_points)
+
+    def _meta(self) -> dict:
+        return {"n_steps": self.n_train, "last": self.last, "behind_bytes": self.behind, "malformed": self.malformed}
+
+    def zoom(self, lo: int, hi: int, max_points: int = MAX_POINTS) -> dict:
+        """Steps [lo, hi]: every step, read from the file by the index, when the range holds at most
+        ZOOM_EXACT_STEPS; otherwise the held buckets there (`exact` says which)."""
+        with self.lock:
+            if hi - lo + 1 > ZOOM_EXACT_STEPS or not self.index:
+                return self._meta() | self.buckets.view(max_points, lo, hi) | {"exact": False, "from": lo, "to": hi}
+            i = max(0, bisect.bisect_right(self.index_steps, lo) - 1)
+            j = bisect.bisect_right(self.index_steps, hi)
+            start, carry_w, _ = self.index[i]
+            end = self.index[j][0] if j < len(self.index) else self.offset
+            with open(self.path, "rb") as fh:
+                fh.seek(start)
+                data = fh.read(end - start)
+            d = Decoded(data, start, carry_w, list(carry_w))
+            sel = (d.step >= lo) & (d.step <= hi)
+            rows = Buckets.rows(d.step[sel], {k: v[sel] for k, v in d.scalars.items()}, d.weights[sel], d.sources)
+            return self._meta() | columns(rows, 1) | {"exact": True, "from": lo, "to": hi}

@@ -1,0 +1,215 @@
+"""Long runs (issue 20): loss.jsonl's compact records, the incremental reader behind the dashboard,
+its zoom, the resume's cut and the audit's plots, on synthetic 200,000-step logs in the former and
+the compact format. Time limits are ratios against reading the same file once (every line through
+json.loads), so they hold on a slow or busy machine as on a fast one."""
+
+import importlib.util
+import json
+import os
+import shutil
+import statistics
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from andrea.dashboard import LossData
+from andrea.runlog import FINE_BUCKETS, MAX_POINTS, Expander, RecordCompactor, RunLog, read_records, read_run_log, truncate_log
+from conftest import REPO
+
+spec = importlib.util.spec_from_file_location("dashboard_longrun", REPO / "bench" / "dashboard_longrun.py")
+longrun = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(longrun)
+write_log = longrun.write_synthetic_log
+
+N = 200_000
+SPIKE = 123_457
+# limits, as fractions of one plain read of the same file
+FIRST_READ = 1.0  # the dashboard's first answer, reading the whole log (measured ~0.3)
+STEADY = 0.02  # an answer after a few steps were appended (measured < 0.005)
+IDLE = 0.005  # an answer when nothing changed
+ZOOM = 0.05  # 2,000 steps at full resolution
+TRUNCATE = 0.02  # a resume's cut of the last 1,000 steps
+AUDIT = 1.0  # the audit's plots, beyond their cost on a short log
+
+
+def timed(fn, *args):
+    t = time.perf_counter()
+    out = fn(*args)
+    return time.perf_counter() - t, out
+
+
+@pytest.fixture(scope="module", params=["full", "compact"])
+def long_log(request, tmp_path_factory):
+    """A 200,000-step run directory in the given format, and the time of one plain read of it."""
+    run = tmp_path_factory.mktemp(f"longrun-{request.param}")
+    write_log(run / "loss.jsonl", N, request.param, spike_at=SPIKE)
+    plain, n = timed(longrun.plain_read, run / "loss.jsonl")
+    assert n == N + N // 250
+    return request.param, run, plain
+
+
+def test_compact_records_halve_the_log_and_read_the_same(tmp_path):
+    for fmt in ("full", "compact"):
+        write_log(tmp_path / f"{fmt}.jsonl", 5000, fmt, seed=3)
+    full, compact = read_run_log(tmp_path / "full.jsonl"), read_run_log(tmp_path / "compact.jsonl")
+    assert len(full[0]) == 5000 and full == compact  # weights, focus and mix shares rebuilt on every record
+    assert all(r["weights"] and r["focus"] and abs(sum(r["mix"].values()) - 1) < 1e-9 for r in compact[0])
+    assert (tmp_path / "compact.jsonl").stat().st_size < 0.55 * (tmp_path / "full.jsonl").stat().st_size
+    a, b = RunLog(tmp_path / "full.jsonl"), RunLog(tmp_path / "compact.jsonl")
+    a.poll(), b.poll()
+    sa, sb = a.series(), b.series()
+    assert sa["step"].tolist() == sb["step"].tolist() and sa["loss_max"].tolist() == sb["loss_max"].tolist()
+    for s in sa["weights"]:
+        assert np.allclose(sa["weights"][s], sb["weights"][s], atol=1e-9)
+
+
+def test_weights_and_focus_are_written_only_when_they_change():
+    w1, w2 = {"a": 0.75, "b": 0.25}, {"a": 0.25, "b": 0.75}
+    recs = [{"step": i, "loss": 1.0, "rows": 4, "mix": {"a": 3, "b": 1}, "weights": w1 if i < 3 else w2,
+             "focus": ["a"] if i < 3 else ["b"]} for i in range(5)]
+    c = RecordCompactor()
+    lines = [json.loads(c.dumps(r)) for r in recs[:4]] + [json.loads(c.dumps({"kind": "eval", "step": 4, "loss": 2.0}))]
+    assert ["weights" in r for r in lines] == [True, False, False, True, False]
+    assert json.loads(RecordCompactor().dumps(recs[4]))["weights"] == w2  # a new trainer process starts whole
+    e = Expander()
+    full = [e(r) for r in lines]
+    assert [r["weights"] for r in full[:4]] == [w1, w1, w1, w2] and full[2]["focus"] == ["a"]
+    assert full[1]["mix"] == {"a": 0.75, "b": 0.25} and "rows" not in full[1]
+    assert full[4] == {"kind": "eval", "step": 4, "loss": 2.0}
+
+
+def test_long_log_answers_stay_fast(long_log, tmp_path):
+    """First read, steady-state polls, idle polls and a zoom on a 200,000-step log."""
+    fmt, run, plain = long_log
+    path = tmp_path / "loss.jsonl"
+    shutil.copyfile(run / "loss.jsonl", path)  # steps are appended to it
+    data = LossData(path, poll_bytes=None)
+    t_first, body = timed(data.response)
+    d = json.loads(body)
+    assert t_first < FIRST_READ * plain, (t_first, plain)
+    assert d["n_steps"] == N and d["last"]["step"] == N - 1 and d["behind_bytes"] == 0
+    assert len(d["step"]) <= MAX_POINTS and d["bucket_steps"] > 1 and len(d["eval"]["step"]) == N // 250
+    assert max(d["loss_max"]) == 50.0  # the one-step spike survives the buckets
+    assert len(data.log.buckets) <= FINE_BUCKETS
+    steady, idle = [], []
+    for k in range(5):  # three steps appended between two requests, as while training
+        write_log(path, N + 3 * (k + 1), fmt, start=N + 3 * k, seed=k + 1)
+        steady.append(timed(data.response)[0])
+        idle.append(timed(data.response)[0])
+    d = json.loads(data.response())
+    assert d["n_steps"] == N + 15 and d["last"]["step"] == N + 14
+    assert statistics.median(steady) < STEADY * plain, (steady, plain)
+    assert statistics.median(idle) < IDLE * plain, (idle, plain)
+    t_zoom, body = timed(data.response, SPIKE - 1000, SPIKE + 999)
+    z = json.loads(body)
+    assert t_zoom < ZOOM * plain, (t_zoom, plain)
+    assert z["exact"] and z["step"] == list(range(SPIKE - 1000, SPIKE + 1000)) and z["loss"][1000] == 50.0
+    assert z["loss"] == z["loss_max"] and len(z["weights"]) == 13 and z["eval"]["step"] == list(range(122500, 124500, 250))
+
+
+def test_resume_cut_of_a_long_log_is_fast_and_exact(long_log, tmp_path):
+    fmt, run, plain = long_log
+    path = tmp_path / "loss.jsonl"
+    shutil.copyfile(run / "loss.jsonl", path)
+    data = path.read_bytes()
+    stop = N - 1000  # the checkpoint's step: training records before it stay, validations up to it
+    t, dropped = timed(truncate_log, path, lambda r: r["step"] <= stop if r.get("kind") == "eval" else r["step"] < stop)
+    assert t < TRUNCATE * plain, (t, plain)
+    cut = data.index(b'{"step": %d,' % stop)
+    assert path.read_bytes() == data[:cut] and dropped == len(data) - cut
+    assert data[:cut].splitlines()[-1].startswith(b'{"kind": "eval", "step": %d,' % stop)
+
+
+def test_audit_plots_of_a_long_log(long_log, tmp_path):
+    from andrea.audit import plots
+
+    fmt, run, plain = long_log
+    df = pd.DataFrame({"domain": ["chat", "code"], "coherence": [60.0, 40.0], "judge_score": [None, None]})
+    short = tmp_path / "short"
+    short.mkdir()
+    write_log(short / "loss.jsonl", 500, fmt)
+    t_short, _ = timed(plots, short, df, tmp_path / "p1")  # matplotlib's own cost
+    t_long, made = timed(plots, run, df, tmp_path / "p2")
+    assert t_long - t_short < AUDIT * plain, (t_long, t_short, plain)
+    assert {"Training loss", "Validation bits per byte"} <= set(made) and made["Training loss"].stat().st_size > 10_000
+
+
+def test_reading_in_budgets_equals_reading_at_once(tmp_path):
+    path = tmp_path / "loss.jsonl"
+    write_log(path, 30_000, "compact", spike_at=777)
+    whole, parts = RunLog(path, limit=512), RunLog(path, limit=512)
+    whole.poll()
+    polls = 0
+    while parts.poll(64 << 10):
+        polls += 1
+    assert polls > 20 and parts.n_train == whole.n_train == 30_000 and parts.index == whole.index
+    a, b = whole.series(), parts.series()
+    for k in ("step", "step_first", "loss", "loss_min", "loss_max", "ema", "smma", "lr", "grad_norm", "grad_norm_min"):
+        assert a[k].tolist() == b[k].tolist(), k
+    for s in a["weights"]:  # sums in another order: the last bits may differ
+        assert np.allclose(a["weights"][s], b["weights"][s], rtol=0, atol=1e-12)
+    assert a["bucket_steps"] == 64 and len(whole.buckets) <= 512 and a["loss_max"].max() == 50.0
+
+
+def test_zoom_returns_the_records_exactly(tmp_path):
+    path = tmp_path / "loss.jsonl"
+    write_log(path, 5000, "compact", seed=5)
+    rl = RunLog(path)
+    rl.poll()
+    train, evals = read_run_log(path)
+    for lo, hi in ((0, 0), (1023, 1025), (2000, 4999), (4990, 6000)):
+        z = rl.zoom(lo, hi)
+        want = [r for r in train if lo <= r["step"] <= hi]
+        assert z["exact"] and z["step"].tolist() == [r["step"] for r in want]
+        for k in ("loss", "ema", "smma", "lr", "grad_norm", "tokens_per_s"):
+            assert z[k].tolist() == [r[k] for r in want], k
+        for s, ws in z["weights"].items():
+            assert ws.tolist() == [r["weights"].get(s, 0.0) for r in want], s
+    z = rl.zoom(0, 10_000)  # wider than ZOOM_EXACT_STEPS: the held buckets, no file read
+    assert not z["exact"] and z["step"][-1] == 4999
+
+
+def test_tail_follows_a_resume_that_cuts_the_log(tmp_path):
+    path = tmp_path / "loss.jsonl"
+    write_log(path, 1000, "compact", seed=1)
+    rl = RunLog(path)
+    rl.poll()
+    assert rl.n_train == 1000
+    # a resume from step 600 cuts the log, and the run writes past where the reader had got to
+    truncate_log(path, lambda r: r["step"] <= 600 if r.get("kind") == "eval" else r["step"] < 600)
+    write_log(path, 1500, "compact", seed=2, start=600)
+    assert rl.poll()
+    train, _ = read_run_log(path)
+    s = rl.series()
+    assert rl.n_train == 1500 and s["step"].tolist() == list(range(1500))
+    assert s["loss"].tolist() == [r["loss"] for r in train]  # the new steps, not the old ones
+    # a log written again under the same name (a new inode), then removed
+    tmp = tmp_path / "new.jsonl"
+    write_log(tmp, 40, "full", seed=9)
+    os.replace(tmp, path)
+    assert rl.poll() and rl.n_train == 40
+    path.unlink()
+    assert rl.poll() and rl.n_train == 0 and rl.series()["step"].tolist() == []
+
+
+def test_torn_and_malformed_lines(tmp_path, caplog):
+    path = tmp_path / "loss.jsonl"
+    write_log(path, 10, "compact", eval_every=0)
+    lines = path.read_text().splitlines(keepends=True)
+    lines[3] = json.dumps({**json.loads(lines[3]), "loss": float("nan")}) + "\n"  # a skipped step's loss, as json writes it
+    path.write_text("".join(lines[:5]) + "not json\n" + "".join(lines[5:9]) + lines[9][:30])  # a torn last line
+    rl = RunLog(path)
+    rl.poll()
+    assert rl.n_train == 9 and rl.malformed == 1 and rl.last["step"] == 8
+    assert np.isnan(rl.series()["loss"][3]) and json.loads(LossData(path).response())["loss"][3] is None
+    with open(path, "a") as fh:  # the writer finishes the line
+        fh.write(lines[9][30:])
+    assert rl.poll() and rl.n_train == 10 and rl.last["step"] == 9
+    recs = read_records(path)
+    assert [r["step"] for r in recs] == list(range(10)) and "skipped 1 malformed line" in caplog.text
+    # a resume drops a torn last line with the steps that will run again
+    path.write_text("".join(lines[:6]) + lines[6][:20])
+    truncate_log(path, lambda r: r["step"] < 100)
+    assert path.read_text() == "".join(lines[:6])
