@@ -171,7 +171,7 @@ class Engine:
         return MemoryPlan(
             parameters=sum(a.nbytes for a in (self.w, self.g, self.m, self.v, self.decay)),
             activations=saved + self.tokens.nbytes + self.targets.nbytes,
-            scratch=scratch + self.scratch["norm_partial"].nbytes,
+            scratch=scratch,  # the gradient norm's partial sums included (they live in A.scratch)
             n_params=self.n_params,
         )
 
