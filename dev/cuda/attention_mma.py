@@ -214,21 +214,17 @@ def once(cp, shape, prec="bf16"):
 
 
 def main(argv=None) -> int:
-    args = common.parse_args(__doc__, argv, lambda ap: ap.add_argument(
+    def profile_once(cp, args):
+        if args.once:
+            once(cp, common.model_shapes(args.quick)[-1])
+            return 0
+        return None
+
+    runs = [lambda cp, report, shape, rng, reps, prec=prec: run_shape(cp, report, shape, rng, reps, prec) for prec in H16]
+    return common.run_script(__doc__, SCRIPT, EDGE, runs, argv, extra_args=lambda ap: ap.add_argument(
         "--once", action="store_true", help="one forward and backward of the production kernels at the largest "
-        "model shape, nothing checked or timed (for a profiler: ncu -k regex:flash python3 dev/cuda/attention_mma.py --once)"))
-    cp = common.import_cupy()
-    if args.once:
-        once(cp, common.model_shapes(args.quick)[-1])
-        return 0
-    shapes = common.model_shapes(args.quick)
-    common.banner(cp, SCRIPT, shapes)
-    report = common.Report(SCRIPT)
-    rng = np.random.default_rng(args.seed)
-    for prec in H16:
-        for shape in EDGE + shapes:
-            run_shape(cp, report, shape, rng, args.reps, prec)
-    return report.finish(args)
+        "model shape, nothing checked or timed (for a profiler: ncu -k regex:flash python3 dev/cuda/attention_mma.py --once)"),
+        before=profile_once)
 
 
 if __name__ == "__main__":

@@ -121,15 +121,7 @@ def run_shape(cp, report, shape, rng, reps):
 
 
 def main(argv=None) -> int:
-    args = common.parse_args(__doc__, argv)
-    cp = common.import_cupy()
-    shapes = common.model_shapes(args.quick)
-    common.banner(cp, SCRIPT, shapes)
-    report = common.Report(SCRIPT)
-    rng = np.random.default_rng(args.seed)
-    for shape in EDGE + shapes:
-        run_shape(cp, report, shape, rng, args.reps)
-    return report.finish(args)
+    return common.run_script(__doc__, SCRIPT, EDGE, [run_shape], argv)
 
 
 if __name__ == "__main__":

@@ -371,6 +371,28 @@ class Report:
 # ----------------------------------------------------------------------------- command line
 
 
+def run_script(doc: str, script: str, edge: list, runs: list, argv=None, extra_args=None, before=None) -> int:
+    """A script's main: its arguments, then every `run(cp, report, shape, rng, reps)` of `runs`
+    over its edge shapes and the model shapes, then the report (exit 1 on any failed check).
+    `before(cp, args)` may answer first (an exit status) instead, e.g. for a profiler run."""
+    import numpy as np
+
+    args = parse_args(doc, argv, extra_args)
+    cp = import_cupy()
+    if before is not None:
+        status = before(cp, args)
+        if status is not None:
+            return status
+    shapes = model_shapes(args.quick)
+    banner(cp, script, shapes)
+    report = Report(script)
+    rng = np.random.default_rng(args.seed)
+    for run in runs:
+        for shape in edge + shapes:
+            run(cp, report, shape, rng, args.reps)
+    return report.finish(args)
+
+
 def parse_args(doc: str, argv=None, extra=None) -> argparse.Namespace:
     """The options every script takes; `extra(parser)` adds a script's own."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
