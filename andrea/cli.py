@@ -109,6 +109,7 @@ def cmd_data_fetch(args) -> int:
     from andrea.fetch import fetch_profile
 
     cfg = _config(args)
+    args.profile = args.profile or "real"  # `andrea data fetch` fetches the real profile unless told
     summary = fetch_profile(cfg, args.profile, dest=args.dir, update=args.update)
     dest = args.dir or cfg["fetch_dir"]
     for dataset, s in summary.items():
@@ -244,6 +245,8 @@ def cmd_train(args) -> int:
     if args.max_steps is not None:
         overrides["max_steps"] = args.max_steps
     if args.ranks is not None:
+        if args.ranks < 1:
+            raise ValueError(f"--ranks {args.ranks}: give 1 or more")
         overrides["ranks"] = args.ranks
     if overrides:
         cfg.setdefault("train", {})
@@ -448,9 +451,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "`data fetch`: download a profile's hub datasets")))
     sp.set_defaults(fn=cmd_data)
     dsub = sp.add_subparsers(dest="data_command", metavar="ACTION")
-    sp = with_config(dsub.add_parser("fetch", help="download every hub dataset of a data profile to a local folder, once "
-                                     "(resumable, checksummed in its manifest.json); the data stages then read it offline"))
-    sp.add_argument("--profile", default="real", help="data profile (default: %(default)s)")
+    sp = dsub.add_parser("fetch", help="download every hub dataset of a data profile to a local folder, once "
+                         "(resumable, checksummed in its manifest.json); the data stages then read it offline")
+    # SUPPRESS: given before `fetch` (andrea data --config X fetch) they stay; after it, they win
+    sp.add_argument("--config", type=Path, default=argparse.SUPPRESS, help=f"config file (default: {DEFAULT_CONFIG})")
+    sp.add_argument("--profile", default=argparse.SUPPRESS, help="data profile (default: real)")
     sp.add_argument("--dir", help="folder to fetch into (default: the config's fetch_dir)")
     sp.add_argument("--update", action="store_true", help="move a dataset pinned @main to the commit main is now")
     sp.set_defaults(fn=cmd_data_fetch)

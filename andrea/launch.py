@@ -74,13 +74,15 @@ def train_ranks(config: dict, model: str, shards: str | Path, run_dir: str | Pat
     if backend == "numpy":  # the job's cores shared by its ranks' BLAS threads
         threads = int(env.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
         env.update({v: str(max(1, threads // ranks)) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
-    proc = subprocess.Popen(cmd, env=env)
+    # a session of its own: a Ctrl-C on the terminal reaches this process alone, which passes it on
+    # as below (mpirun, sent the SIGINT directly, would kill the ranks before they checkpoint)
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     stop_signal = signal.SIGUSR2 if launcher == "mpirun" else signal.SIGTERM
 
     def forward(signum, frame):
-        proc.send_signal(stop_signal)
+        proc.send_signal(signal.SIGUSR1 if signum == signal.SIGUSR1 else stop_signal)  # USR1: checkpoint, carry on
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
     try:
         status = proc.wait()
     finally:

@@ -195,9 +195,11 @@ class Trainer:
         }
         if self.backend == "numpy":
             # before allocating anything: a model this size may not even fit, let alone finish
-            est = flops_step / (0.5 * cpu_flops()) * remaining
+            # (each rank computes its share of the step at the same time: its rows' flops)
+            est = flops_step / self.comm.size / (0.5 * cpu_flops()) * remaining
             plan["estimate_before_warmup_s"] = est
-            if est > s.max_cpu_hours * 3600 and not self.force:
+            too_long = est > s.max_cpu_hours * 3600 and not self.force
+            if self.comm.any(too_long):  # every rank refuses, or none
                 raise TrainingRefused(
                     f"{self.model_name} ({n_params(self.cfg):,} parameters, {tokens_per_step:,} tokens per step, "
                     f"{remaining:,} steps) on the NumPy CPU backend ({self.backend_reason}) would take about "
@@ -222,6 +224,8 @@ class Trainer:
             t0 = time.perf_counter()
             e.zero_grads()
             e.forward_backward(zeros)  # with several ranks, with the all-reduce every step pays
+            if self.comm.size > 1 and self.s.grad_accum > 1:
+                e.forward_backward(zeros, reduce=False)  # the earlier micro-batches' pass: captured now too
             e.grad_norm()  # a host sync, as every step has
             passes.append(time.perf_counter() - t0)
         xp = e.xp
@@ -365,6 +369,11 @@ class Trainer:
             old.unlink(missing_ok=True)
             old.with_suffix(".json").unlink(missing_ok=True)
         log.info("checkpoint %s (%s)", path, reason)
+
+    def _write_best_now(self) -> None:
+        """best.bin: the weights as of now (rank 0; the copy is taken now, written in the background)."""
+        if self.root:
+            self._submit_write(self._write_best, self.step, self._snapshot(self.engine.w))
 
     def _write_best(self, step: int, weights) -> None:
         weights = materialise(weights)
@@ -555,7 +564,7 @@ class Trainer:
                  r["bpb"] or float("nan"), per, r["seconds"])
         if r["loss"] is not None and math.isfinite(r["loss"]) and r["loss"] < self.best:
             self.best = r["loss"]
-            self._submit_write(self._write_best, self.step, self._snapshot(self.engine.w))
+            self._write_best_now()
         return rec
 
     # ------------------------------------------------------------------ run
@@ -583,20 +592,31 @@ class Trainer:
             lock.close()
 
     def _run_rank(self, out_dir) -> dict:
-        """This rank's run. With several ranks none returns (or raises a halt, which every rank
-        raises at the same step) before all are done: a rank's exit must not end the job while
-        rank 0 still writes."""
-        if self.comm.size == 1:
-            return self._run(out_dir)
-        if not self.root:  # its records would repeat rank 0's: warnings and errors only
-            logging.getLogger("andrea").setLevel(logging.WARNING)
+        """This rank's run, with the signal handlers installed from the start (a stop asked for
+        while it starts takes effect at its first step). With several ranks none returns (or
+        raises a halt, which every rank raises at the same step) before all are done: a rank's
+        exit must not end the job while rank 0 still writes."""
+        # SIGTERM (a scheduler) and SIGINT (Ctrl-C on the terminal) stop cleanly at the end of the
+        # current step with a checkpoint; SIGUSR1 checkpoints and carries on; SIGUSR2 stops like
+        # SIGTERM (what the rank launcher sends through mpirun, which kills ranks on SIGTERM)
+        handlers = {signal.SIGTERM: self._on_term, signal.SIGINT: self._on_term, signal.SIGUSR1: self._on_usr1,
+                    signal.SIGUSR2: self._on_term}
+        previous = {sig: signal.signal(sig, h) for sig, h in handlers.items()}
         try:
-            result = self._run(out_dir)
-        except (CoherenceHalt, NonFiniteHalt):
+            if self.comm.size == 1:
+                return self._run(out_dir)
+            if not self.root:  # its records would repeat rank 0's: warnings and errors only
+                logging.getLogger("andrea").setLevel(logging.WARNING)
+            try:
+                result = self._run(out_dir)
+            except (CoherenceHalt, NonFiniteHalt):
+                self.comm.barrier()
+                raise
             self.comm.barrier()
-            raise
-        self.comm.barrier()
-        return result
+            return result
+        finally:
+            for sig, h in previous.items():
+                signal.signal(sig, h)
 
     def _run(self, out_dir) -> dict:
         s = self.s
@@ -658,19 +678,11 @@ class Trainer:
                             "nothing recorded", self.comm.size)
             if self.recording and not resumed and self.root:
                 self._start_recording()
-            # SIGTERM (a scheduler) and SIGINT (Ctrl-C on the terminal) stop cleanly at the end of
-            # the current step with a checkpoint; SIGUSR1 checkpoints and carries on; SIGUSR2 stops
-            # like SIGTERM (what the rank launcher sends through mpirun, which kills ranks on SIGTERM)
-            handlers = {signal.SIGTERM: self._on_term, signal.SIGINT: self._on_term, signal.SIGUSR1: self._on_usr1,
-                        signal.SIGUSR2: self._on_term}
-            previous = {sig: signal.signal(sig, h) for sig, h in handlers.items()}
             self._log_fh = open(self.run_dir / "loss.jsonl", "a", encoding="utf-8") if self.root else None
             self._log_compactor = RecordCompactor()  # a new file position: its first record is whole
             try:
                 result = self._loop()
             finally:
-                for sig, h in previous.items():
-                    signal.signal(sig, h)
                 try:
                     self.batches.close()
                 finally:
@@ -696,14 +708,17 @@ class Trainer:
             self.validate()  # the curve starts at the initial weights
             t_last = time.perf_counter()
         while self.step < s.max_steps:
+            stop, save_now = self._stop, self._save_now
             if self.comm.size > 1:  # a signal seen by any rank stops (or saves) all of them, at the same step
-                self._stop, self._save_now = map(bool, self.comm.allreduce_host(
-                    np.array([self._stop, self._save_now], dtype=np.int32), "max"))
-            if self._stop:
+                sent = np.array([stop, save_now], dtype=np.int32)
+                # decided on the reduced copy: a signal that lands during the collective stays set
+                # on this rank and is sent at the next step
+                stop, save_now = (bool(x) for x in self.comm.allreduce_host(sent.copy(), "max"))
+            if stop:
                 self.save_checkpoint("SIGTERM/SIGINT", wait=True)
                 log.info("stopped by a signal at step %d; run again to resume", self.step)
                 return {"finished": False, "step": self.step, "reason": "signal"}
-            if self._save_now:
+            if save_now:
                 self._save_now = False
                 self.save_checkpoint("SIGUSR1")
             self.bandit.maybe_replan(self.step)
@@ -758,7 +773,7 @@ class Trainer:
                 self.best = self.smma  # no validation set: best.bin by the smoothed training loss
                 # best.bin first: the state written with the checkpoint then never names a best
                 # that is not on disk
-                self._submit_write(self._write_best, self.step, self._snapshot(self.engine.w))
+                self._write_best_now()
                 self.save_checkpoint()
             elif ckpt_due:
                 self.save_checkpoint()
