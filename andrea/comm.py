@@ -235,6 +235,16 @@ def remove_rendezvous(directory: str | os.PathLike, key: str) -> None:
 NCCL_MIN_VERSION_BF16 = 21000  # NCCL 2.10 added bfloat16 and the average reduction
 
 
+def _encode_uid(uid) -> bytes:
+    if isinstance(uid, (bytes, bytearray)):
+        return b"B" + bytes(uid)
+    return b"J" + json.dumps(list(uid)).encode()
+
+
+def _decode_uid(raw: bytes):
+    return raw[1:] if raw[:1] == b"B" else tuple(json.loads(raw[1:]))
+
+
 class NCCLComm(Communicator):
     """NCCL through cupy.cuda.nccl, one GPU per rank, on CuPy buffers.
 
@@ -280,10 +290,10 @@ class NCCLComm(Communicator):
             uid = nccl.get_unique_id() if rank == 0 else None
             uid = mpi_comm.bcast(uid, root=0)
         elif rendezvous_dir is not None:
-            # the id as CuPy gives it (C chars: signed on x86, unsigned on ARM), as JSON numbers
-            payload = json.dumps(nccl.get_unique_id()).encode() if rank == 0 else None
-            raw = file_rendezvous(rendezvous_dir, rendezvous_key, rank, payload, timeout_s=timeout_s)
-            uid = tuple(json.loads(raw))
+            # the id as CuPy gives it: bytes (CuPy 14), or a tuple of C chars (signed on x86,
+            # unsigned on ARM) in older CuPy, sent as JSON numbers; a tag says which
+            payload = _encode_uid(nccl.get_unique_id()) if rank == 0 else None
+            uid = _decode_uid(file_rendezvous(rendezvous_dir, rendezvous_key, rank, payload, timeout_s=timeout_s))
         else:
             raise ValueError("NCCLComm needs mpi_comm (ranks started by mpirun) or rendezvous_dir (a directory "
                              "all ranks share) to pass NCCL's unique id")

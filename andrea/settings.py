@@ -78,6 +78,7 @@ class TrainSettings:
     eval_tokens: int
     prefetch: bool
     ranks: int
+    reduce_bucket_mb: float
     record_batches: int
     seed: int
     max_cpu_hours: float

@@ -622,7 +622,7 @@ class Trainer:
         s = self.s
         plan = self.plan()  # may refuse before anything big is allocated
         self.engine = Engine(self.cfg, batch_size=self.B, seq_len=self.T, backend=self.backend, seed=s.seed,
-                             precision=self.precision, comm=self.comm)
+                             precision=self.precision, comm=self.comm, reduce_bucket_mb=s.reduce_bucket_mb)
         self._inference = None  # the sampler over the engine's weights (made on first use)
         self._ckpt_pool = ThreadPoolExecutor(1, thread_name_prefix="andrea-checkpoint")
         self._log_pool = ThreadPoolExecutor(1, thread_name_prefix="andrea-log")

@@ -23,7 +23,7 @@ tests)
 scaling)
   python3 -c "from andrea.comm import mpirun_command; import sys; print(' '.join(mpirun_command(2, [sys.executable, 'bench/allreduce_bench.py', '--out', '$OUT/allreduce.json'])))" > /tmp/ar.sh
   bash /tmp/ar.sh 2>&1 | tail -20
-  python3 bench/dp_scaling.py --gpus 1 2 --batches 8 32 --out "$OUT/dp_scaling.json" 2>&1 | tee "$OUT/dp_scaling.log" | tail -12
+  python3 bench/dp_scaling.py --gpus 1 2 --batches 8 32 --bucket-mb ${BUCKETS:-25} --out "$OUT/dp_scaling.json" 2>&1 | tee "$OUT/dp_scaling.log" | tail -12
   ;;
 workflow)
   RANKS=${2:-2} TARGET=${3:-ckpt}

@@ -278,3 +278,14 @@ def test_file_rendezvous_names_a_corrupt_file(tmp_path):
         file_rendezvous(tmp_path, "k", rank=1, timeout_s=1)
     with pytest.raises(ValueError, match="rank 0 publishes"):
         file_rendezvous(tmp_path, "k", rank=0)
+
+
+def test_the_nccl_id_survives_the_file_rendezvous_in_either_form():
+    """CuPy 14 gives NCCL's unique id as bytes, older CuPy as a tuple of (signed) C chars: both
+    come back as they went, in the form NcclCommunicator takes."""
+    from andrea.comm import _decode_uid, _encode_uid
+
+    raw = bytes(range(256))[:128]
+    assert _decode_uid(_encode_uid(raw)) == raw
+    chars = tuple(range(-64, 64))
+    assert _decode_uid(_encode_uid(chars)) == chars

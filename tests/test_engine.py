@@ -416,3 +416,23 @@ def test_a_forward_only_pass_over_reused_buffers_equals_the_training_forward():
     A = Activations(e.cfg, e.B, e.T, e.be, saved=False, backward=False)
     A.saved["probs"], A.saved["losses"] = np.zeros_like(e.acts["probs"]), np.zeros_like(e.acts["losses"])
     assert gpt.forward(e.cfg, e.be, e.W, A, e.tokens, e.targets) == loss
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("bucket_mb", [0, 0.001, 0.02, 25])
+def test_gradient_buckets_reduce_every_gradient_once_and_only_when_final(tied, bucket_mb):
+    """With several ranks each gradient is averaged exactly once, after the backward pass has
+    finished it: block l's stretch (and the last block's with LN_f and an untied head) no sooner
+    than after block l, the embeddings' after them."""
+    cfg = ModelConfig(vocab_size=40, d_model=16, n_head=2, n_layer=3, context=8, tied_head=tied)
+    e = Engine(cfg, batch_size=1, seq_len=8, reduce_bucket_mb=bucket_mb)
+    covered = np.zeros(e.n_params, int)
+    for lo, hi in e.buckets.values():
+        covered[lo:hi] += 1
+    assert (covered == 1).all()
+    offset = {p.name: p.offset for p in e.layout}
+    for l, (lo, hi) in e.buckets.items():
+        # nothing below the first parameter of the block just finished (or of block 0 … for -1: anything)
+        assert l == -1 or lo >= offset[f"h{l}.ln1.g"], (l, lo, hi)
+    # a block here holds ~13 KB: 1 KB buckets send each block alone, 20 KB ones pair them, 25 MB: one at the end
+    assert -1 in e.buckets and len(e.buckets) == {0: 1, 0.001: 4, 0.02: 2, 25: 1}[bucket_mb]

@@ -122,11 +122,13 @@ class Engine:
     """One model's buffers and its forward/backward/optimizer steps on one backend."""
 
     def __init__(self, cfg: ModelConfig, batch_size: int, seq_len: int | None = None, backend: str = "numpy",
-                 dtype: str = "float32", seed: int = 0, precision: str = "fp32", comm=None):
+                 dtype: str = "float32", seed: int = 0, precision: str = "fp32", comm=None,
+                 reduce_bucket_mb: float = 25.0):
         self.cfg = cfg
         # data parallelism: the ranks that average their gradients each step (andrea/comm.py); a
         # SingleProcess communicator (the default) makes both calls below return at once
         self.comm = comm if comm is not None else SingleProcess()
+        self.reduce_bucket_mb = reduce_bucket_mb
         self.B = batch_size
         self.T = seq_len or cfg.context
         if self.T > cfg.context:
@@ -236,19 +238,29 @@ class Engine:
             self.be.reduce_join()
 
     def _gradient_buckets(self) -> dict[int, tuple[int, int]]:
-        """The stretch of the flat gradients that is final after block l's backward (the last
-        block's reaches the end: LN_f and an untied head are done first), and after the
-        embeddings' (-1): the parameter layout keeps each block's parameters contiguous."""
+        """What to reduce after block l's backward (l = -1: after the embeddings'): {l: (lo, hi)}
+        stretches of the flat gradients. The parameter layout keeps each block contiguous, and
+        the backward pass finishes them from the end of the buffer down (the last block's
+        stretch reaches the end: LN_f and an untied head are done first), so the finished part
+        grows downwards; a stretch is sent once it holds reduce_bucket_mb (fewer, larger
+        all-reduces cost less; smaller ones start sooner), the rest after the embeddings.
+        reduce_bucket_mb 0: one all-reduce of everything at the end of the backward pass."""
         first = {}  # "h3" -> the offset of block 3's first parameter
         for p in self.layout:
             first.setdefault(p.name.split(".")[0], p.offset)
-        L = self.cfg.n_layer
-        bounds = [first[f"h{l}"] for l in range(L)] + [self.n_params]
-        return {**{l: (bounds[l], bounds[l + 1]) for l in range(L)}, -1: (0, bounds[0])}
+        bucket = self.reduce_bucket_mb * (1 << 20) / self.g.itemsize
+        buckets, hi = {}, self.n_params
+        for l in reversed(range(self.cfg.n_layer)):
+            lo = first[f"h{l}"]
+            if bucket and hi - lo >= bucket:
+                buckets[l], hi = (lo, hi), lo
+        buckets[-1] = (0, hi)
+        return buckets
 
     def _reduce_bucket(self, l: int) -> None:
-        lo, hi = self.buckets[l]
-        self.be.reduce_async(self.comm, self.g[lo:hi])
+        if l in self.buckets:
+            lo, hi = self.buckets[l]
+            self.be.reduce_async(self.comm, self.g[lo:hi])
 
     def row_losses(self) -> np.ndarray:
         """Mean loss of each batch row (what the curriculum attributes to a row's source), on the host."""
