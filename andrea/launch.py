@@ -43,7 +43,8 @@ def rank_command(n: int, argv: list[str], backend: str, env=None) -> tuple[list[
     env = os.environ if env is None else env
     if backend == "cupy" and env.get("SLURM_JOB_ID") and shutil.which("srun"):
         # one GPU per task, tasks on this job's node; a failed rank ends the step (no rank waits forever)
-        return ["srun", f"--ntasks={n}", "--nodes=1", "--gpus-per-task=1", "--kill-on-bad-exit=1", *argv], "srun"
+        # --overlap: the job script itself runs as a step holding the allocation (Snakemake's executor)
+        return ["srun", f"--ntasks={n}", "--nodes=1", "--gpus-per-task=1", "--overlap", "--kill-on-bad-exit=1", *argv], "srun"
     return mpirun_command(n, argv), "mpirun"
 
 

@@ -128,7 +128,9 @@ def model_encode_manifest(wildcards):
 
 
 def train_ranks(wildcards):
-    """Data-parallel ranks of a model's train job (train.<model>.ranks): its SLURM tasks."""
+    """Data-parallel ranks of a model's train job (train.<model>.ranks): its SLURM tasks. The job
+    script runs as one task of that allocation and starts the ranks inside it (andrea/launch.py:
+    srun --overlap for GPU ranks, mpirun for CPU ranks)."""
     return train_settings(config, wildcards.model)["ranks"]
 
 
@@ -138,11 +140,6 @@ def train_resources(wildcards):
     return train_ranks(wildcards) if train_needs_gpu(config, wildcards.model) else 0
 
 
-def train_launcher(wildcards):
-    """How the job starts its ranks inside the allocation (andrea/launch.py): srun for GPU ranks,
-    mpirun for CPU ranks. Declared as the job's `mpi` resource, so the SLURM executor runs the job
-    script once in an allocation of `tasks` tasks instead of inside a one-task srun."""
-    return "srun" if train_resources(wildcards) else "mpirun"
 
 
 def partition(kind):

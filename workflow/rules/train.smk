@@ -19,7 +19,6 @@ rule train:
         gpu=train_resources,
         tasks=train_ranks,
         tasks_per_gpu=1,
-        mpi=train_launcher,
         slurm_partition=train_partition,
         runtime=4320,
         mem_mb=config["cluster"]["train_mem_mb"],
