@@ -8,7 +8,6 @@ copy with offline mode on, through the same `datasets` call a hub location runs.
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 

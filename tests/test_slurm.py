@@ -61,7 +61,6 @@ def test_quickstart_dag_runs_as_slurm_jobs(workflow_dir):
 def test_scancelled_training_resumes_when_the_workflow_runs_again(workflow_dir):
     set_config(workflow_dir, {**QUICK_TRAIN, "cluster.job_threads": 1, "cluster.train_mem_mb": 4000, "train.ANDREA-tiny.max_steps": 600, "train.ANDREA-tiny.checkpoint_every": 20,
                               "train.ANDREA-tiny.sample_every": 1000})
-    start = time.strftime("%Y-%m-%dT%H:%M:%S")
     proc = snakemake_slurm(workflow_dir, "results/ANDREA-tiny/ckpt", wait=False)
     runs = workflow_dir / "results" / "ANDREA-tiny" / "runs"
     wait_for_checkpoint(runs, proc, timeout=600)
