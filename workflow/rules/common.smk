@@ -140,8 +140,6 @@ def train_resources(wildcards):
     return train_ranks(wildcards) if train_needs_gpu(config, wildcards.model) else 0
 
 
-
-
 def partition(kind):
     """SLURM partition for CPU or GPU jobs: the environment, else config (ignored locally)."""
     env = "ANDREA_SLURM_GPU_PARTITION" if kind == "gpu" else "ANDREA_SLURM_PARTITION"
