@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import fcntl
+import gc
 import hashlib
 import json
 import logging
@@ -611,12 +612,24 @@ class Trainer:
                 result = self._run(out_dir)
             except (CoherenceHalt, NonFiniteHalt):
                 self.comm.barrier()
+                self._close_comm()
                 raise
             self.comm.barrier()
+            self._close_comm()
             return result
         finally:
             for sig, h in previous.items():
                 signal.signal(sig, h)
+
+    def _close_comm(self) -> None:
+        """The communicator closed after the CUDA graphs whose NCCL operations it serves
+        (Engine.release_graphs); left to the interpreter's exit, the order is chance and the
+        process can hang. Not after a crash: the launcher aborts the job then."""
+        if self.engine is not None:
+            self.engine.release_graphs()
+        self._inference = None
+        gc.collect()  # the graphs' last references (reference cycles through bound methods)
+        self.comm.close()
 
     def _run(self, out_dir) -> dict:
         s = self.s

@@ -92,9 +92,13 @@ def worker(args) -> None:
         if comm.is_root:
             print(json.dumps(row), flush=True)
         rows.append(row)
+        e.release_graphs()  # before comm.close(): NCCL waits for graphs holding its operations
         e.be.release()
     if comm.is_root:
         Path(args.result).write_text(json.dumps(rows))
+    import gc
+
+    gc.collect()  # every engine's graphs were released above; none may outlive the communicator
     comm.close()
 
 

@@ -222,6 +222,12 @@ class Engine:
             self._forward_backward(reduce)
         return self.row_losses()
 
+    def release_graphs(self) -> None:
+        """Destroy the captured passes. With several ranks, before the communicator is closed:
+        NCCL waits in ncclCommDestroy until every CUDA graph holding its operations is gone, so a
+        communicator closed (or collected at exit) while a graph lives hangs the process."""
+        self._captured.clear()
+
     def _forward_backward(self, reduce: bool = False) -> None:
         self._forward()
         self.backward(reduce=reduce)
