@@ -231,11 +231,9 @@ def cmd_encode(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from andrea.engine import resolve_backend
     from andrea.io import write_json_atomic
-    from andrea.launch import train_ranks, under_launcher
+    from andrea.launch import train_as_ranks
     from andrea.optim import NonFiniteHalt
-    from andrea.settings import TrainSettings
     from andrea.trainer import CoherenceHalt, Trainer, TrainingRefused, run_key
 
     cfg = _config(args)
@@ -253,10 +251,9 @@ def cmd_train(args) -> int:
         cfg["train"][args.model] = {**cfg["train"].get(args.model, {}), **overrides}
     shards = args.shards or results / args.model / "shards.json"
     run_dir = args.run_dir or results / args.model / "runs" / run_key(cfg, args.model)
-    settings = TrainSettings.from_config(cfg, args.model)
-    if settings.ranks > 1 and not under_launcher():  # start the ranks, each running this command
-        backend = resolve_backend(settings.backend, settings.precision)[0]
-        status, result = train_ranks(cfg, args.model, shards, run_dir, settings.ranks, backend, out=args.out, force=args.force)
+    launched = train_as_ranks(cfg, args.model, shards, run_dir, out=args.out, force=args.force)
+    if launched is not None:  # the ranks ran this command, rank 0 wrote the outcome
+        status, result = launched
         if result is not None:
             print(json.dumps(result))
         return status  # a run stopped by a signal exits 0, as one process does (it resumes when run again)

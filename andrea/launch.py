@@ -48,6 +48,20 @@ def rank_command(n: int, argv: list[str], backend: str, env=None) -> tuple[list[
     return mpirun_command(n, argv), "mpirun"
 
 
+def train_as_ranks(config: dict, model: str, shards: str | Path, run_dir: str | Path, out: str | Path | None = None,
+                   force: bool = False) -> tuple[int, dict | None] | None:
+    """With train.<model>.ranks > 1 and this process not yet a rank: train as that many ranks
+    (train_ranks) and return (exit status, rank 0's result); else None: train here."""
+    from andrea.config import train_settings
+    from andrea.engine import resolve_backend
+
+    settings = train_settings(config, model)
+    if settings["ranks"] == 1 or under_launcher():
+        return None
+    backend = resolve_backend(settings["backend"], settings["precision"])[0]
+    return train_ranks(config, model, shards, run_dir, settings["ranks"], backend, out=out, force=force)
+
+
 def train_ranks(config: dict, model: str, shards: str | Path, run_dir: str | Path, ranks: int, backend: str,
                 out: str | Path | None = None, force: bool = False) -> tuple[int, dict | None]:
     """Train `model` as `ranks` ranks and wait: (exit status, the run's result from rank 0 or

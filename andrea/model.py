@@ -213,8 +213,7 @@ class Activations:
 
     def __init__(self, cfg: ModelConfig, B: int, T: int, be, dtype=np.float32, saved: bool = True, backward: bool = True):
         L, d, H, D, M, V = cfg.n_layer, cfg.d_model, cfg.n_head, cfg.head_dim, cfg.d_mlp, cfg.vocab_size
-        self.saved_layers = L if saved else 1
-        n = self.saved_layers
+        n = L if saved else 1  # layers with buffers of their own
         # a backend that recomputes gelu(h) in the backward pass needs one buffer for it, not L
         gelu_slots = 1 if (be.recomputes_gelu or not saved) else L
 
@@ -238,7 +237,10 @@ class Activations:
             self.scratch |= {name: z(name, *shape) for name, shape in {
                 "d_res": (B, T, d), "d_branch": (B, T, d), "d_ln": (B, T, d), "d_y": (B, T, d), "d_qkv": (3, B, H, T, D),
             }.items()}
-        self._gelu_slots = gelu_slots
+        A = self.saved
+        # each layer's views, made once (a pass asks for them per layer, per token when generating)
+        self.layers = [LayerActivations(**{f.name: A[f.name][min(l, n - 1)] for f in fields(LayerActivations) if f.name != "mlp_a"},
+                                        mlp_a=A["mlp_a"][min(l, gelu_slots - 1)]) for l in range(L)]
         self.residuals = self.saved["res"]
         self.branch = self.scratch["branch"]
         self.lnf, self.lnf_mean, self.lnf_rstd = self.saved["lnf"], self.saved["lnf_mean"], self.saved["lnf_rstd"]
@@ -249,10 +251,7 @@ class Activations:
         return self.residuals[i % len(self.residuals)]  # without saved layers two buffers alternate
 
     def layer(self, l: int) -> LayerActivations:
-        s = min(l, self.saved_layers - 1)
-        A = self.saved
-        return LayerActivations(**{f.name: A[f.name][s] for f in fields(LayerActivations) if f.name != "mlp_a"},
-                                mlp_a=A["mlp_a"][min(l, self._gelu_slots - 1)])
+        return self.layers[l]
 
     def nbytes(self) -> tuple[int, int]:
         """(saved activations, scratch) in bytes."""

@@ -48,12 +48,15 @@ import numpy as np
 from andrea.batches import BatchStream
 from andrea.checkpoint import HEADER, CheckpointError, read_checkpoint, write_checkpoint
 from andrea.coherence import coherence_score
-from andrea.comm import from_environment, launch_info
-from andrea.config import train_settings  # noqa: F401  (re-exported: callers import it from here)
+from andrea.comm import from_environment
+from andrea.config import (
+    train_settings,  # noqa: F401  (re-exported: callers import it from here)
+)
 from andrea.curriculum import Bandit
 from andrea.engine import Engine, materialise, resolve_backend
 from andrea.evaluation import build_eval_set, evaluate, prepare_batches
 from andrea.io import atomic_dir, link_or_copy, sha256_file, write_json_atomic
+from andrea.launch import under_launcher
 from andrea.model import ModelConfig, flops_per_token, n_params
 from andrea.optim import NonFiniteCounter, NonFiniteHalt, OptimConfig, train_step
 from andrea.runlog import RecordCompactor, truncate_log
@@ -130,7 +133,7 @@ class Trainer:
         self.oc = OptimConfig.of(self.s)
         self.run_dir = Path(run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
-        if comm is None and launch_info()["size"] > 1:
+        if comm is None and under_launcher():
             self.run_dir.mkdir(parents=True, exist_ok=True)  # NCCL's id may pass through a file there
         # before anything is allocated on a GPU: NCCL picks this rank's GPU
         self.comm = comm if comm is not None else from_environment(self.backend, rendezvous_dir=self.run_dir)

@@ -171,13 +171,15 @@ class Backend(abc.ABC):
         k_cache[:, :, pos:pos + n] = k
         v_cache[:, :, pos:pos + n] = v
         K, V = k_cache[:, :, :pos + n], v_cache[:, :, :pos + n]
-        s = xp.matmul(q.astype(xp.float32), K.transpose(0, 1, 3, 2).astype(xp.float32)) * (1.0 / math.sqrt(D))
+        # copy=False: the cache and fp32 buffers are used as they are (no copy of the cache per token)
+        f32 = xp.float32
+        s = xp.matmul(q.astype(f32, copy=False), K.transpose(0, 1, 3, 2).astype(f32, copy=False)) * (1.0 / math.sqrt(D))
         # query i (at position pos + i) sees keys 0..pos + i
         s += xp.triu(xp.full((n, pos + n), -xp.inf, dtype=xp.float32), pos + 1)
         s -= s.max(axis=-1, keepdims=True)
         p = xp.exp(s)
         p /= p.sum(axis=-1, keepdims=True)
-        y[...] = xp.matmul(p, V.astype(xp.float32)).transpose(0, 2, 1, 3).reshape(B, n, H * D).astype(y.dtype)
+        y[...] = xp.matmul(p, V.astype(f32, copy=False)).transpose(0, 2, 1, 3).reshape(B, n, H * D)
 
     # ------------------------------------------------------------------ MLP
     @abc.abstractmethod
@@ -201,7 +203,8 @@ class Backend(abc.ABC):
     def logits_fwd(self, x, w):
         """Generation: logits = x·wᵀ for the rows of x ([n, d] → [n, V], fp32)."""
         xp = self.xp
-        return xp.matmul(x.reshape(-1, x.shape[-1]).astype(xp.float32), w.T.astype(xp.float32))
+        f32 = xp.float32  # copy=False: fp32 weights (the head) are not copied per generated token
+        return xp.matmul(x.reshape(-1, x.shape[-1]).astype(f32, copy=False), w.T.astype(f32, copy=False))
 
     # ------------------------------------------------------------------ optimizer
     @abc.abstractmethod

@@ -21,7 +21,16 @@ import numpy as np
 from andrea import model
 from andrea.comm import SingleProcess
 from andrea.engine.backend import Backend
-from andrea.model import Activations, ModelConfig, Weights, decay_mask, init_weights, n_params, param_layout, views
+from andrea.model import (
+    Activations,
+    ModelConfig,
+    Weights,
+    decay_mask,
+    init_weights,
+    n_params,
+    param_layout,
+    views,
+)
 
 LOSS_SCALE_MAX = 2.0**15
 LOSS_SCALE_WINDOW = 200
@@ -290,13 +299,6 @@ class Engine:
         """Global L2 norm of all gradients: per-block partial sums, then one final reduction."""
         self.be.grad_norm_partial(self.g, self.scratch["norm_partial"])
         return self.be.grad_norm_final(self.scratch["norm_partial"])
-
-    def reduce_grads(self) -> None:
-        """Average the gradients over the ranks (in place, on the flat buffer) at once; every rank
-        then holds the gradient of the whole global batch (the training step instead reduces
-        within the last micro-batch's backward pass: forward_backward(reduce=True))."""
-        if self.comm.size > 1:
-            self.comm.allreduce(self.g, "mean")
 
     def gather_rows(self, rows: np.ndarray) -> np.ndarray:
         """The row losses of every rank's micro-batches, rank after rank, on every rank (so each

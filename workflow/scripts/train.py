@@ -13,10 +13,8 @@ if __name__ == "__main__":
 
     import logging
 
-    from andrea.config import train_settings
-    from andrea.engine import resolve_backend
     from andrea.io import setup_logging
-    from andrea.launch import train_ranks, under_launcher
+    from andrea.launch import train_as_ranks
     from andrea.optim import NonFiniteHalt
     from andrea.trainer import CoherenceHalt, Trainer, TrainingRefused
 
@@ -24,13 +22,10 @@ if __name__ == "__main__":
     log = logging.getLogger("andrea.train")
     model, shards = snakemake.wildcards.model, snakemake.input.shards
     force = snakemake.config.get("force_train", False)
-    settings = train_settings(snakemake.config, model)
-    ranks = settings["ranks"]
-    if ranks > 1 and not under_launcher():  # data parallelism: the ranks run `andrea train`, rank 0 writes
-        backend = resolve_backend(settings["backend"], settings["precision"])[0]
-        log.info("training %s as %d ranks (%s)", model, ranks, backend)
-        status, result = train_ranks(snakemake.config, model, shards, snakemake.params.run_dir, ranks, backend,
-                                     out=snakemake.output[0], force=force)
+    # data parallelism (train.<model>.ranks > 1): the ranks run `andrea train`, rank 0 writes
+    launched = train_as_ranks(snakemake.config, model, shards, snakemake.params.run_dir, out=snakemake.output[0], force=force)
+    if launched is not None:
+        status, result = launched
         if status:
             log.error("the ranks failed (exit status %d): see %s/train.log", status, snakemake.params.run_dir)
             sys.exit(status)
