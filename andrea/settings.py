@@ -79,6 +79,7 @@ class TrainSettings:
     prefetch: bool
     ranks: int
     reduce_bucket_mb: float
+    reduce_dtype: str
     record_batches: int
     seed: int
     max_cpu_hours: float

@@ -53,7 +53,7 @@ from andrea.config import (
     train_settings,  # noqa: F401  (re-exported: callers import it from here)
 )
 from andrea.curriculum import Bandit
-from andrea.engine import Engine, materialise, resolve_backend
+from andrea.engine import Engine, load_backend, materialise, resolve_backend
 from andrea.evaluation import build_eval_set, evaluate, prepare_batches
 from andrea.io import atomic_dir, link_or_copy, sha256_file, write_json_atomic
 from andrea.launch import under_launcher
@@ -127,6 +127,9 @@ class Trainer:
         self.config, self.model_name, self.force = config, model, force
         self.s = TrainSettings.from_config(config, model)
         self.backend, self.precision, self.backend_reason = resolve_backend(self.s.backend, self.s.precision)
+        if self.s.reduce_dtype not in load_backend(self.backend).reduce_dtypes:
+            raise ValueError(f"train.{model}.reduce_dtype: {self.s.reduce_dtype} needs the CuPy GPU backend (NCCL), but this "
+                             f"run uses {self.backend} ({self.backend_reason}); set reduce_dtype: float32")
         self.cfg = ModelConfig.from_config(config["models"][model])
         self.T = self.s.seq_len or self.cfg.context
         self.B = self.s.batch_size
@@ -638,7 +641,8 @@ class Trainer:
         s = self.s
         plan = self.plan()  # may refuse before anything big is allocated
         self.engine = Engine(self.cfg, batch_size=self.B, seq_len=self.T, backend=self.backend, seed=s.seed,
-                             precision=self.precision, comm=self.comm, reduce_bucket_mb=s.reduce_bucket_mb)
+                             precision=self.precision, comm=self.comm, reduce_bucket_mb=s.reduce_bucket_mb,
+                             reduce_dtype=s.reduce_dtype)
         self._inference = None  # the sampler over the engine's weights (made on first use)
         self._ckpt_pool = ThreadPoolExecutor(1, thread_name_prefix="andrea-checkpoint")
         self._log_pool = ThreadPoolExecutor(1, thread_name_prefix="andrea-log")
@@ -676,8 +680,8 @@ class Trainer:
                 periodic.append(f"validation {est['eval_s']:.2f} s every {s.eval_every} steps")
             if est["samples"]:
                 periodic.append(f"a sample {est['sample_s']:.2f} s every {s.sample_every} steps")
-            ranks = (f"{self.comm.size} ranks × {self.B} rows × {s.grad_accum} micro-batches = "
-                     if self.comm.size > 1 else "")
+            ranks = (f"{self.comm.size} ranks × {self.B} rows × {s.grad_accum} micro-batches "
+                     f"(gradients averaged in {s.reduce_dtype}) = " if self.comm.size > 1 else "")
             log.info(
                 "plan: %s, %s parameters, backend %s/%s (%s), %s%s tokens/step, steps %d→%d; %s; %.4f s/step after "
                 "warm-up (first pass with compilation/capture %.2f s)%s → about %s to finish",

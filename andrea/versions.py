@@ -69,12 +69,15 @@ def stage_versions(config: dict) -> dict[str, str]:
 # the ones a run may change between a stop and a resume: editing them continues the same run.
 WATCH_KEYS = ("checkpoint_every", "keep_checkpoints", "sample_every", "sample_tokens", "sample_prompt",
               "sample_temperature", "coherence_halt_below", "coherence_patience", "coherence_arm_score", "eval_every",
-              "eval_tokens", "prefetch", "record_batches", "max_cpu_hours", "ranks", "reduce_bucket_mb")
+              "eval_tokens", "prefetch", "record_batches", "max_cpu_hours", "ranks", "reduce_bucket_mb",
+              "reduce_dtype")
 CONTINUE_KEYS = ("max_steps",)  # raising it continues the run from its newest checkpoint
 # watch settings that cannot change what a finished run's outputs hold: not in the rule's version,
 # so editing them never re-runs a finished train (a running or resumed one reads them as it goes)
-# ranks: a run continues on another number of ranks, and a finished one stands (decision)
-OUTPUT_NEUTRAL_KEYS = ("prefetch", "max_cpu_hours", "keep_checkpoints", "record_batches", "ranks", "reduce_bucket_mb")
+# ranks and reduce_dtype: a run continues on another number of ranks or reduction type, and a
+# finished one stands (decision)
+OUTPUT_NEUTRAL_KEYS = ("prefetch", "max_cpu_hours", "keep_checkpoints", "record_batches", "ranks", "reduce_bucket_mb",
+                       "reduce_dtype")
 
 
 def train_run_key(config: dict, model: str) -> str:

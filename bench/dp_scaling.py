@@ -1,7 +1,8 @@
 """Data-parallel scaling on the GPUs of one host: ANDREA's training step (bf16, CUDA graphs) on 1
 and on N GPUs, one rank per GPU, gradients averaged by NCCL inside the backward pass.
 
-    python3 bench/dp_scaling.py --gpus 1 2 --batches 8 32 [--bucket-mb 25 100 0] [--models ANDREA-120M] [--out r.json]
+    python3 bench/dp_scaling.py --gpus 1 2 --batches 8 32 [--bucket-mb 25 100 0] [--reduce-dtypes float32 bfloat16]
+                                [--models ANDREA-120M] [--out r.json]
 
 For each model, per-GPU batch B and rank count n (started with andrea.comm.mpirun_command, each
 count in its own job): the global tokens/s (n·B·T per step), the scaling efficiency against n
@@ -10,7 +11,8 @@ pass (what training runs), the same step without any reduction, and the all-redu
 gradient alone; hidden = 1 − (with − without) / alone, the share of the reduction's time the
 backward pass covers (negative: reducing inside the backward pass slowed it by more than the
 all-reduce takes alone). --bucket-mb compares bucket sizes (train.reduce_bucket_mb; 0: one
-all-reduce after the backward pass). Timed as gpu_bench.py times: warm-up, then rounds of steps,
+all-reduce after the backward pass); --reduce-dtypes compares averaging the gradients in float32
+and in bfloat16 (train.reduce_dtype; "alone" then includes the casts). Timed as gpu_bench.py times: warm-up, then rounds of steps,
 the median round.
 """
 
@@ -47,9 +49,12 @@ def worker(args) -> None:
 
     comm = from_environment("cupy")
     rows = []
-    for name, B, bucket in [(m, b, k) for m in args.models for b in args.batches for k in (args.bucket_mb if comm.size > 1 else [0])]:
+    multi = comm.size > 1
+    for name, B, bucket, rdt in [(m, b, k, r) for m in args.models for b in args.batches for k in (args.bucket_mb if multi else [0])
+                                 for r in (args.reduce_dtypes if multi else ["float32"])]:
         cfg = MODELS[name]
-        e = Engine(cfg, batch_size=B, seq_len=args.seq, backend="cupy", precision="bf16", comm=comm, reduce_bucket_mb=bucket)
+        e = Engine(cfg, batch_size=B, seq_len=args.seq, backend="cupy", precision="bf16", comm=comm, reduce_bucket_mb=bucket,
+                   reduce_dtype=rdt)
         x = np.random.default_rng(comm.rank).integers(0, cfg.vocab_size, (B, args.seq + 1))
         batch = e.prepare(x[:, :-1], x[:, 1:])
         oc = OptimConfig(lr=3e-4, warmup_steps=1)
@@ -60,8 +65,9 @@ def worker(args) -> None:
             e.grad_norm()  # a host sync, as every training step has
             e.adamw(1e-4, 0.9, 0.95, 1e-8, 0.0)
 
-        def allreduce_alone():
-            comm.allreduce(e.g, "mean")
+        def allreduce_alone():  # the whole gradient as the backward pass sends it (casts included)
+            e.be.reduce_async(comm, e.g, rdt)
+            e.be.reduce_join()
             cp.cuda.get_current_stream().synchronize()
 
         def timed(fn):
@@ -84,7 +90,7 @@ def worker(args) -> None:
         without_s, _ = timed(lambda: step_with(False))
         alone_s, _ = timed(allreduce_alone) if comm.size > 1 else (0.0, [])
         tokens = comm.size * B * args.seq
-        row = {"model": name, "B": B, "T": args.seq, "gpus": comm.size, "bucket_mb": bucket, "step_s": with_s, "rounds_s": with_rounds,
+        row = {"model": name, "B": B, "T": args.seq, "gpus": comm.size, "bucket_mb": bucket, "reduce_dtype": rdt, "step_s": with_s, "rounds_s": with_rounds,
                "tok_s": tokens / with_s, "mfu": flops_per_token(cfg) * tokens / with_s / PEAK / comm.size,
                "step_without_reduce_s": without_s, "allreduce_alone_s": alone_s,
                "hidden": (1 - (with_s - without_s) / alone_s) if alone_s else None,
@@ -112,6 +118,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--bucket-mb", nargs="+", type=float, default=[25.0], help="gradient bucket sizes to compare (0: no overlap)")
+    ap.add_argument("--reduce-dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
+                    help="what the gradients are averaged in (with several GPUs)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
@@ -126,19 +134,21 @@ def main() -> None:
             result = Path(tmp) / "rows.json"
             argv = [sys.executable, __file__, "--worker", "--result", str(result), "--models", *args.models,
                     "--batches", *map(str, args.batches), "--seq", str(args.seq), "--steps", str(args.steps),
-                    "--rounds", str(args.rounds), "--warmup", str(args.warmup), "--bucket-mb", *map(str, args.bucket_mb)]
+                    "--rounds", str(args.rounds), "--warmup", str(args.warmup), "--bucket-mb", *map(str, args.bucket_mb),
+                    "--reduce-dtypes", *args.reduce_dtypes]
             cmd = mpirun_command(n, argv) if n > 1 else argv
             subprocess.run(cmd, check=True, env=launch_environment({"PYTHONPATH": os.pathsep.join([str(REPO / "bench"), str(REPO)])}))
             results += json.loads(result.read_text())
     one = {(r["model"], r["B"]): r["tok_s"] for r in results if r["gpus"] == 1}
-    print("\n| model | per-GPU B | GPUs | bucket MB | tokens/s | MFU per GPU | scaling efficiency | step ms (no reduce) | all-reduce alone ms | hidden |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| model | per-GPU B | GPUs | bucket MB | reduced in | tokens/s | MFU per GPU | scaling efficiency | step ms (no reduce) | all-reduce alone ms | hidden |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         base = one.get((r["model"], r["B"]))
         eff = f"{r['tok_s'] / (r['gpus'] * base):.1%}" if base else "—"
         hidden = f"{r['hidden']:.0%}" if r["hidden"] is not None else "—"
         bucket = "—" if r["gpus"] == 1 else f"{r['bucket_mb']:g}"
-        print(f"| {r['model']} | {r['B']} | {r['gpus']} | {bucket} | {r['tok_s']:,.0f} | {r['mfu']:.1%} | {eff} | "
+        rdt = "—" if r["gpus"] == 1 else r["reduce_dtype"]
+        print(f"| {r['model']} | {r['B']} | {r['gpus']} | {bucket} | {rdt} | {r['tok_s']:,.0f} | {r['mfu']:.1%} | {eff} | "
               f"{r['step_s'] * 1e3:.2f} ({r['step_without_reduce_s'] * 1e3:.2f}) | {r['allreduce_alone_s'] * 1e3:.2f} | {hidden} |")
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))

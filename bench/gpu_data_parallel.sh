@@ -6,6 +6,11 @@
 #   bash bench/gpu_data_parallel.sh workflow [RANKS [TARGET]]
 #                                               snakemake results/ANDREA-12M/TARGET (ckpt) with ranks: RANKS (2),
 #                                               embedded corpus
+#   bash bench/gpu_data_parallel.sh rule-scaling [MODEL [STEPS]]
+#                                               the Snakemake train rule, 1 rank then 2: MODEL (ANDREA-120M)
+#                                               trains STEPS (200) steps on one GPU, then max_steps is raised
+#                                               and the same run continues on two; at per-GPU B=8 and B=32.
+#                                               Median tokens/s of each stretch from the run's loss.jsonl
 #
 # Needs the wheels of bench/gpu_real_corpus.sh setup (Snakemake, jsonschema: the tests' fixtures
 # load the config). Results go to $OUT (the device tool's output folder; results/device-out elsewhere).
@@ -40,7 +45,34 @@ YAML
   grep -h "plan:\|finished at\|validation at step" "$run/train.log" | cut -c1-300 | sed -n '1,2p;$p'
   cp "$run/plan.json" "$run/train.log" "$OUT/"
   ;;
+rule-scaling)
+  MODEL=${2:-ANDREA-120M} STEPS=${3:-200}
+  for B in 8 32; do
+    for RANKS in 1 2; do
+      cat > /tmp/dp.yaml <<YAML
+train:
+  $MODEL: {ranks: $RANKS, batch_size: $B, max_steps: $(( STEPS * RANKS )), eval_every: 0, sample_every: 100000, checkpoint_every: $STEPS}
+YAML
+      start=$(date +%s)
+      python3 -m snakemake "results/$MODEL/ckpt" --cores 8 --configfile config/config.yaml /tmp/dp.yaml --config data_profile=embedded \
+        >> "$OUT/rule-scaling.log" 2>&1 || { tail -40 "$OUT/rule-scaling.log"; tail -30 "results/logs/train/$MODEL.log"; exit 1; }
+      run=$(python3 -c "import json; print(json.load(open('results/$MODEL/ckpt/run.json'))['run_dir'])")
+      python3 - "$run/loss.jsonl" "$B" "$RANKS" "$STEPS" "$(( $(date +%s) - start ))" <<'PY' | tee -a "$OUT/rule-scaling.txt"
+import sys
+from statistics import median
+from andrea.runlog import read_records
+path, B, ranks, steps, wall = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+lo = (ranks - 1) * steps + 20  # this stretch, after its first 20 steps (warm-up, capture)
+tps = [r["tokens_per_s"] for r in read_records(path) if r.get("kind", "train") == "train" and lo <= r["step"] < ranks * steps]
+print(f"per-GPU B={B} ranks={ranks}: steps {lo}-{ranks * steps - 1}: median {median(tps):,.0f} tokens/s "
+      f"(n={len(tps)}; snakemake call {wall} s)")
+PY
+    done
+    grep -h "plan:" "$run/train.log" | cut -c1-260 | tail -2 >> "$OUT/rule-scaling.txt"
+    cp "$run/train.log" "$OUT/train-B$B.log"
+  done
+  ;;
 *)
-  echo "usage: $0 tests|scaling|workflow" >&2; exit 2
+  echo "usage: $0 tests|scaling|workflow|rule-scaling" >&2; exit 2
   ;;
 esac

@@ -35,7 +35,7 @@ def test_two_ranks_of_b_rows_train_what_one_rank_of_2b_rows_trains(shards, tmp_p
     assert one.returncode == 0, one.stderr[-3000:]
     two = train(write_config(tmp_path / "two.yaml", batch_size=4, **SHORT), shards, tmp_path / "two", "--ranks", "2")
     assert two.returncode == 0, two.stderr[-3000:]
-    assert "2 ranks × 4 rows × 1 micro-batches = 256 tokens/step" in two.stderr  # the plan line
+    assert "2 ranks × 4 rows × 1 micro-batches (gradients averaged in float32) = 256 tokens/step" in two.stderr  # the plan line
     a, b = without_timing(records(tmp_path / "one")), without_timing(records(tmp_path / "two"))
     assert [r["step"] for r in a] == [r["step"] for r in b] and len(a) > 40  # training and validation records
     for ra, rb in zip(a, b):

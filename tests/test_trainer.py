@@ -284,6 +284,22 @@ def test_large_model_on_the_cpu_is_refused_with_advice(embedded_megachat, tmp_pa
     assert t.engine is None  # refused before allocating gigabytes
 
 
+def test_gradients_averaged_in_bfloat16_on_the_cpu_are_refused_naming_the_key(tmp_path):
+    """MPI has no bfloat16: a CPU run that asks for it stops before training, saying which key to change."""
+    from andrea.config import validate_config
+    from andrea.engine import Engine
+    from andrea.model import ModelConfig
+    from andrea.trainer import Trainer
+
+    full = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    full["train"]["ANDREA-12M"] = {"backend": "numpy", "reduce_dtype": "bfloat16"}
+    with pytest.raises(ValueError, match="train.ANDREA-12M.reduce_dtype: bfloat16 needs the CuPy GPU backend"):
+        Trainer(validate_config(full), "ANDREA-12M", tmp_path / "shards.json", tmp_path / "run")
+    with pytest.raises(ValueError, match="reduce_dtype 'bfloat16': the numpy backend averages gradients in float32"):
+        Engine(ModelConfig(vocab_size=40, d_model=16, n_head=2, n_layer=1, context=8), 1, backend="numpy",
+               reduce_dtype="bfloat16")
+
+
 def test_backend_auto_picks_what_the_machine_has(monkeypatch):
     from andrea import engine as eng
     from andrea.engine import engine as engine_mod

@@ -37,6 +37,7 @@ class Backend(abc.ABC):
     plans_tokens: ClassVar[bool] = False  # plan_tokens() makes an embedding-backward plan on the host
     index_dtype: ClassVar[type] = np.int64  # token and target IDs on the device
     decay_dtype: ClassVar[type] = np.float32  # the weight-decay mask
+    reduce_dtypes: ClassVar[tuple[str, ...]] = ("float32",)  # what reduce_async can send gradients in
 
     def __init__(self, precision: str = "fp32"):
         if precision not in self.precisions:
@@ -96,9 +97,12 @@ class Backend(abc.ABC):
         """`fn`, recorded once and replayed (can_capture)."""
         raise NotImplementedError(f"the {self.name} backend cannot capture a pass")
 
-    def reduce_async(self, comm, buf) -> None:
-        """Average `buf` (a slice of the flat gradients) over the ranks of `comm`. Here at once;
-        a GPU backend queues it on a stream of its own, beside the rest of the backward pass."""
+    def reduce_async(self, comm, buf, dtype: str = "float32") -> None:
+        """Average `buf` (a slice of the flat fp32 gradients) over the ranks of `comm`, sent in
+        `dtype` (one of reduce_dtypes). Here at once; a GPU backend queues it on a stream of its
+        own, beside the rest of the backward pass."""
+        if dtype != "float32":
+            raise ValueError(f"the {self.name} backend reduces gradients in float32 only, not {dtype}")
         comm.allreduce(buf, "mean")
 
     def reduce_join(self) -> None:

@@ -132,7 +132,7 @@ class Engine:
 
     def __init__(self, cfg: ModelConfig, batch_size: int, seq_len: int | None = None, backend: str = "numpy",
                  dtype: str = "float32", seed: int = 0, precision: str = "fp32", comm=None,
-                 reduce_bucket_mb: float = 25.0):
+                 reduce_bucket_mb: float = 25.0, reduce_dtype: str = "float32"):
         self.cfg = cfg
         # data parallelism: the ranks that average their gradients each step (andrea/comm.py); a
         # SingleProcess communicator (the default) makes both calls below return at once
@@ -143,6 +143,10 @@ class Engine:
         if self.T > cfg.context:
             raise ValueError(f"sequence length {self.T} exceeds the model's context {cfg.context}")
         self.be = make_backend(backend, precision)
+        if reduce_dtype not in self.be.reduce_dtypes:
+            raise ValueError(f"reduce_dtype {reduce_dtype!r}: the {backend} backend averages gradients in "
+                             f"{' or '.join(self.be.reduce_dtypes)}")
+        self.reduce_dtype = reduce_dtype
         self.backend = backend
         self.xp = self.be.xp
         self.precision = precision
@@ -275,7 +279,7 @@ class Engine:
     def _reduce_bucket(self, l: int) -> None:
         if l in self.buckets:
             lo, hi = self.buckets[l]
-            self.be.reduce_async(self.comm, self.g[lo:hi])
+            self.be.reduce_async(self.comm, self.g[lo:hi], self.reduce_dtype)
 
     def row_losses(self) -> np.ndarray:
         """Mean loss of each batch row (what the curriculum attributes to a row's source), on the host."""

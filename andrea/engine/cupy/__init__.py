@@ -86,6 +86,7 @@ class CupyBackend(Backend):
     plans_tokens = True
     index_dtype = np.int32
     decay_dtype = np.uint8  # the weight-decay mask as bytes (a quarter of an fp32 mask's memory)
+    reduce_dtypes = ("float32", "bfloat16") if BF16 is not None else ("float32",)
     xp = cp
 
     def __init__(self, precision: str = "fp32"):
@@ -102,6 +103,7 @@ class CupyBackend(Backend):
         # data parallelism: reductions of the gradients on a stream beside the backward pass
         self._reduce_stream = None
         self._reduce_pending = False
+        self._reduce_stage = None  # bf16 staging for reductions sent in bfloat16 (grown on the eager pass)
         self._events = [cp.cuda.Event(disable_timing=True) for _ in range(64)]
         self._event_i = 0
 
@@ -246,18 +248,32 @@ class CupyBackend(Backend):
             raise ValueError("CUDA-graph capture needs the 16-bit fast path (the fp32 path allocates temporaries)")
         return CapturedPass(self, fn)
 
-    def reduce_async(self, comm, buf) -> None:
+    def reduce_async(self, comm, buf, dtype: str = "float32") -> None:
         """Average `buf` over the ranks on a stream of this backend's own, once what the current
         stream has queued so far (the gradients of `buf`) is done: the all-reduce of one block's
         gradients runs while the backward pass computes the next block's. Under graph capture the
         side stream forks from the captured stream and joins it again in reduce_join, so a captured
-        pass replays its reductions too."""
+        pass replays its reductions too. In bfloat16 the gradients are rounded into a staging
+        buffer, averaged there (half the bytes on the wire) and widened back: the stream orders
+        the three steps, so one staging buffer serves every bucket."""
+        if dtype not in self.reduce_dtypes:
+            raise ValueError(f"the cupy backend reduces gradients in {' or '.join(self.reduce_dtypes)}, not {dtype}")
         if self._reduce_stream is None:
             self._reduce_stream = cp.cuda.Stream(non_blocking=True)
         ready = self._event()
         ready.record(cp.cuda.get_current_stream())
         self._reduce_stream.wait_event(ready)
-        comm.allreduce(buf, "mean", stream=self._reduce_stream)
+        if dtype == "float32":
+            comm.allreduce(buf, "mean", stream=self._reduce_stream)
+        else:
+            if self._reduce_stage is None or self._reduce_stage.size < buf.size:
+                # allocated on the eager warm-up pass, never while a graph is captured
+                self._reduce_stage = cp.empty(buf.size, dtype=BF16)
+            stage = self._reduce_stage[: buf.size]
+            with self._reduce_stream:
+                stage[...] = buf
+                comm.allreduce(stage, "mean", stream=self._reduce_stream)
+                buf[...] = stage
         self._reduce_pending = True
 
     def reduce_join(self) -> None:
