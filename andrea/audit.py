@@ -25,7 +25,7 @@ from andrea.io import atomic_dir, read_jsonl
 from andrea.evaluation import heldout_report
 from andrea.judges import ExternalJudge, builtin_scores
 from andrea.runlog import RunLog
-from andrea.sampling import chat_prompt, generate, load_model
+from andrea.sampling import chat_prompt, generate_rows, load_model
 from andrea.shards import Shard
 from andrea.tokenizer import BOS
 
@@ -126,9 +126,10 @@ def _audit(lm, judge, shards_json, acfg: dict, heldout_every: int, tmp: Path, mc
     for pi, p in enumerate(acfg["prompts"]):
         prompt_text = chat_prompt(p["prompt"], mcfg)
         ids = [BOS, *lm.tokenizer.encode(prompt_text).tolist()]
-        for k in range(acfg["samples_per_prompt"]):
-            rng = np.random.default_rng([acfg["seed"], pi, k])
-            out_ids = generate(lm.model, ids, acfg["max_new_tokens"], rng, acfg["temperature"], acfg["top_k"], acfg["top_p"])
+        # the prompt's samples decode together, one row each, sample k from its own generator
+        rngs = [np.random.default_rng([acfg["seed"], pi, k]) for k in range(acfg["samples_per_prompt"])]
+        samples = generate_rows(lm.model, ids, acfg["max_new_tokens"], rngs, acfg["temperature"], acfg["top_k"], acfg["top_p"])
+        for k, out_ids in enumerate(samples):
             text = lm.tokenizer.decode(out_ids, errors="replace")
             row = {"domain": p["domain"], "prompt": p["prompt"], "sample": k, "text": text, "n_tokens": len(out_ids),
                    **builtin_scores(text)}

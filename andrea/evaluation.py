@@ -185,7 +185,8 @@ def heldout_report(cfg, weights: np.ndarray, token_bytes: np.ndarray, shards: di
             continue
         sh = shards[src]
         stream = np.concatenate([np.asarray(sh.tokens[int(sh.offsets[d]) : int(sh.offsets[d + 1])]) for d in docs])
-        whole = whole or InferenceModel(cfg, weights, backend=info["backend"] or resolve_backend(backend, "auto")[0])
+        whole = whole or InferenceModel(cfg, weights, backend=info["backend"] or resolve_backend(backend, "auto")[0],
+                                        precision="fp32")
         nats, tok, nbytes = _score_stream(whole, stream, token_bytes)
         if tok:
             sums[src] = (nats, tok, nbytes, "whole")

@@ -259,12 +259,20 @@ class Activations:
 
 
 class KVCache:
-    """Keys and values of the positions generated so far, per layer: [L, B, H, context, D] fp32."""
+    """Keys and values of the positions generated so far, per layer: [L, B, H, context, D] in the
+    backend's kv_dtype. The position is kept twice: on the host (`pos`) and on the device
+    (`pos_dev`, advanced by the pass itself, so that a captured one-token step can be replayed)."""
 
     def __init__(self, cfg: ModelConfig, be, B: int = 1):
         shape = (cfg.n_layer, B, cfg.n_head, cfg.context, cfg.head_dim)
-        self.k, self.v = be.zeros(shape, np.float32), be.zeros(shape, np.float32)
+        self.k, self.v = be.zeros(shape, be.kv_dtype), be.zeros(shape, be.kv_dtype)
+        self.B = B
         self.pos = 0
+        self.pos_dev = be.zeros((1,), np.int32)
+
+    def reset(self) -> None:
+        self.pos = 0
+        self.pos_dev.fill(0)
 
 
 # ----------------------------------------------------------------------------- forward and backward
@@ -281,7 +289,10 @@ def forward(cfg: ModelConfig, be, W: Weights, A: Activations, tokens, targets=No
     pos = cache.pos if cache is not None else 0
     if pos + T > cfg.context:
         raise ValueError(f"{pos + T} positions exceed the context of {cfg.context}")
-    be.embed_fwd(tokens, W.wte, W.wpe[pos:pos + T], A.res(0))
+    if cache is None:
+        be.embed_fwd(tokens, W.wte, W.wpe[:T], A.res(0))
+    else:
+        be.embed_cached_fwd(tokens, W.wte, W.wpe, pos, cache.pos_dev, A.res(0))
     first = A.layer(0)
     be.layernorm_fwd(A.res(0), W.blocks[0].ln1_g, W.blocks[0].ln1_b, first.ln1, first.ln1_mean, first.ln1_rstd, LN_EPS)
     for l in range(L):
@@ -291,7 +302,7 @@ def forward(cfg: ModelConfig, be, W: Weights, A: Activations, tokens, targets=No
         if cache is None:
             be.attn_fwd(a.qkv, a.att_y, a.att_lse)
         else:
-            be.attn_cached_fwd(a.qkv, cache.k[l], cache.v[l], pos, a.att_y)
+            be.attn_cached_fwd(a.qkv, cache.k[l], cache.v[l], pos, a.att_y, cache.pos_dev)
         be.attn_out_fwd(a.att_y, w.wo, A.branch)
         be.add_layernorm_fwd(A.res(2 * l), A.branch, A.res(2 * l + 1), w.ln2_g, w.ln2_b, a.ln2, a.ln2_mean, a.ln2_rstd, LN_EPS)
         # MLP: x = x + gelu(LN2(x)·W_1)·W_2, then the next LayerNorm (LN1 of the next block, or LN_f)
@@ -300,6 +311,7 @@ def forward(cfg: ModelConfig, be, W: Weights, A: Activations, tokens, targets=No
         be.add_layernorm_fwd(A.res(2 * l + 1), A.branch, A.res(2 * l + 2), g, b, *_next_norm(A, l, L), LN_EPS)
     if cache is not None:
         cache.pos = pos + T
+        be.advance_position(cache.pos_dev, T)
         return be.logits_fwd(A.lnf, W.head)
     return be.loss_fwd(A.lnf, W.head, targets, A.saved["probs"], A.saved["losses"])
 

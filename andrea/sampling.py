@@ -4,15 +4,17 @@ The prompt is run once (prefill) and every new token costs one position's work: 
 values are appended to a per-layer cache and its query attends over the cache. The pass is the
 model's own (andrea/model.py `forward` with a KVCache) on the backend the model is loaded on (the
 GPU when there is one), so cached decoding gives the logits of a full forward pass
-(tests/test_sampling.py). Sampling: temperature, top-k, top-p, a seeded generator, stop at BOS or
-a length. When the context is full the cache is rebuilt from the last half of it (decision:
-positions are learned, so a window cannot simply slide).
+(tests/test_sampling.py). On the GPU generation runs in bf16 with the one-token step captured
+once as a CUDA graph and replayed per token (the position is read on the device), and several
+samples of one prompt decode together, one row each. Sampling: temperature, top-k, top-p, a
+seeded generator per row, stop at BOS or a length. When the context is full the cache is rebuilt
+from the last half of it (decision: positions are learned, so a window cannot simply slide).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,45 +26,106 @@ from andrea.model import Activations, KVCache, ModelConfig, Weights, n_params, p
 from andrea.tokenizer import BOS, HarrisTokenizer
 
 
+@dataclass
+class _Rows:
+    """What decoding B rows at once keeps: the cache, forward buffers by chunk length, and the
+    captured one-token step with its token input and logits output."""
+
+    cache: KVCache
+    acts: dict = field(default_factory=dict)  # chunk length n -> Activations
+    tokens: object = None  # [B, 1] on the device: the step's input
+    step: object = None  # the captured one-token step
+    logits: object = None  # what the step writes
+
+
 class InferenceModel:
     """A model for generation: fp32 weights on a backend ("numpy", or "cupy" for the GPU), a KV
     cache, and the forward pass of andrea/model.py. Given an array already on the backend (an
-    engine's weights) it reads that array in place, so it sees every update and never writes it."""
+    engine's weights) it reads that array in place, so it sees every update and never writes it.
+    `precision` auto: bf16 on the GPU (the matrix products read a 16-bit copy of the weights, made
+    again at every reset), fp32 on the CPU. `graphs`: replay the one-token step as a CUDA graph
+    (16-bit GPU paths)."""
 
-    def __init__(self, cfg: ModelConfig, weights, backend: str = "numpy"):
+    def __init__(self, cfg: ModelConfig, weights, backend: str = "numpy", precision: str = "auto", graphs: bool = True):
         if weights.size != n_params(cfg):
             raise ValueError(f"{weights.size:,} weights for a model of {n_params(cfg):,} parameters")
         self.cfg = cfg
         self.backend = backend
-        self.be = make_backend(backend, "fp32")
+        _, self.precision, _ = resolve_backend(backend, precision)
+        self.be = make_backend(backend, self.precision)
         self.w = self.be.xp.asarray(weights, dtype=np.float32)  # no copy when it is already there, in fp32
         self.W = Weights(cfg, self.w)
         self.P = views(self.w, param_layout(cfg))
-        self.cache = KVCache(cfg, self.be)
-        self._acts: dict[int, Activations] = {}
+        self.be.register_weights(self.w, head=self.W.head)
+        # the captured step needs the decode kernels: 16-bit, head sizes the tensor-core kernels take
+        self.graphs = graphs and self.be.can_capture and self.precision in ("bf16", "fp16") and cfg.head_dim % 16 == 0
+        self._rows: dict[int, _Rows] = {}
+        self._now = self._state(1)
+
+    def _state(self, B: int) -> _Rows:
+        if B not in self._rows:
+            self._rows[B] = _Rows(KVCache(self.cfg, self.be, B))
+        return self._rows[B]
+
+    @property
+    def cache(self) -> KVCache:
+        return self._now.cache
+
+    @property
+    def rows(self) -> int:
+        return self._now.cache.B
 
     @property
     def pos(self) -> int:
-        return self.cache.pos
+        return self._now.cache.pos
 
-    def reset(self) -> None:
-        self.cache.pos = 0
+    def reset(self, rows: int = 1) -> None:
+        """An empty cache for `rows` sequences decoded together; the weights are read afresh."""
+        self._now = self._state(rows)
+        self._now.cache.reset()
+        self.be.invalidate_weight_cache()
 
     def _activations(self, n: int) -> Activations:
-        """Forward-only buffers for n new positions: kept for the one-token step and the last prompt length."""
-        if n not in self._acts:
-            if len(self._acts) > 1:
-                self._acts = {k: v for k, v in self._acts.items() if k == 1}
-            self._acts[n] = Activations(self.cfg, 1, n, self.be, saved=False, backward=False)
-        return self._acts[n]
+        """Forward-only buffers for n new positions per row: kept for the one-token step and the last prompt length."""
+        acts = self._now.acts
+        if n not in acts:
+            for k in [k for k in acts if k != 1]:
+                del acts[k]
+            acts[n] = Activations(self.cfg, self.rows, n, self.be, saved=False, backward=False)
+        return acts[n]
 
     def forward(self, ids) -> np.ndarray:
-        """Logits [n, V] (host, fp32) of `ids` placed after what is cached (which grows by n)."""
-        ids = np.asarray(ids, dtype=self.be.index_dtype).reshape(1, -1)
+        """Logits (host, fp32) of `ids` placed after what is cached (which grows by n): ids [n]
+        (one row) gives [n, V]; ids [rows, n] gives [rows, n, V]."""
+        one = np.ndim(ids) == 1
+        ids = np.asarray(ids, dtype=self.be.index_dtype).reshape(1, -1) if one else np.asarray(ids, dtype=self.be.index_dtype)
+        if ids.shape[0] != self.rows:
+            raise ValueError(f"{ids.shape[0]} rows of token IDs for a cache of {self.rows} (reset(rows) first)")
         if self.pos + ids.shape[1] > self.cfg.context:
             raise ValueError(f"{self.pos + ids.shape[1]} positions exceed the context of {self.cfg.context}")
-        tokens = self.be.xp.asarray(ids)
-        return self.be.to_host(gpt.forward(self.cfg, self.be, self.W, self._activations(ids.shape[1]), tokens, cache=self.cache))
+        if ids.shape[1] == 1 and self.graphs:
+            logits = self._step(ids)
+        else:
+            tokens = self.be.xp.asarray(ids)
+            logits = gpt.forward(self.cfg, self.be, self.W, self._activations(ids.shape[1]), tokens, cache=self.cache)
+        out = self.be.to_host(logits).reshape(ids.shape[0], ids.shape[1], -1)
+        return out[0] if one else out
+
+    def _step(self, ids):
+        """One token per row through the captured step (captured on its first use)."""
+        st, pos = self._now, self.pos
+        if st.step is None:
+            st.tokens = self.be.zeros(ids.shape, self.be.index_dtype)
+            acts = self._activations(1)
+
+            def step():
+                st.logits = gpt.forward(self.cfg, self.be, self.W, acts, st.tokens, cache=st.cache)
+
+            st.step = self.be.capture(step)
+        st.tokens.set(ids)
+        st.step()  # the first call runs eagerly, then captures
+        st.cache.pos = pos + 1
+        return st.logits
 
 
 def sample_next(logits: np.ndarray, rng: np.random.Generator, temperature: float = 0.8, top_k: int | None = 40,
@@ -87,24 +150,40 @@ def sample_next(logits: np.ndarray, rng: np.random.Generator, temperature: float
 def generate(model: InferenceModel, prompt_ids, max_new: int, rng: np.random.Generator, temperature: float = 0.8,
              top_k: int | None = 40, top_p: float | None = 0.95, stop_at_bos: bool = True) -> list[int]:
     """Up to max_new token IDs after `prompt_ids` (which should start with BOS)."""
-    T = model.cfg.context
-    seq = list(prompt_ids)[-T:]
-    model.reset()
-    logits = model.forward(seq)[-1]
-    out: list[int] = []
+    return generate_rows(model, prompt_ids, max_new, [rng], temperature, top_k, top_p, stop_at_bos)[0]
+
+
+def generate_rows(model: InferenceModel, prompt_ids, max_new: int, rngs: list[np.random.Generator], temperature: float = 0.8,
+                  top_k: int | None = 40, top_p: float | None = 0.95, stop_at_bos: bool = True) -> list[list[int]]:
+    """One sample of up to max_new tokens per generator, all after the same prompt, decoded
+    together (one cache row each): row k draws from rngs[k] alone, so it is the sample that
+    `generate` gives with that generator (to the float rounding of a batched product)."""
+    T, B = model.cfg.context, len(rngs)
+    seqs = np.tile(np.asarray(list(prompt_ids)[-T:], dtype=np.int64), (B, 1))
+    model.reset(rows=B)
+    logits = model.forward(seqs)[:, -1]
+    outs: list[list[int]] = [[] for _ in range(B)]
+    done = [False] * B
     for _ in range(max_new):
-        nxt = sample_next(logits, rng, temperature, top_k, top_p)
-        if stop_at_bos and nxt == BOS:
+        nxt = np.full(B, BOS, dtype=np.int64)  # a finished row is fed BOS; its logits are not read
+        for k in range(B):
+            if done[k]:
+                continue
+            nxt[k] = sample_next(logits[k], rngs[k], temperature, top_k, top_p)
+            if stop_at_bos and nxt[k] == BOS:
+                done[k] = True
+            else:
+                outs[k].append(int(nxt[k]))
+        if all(done):
             break
-        out.append(nxt)
-        seq.append(nxt)
+        seqs = np.concatenate([seqs, nxt[:, None]], axis=1)
         if model.pos >= T:  # context full: rebuild the cache from the last half
-            seq = seq[-(T // 2) :]
-            model.reset()
-            logits = model.forward(seq)[-1]
+            seqs = seqs[:, -(T // 2) :]
+            model.reset(rows=B)
+            logits = model.forward(seqs)[:, -1]
         else:
-            logits = model.forward([nxt])[-1]
-    return out
+            logits = model.forward(nxt[:, None])[:, 0]
+    return outs
 
 
 def chat_prompt(text: str, mcfg: dict | None = None) -> str:

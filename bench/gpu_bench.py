@@ -32,6 +32,7 @@ PEAK = 989e12
 MODELS = {  # the config/config.yaml table (read without the config machinery: the device lacks jsonschema)
     "ANDREA-12M": ModelConfig(vocab_size=4353, d_model=384, n_head=12, n_layer=6, context=1024),
     "ANDREA-120M": ModelConfig(vocab_size=8449, d_model=768, n_head=12, n_layer=12, context=1024),
+    "ANDREA-480M": ModelConfig(vocab_size=16641, d_model=1536, n_head=24, n_layer=16, context=1024),
 }
 
 
@@ -142,7 +143,7 @@ def timed_rounds(runners, steps, rounds):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=list(MODELS))
+    ap.add_argument("--models", nargs="+", default=["ANDREA-12M", "ANDREA-120M"], choices=list(MODELS))
     ap.add_argument("--batches", nargs="+", type=int, default=[8, 32])
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=10, help="steps per timed round")

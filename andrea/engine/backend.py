@@ -164,7 +164,24 @@ class Backend(abc.ABC):
         """q, k, v of a qkv buffer as [B, H, T, D] views (the layout plan_buffer chose)."""
         return qkv[0], qkv[1], qkv[2]
 
-    def attn_cached_fwd(self, qkv, k_cache, v_cache, pos: int, y) -> None:
+    # ------------------------------------------------------------------ generation (KV cache)
+    # The cache's position lives on the host (pos) and in a one-element device array (pos_dev) that
+    # the pass advances itself: a backend that captures the one-token step as a CUDA graph reads
+    # pos_dev, the others pos. These defaults are written with the array module.
+    @property
+    def kv_dtype(self):
+        """The type of the KV cache's keys and values."""
+        return np.dtype(np.float32)
+
+    def embed_cached_fwd(self, tokens, wte, wpe, pos: int, pos_dev, out) -> None:
+        """embed_fwd for a chunk that starts at position pos."""
+        self.embed_fwd(tokens, wte, wpe[pos:pos + tokens.shape[1]], out)
+
+    def advance_position(self, pos_dev, n: int) -> None:
+        """pos_dev += n, on the device (inside a captured step)."""
+        pos_dev += n
+
+    def attn_cached_fwd(self, qkv, k_cache, v_cache, pos: int, y, pos_dev=None) -> None:
         """Generation: the keys and values of this chunk's n positions go into the cache at
         [pos, pos + n) ([B, H, T_max, D] each); its queries attend causally over the cache's first
         pos + n positions. Written with the array module, so any backend that stores qkv as

@@ -32,7 +32,7 @@ import cupy as cp
 import numpy as np
 
 from andrea.engine.backend import Backend
-from andrea.engine.cupy import attention
+from andrea.engine.cupy import attention, decode
 from andrea.engine.cupy.gemm import Cublas
 from andrea.engine.cupy.graphs import CapturedPass
 from andrea.engine.cupy.kernels import blocks, kernel
@@ -409,6 +409,46 @@ class CupyBackend(Backend):
 
     def attn_bwd(self, dy, qkv, y, lse, dqkv) -> None:
         attention.attn_bwd(self, dy, qkv, y, lse, dqkv)
+
+    # ------------------------------------------------------------------ generation (KV cache)
+    @property
+    def kv_dtype(self):
+        return np.dtype(np.float32) if self.precision == "fp32" else np.dtype(self.half)
+
+    def embed_cached_fwd(self, tokens, wte, wpe, pos, pos_dev, out) -> None:
+        decode.embed_at(self, tokens, wte, wpe, pos_dev, out)
+
+    def advance_position(self, pos_dev, n) -> None:
+        decode.advance(self, pos_dev, n)
+
+    def attn_cached_fwd(self, qkv, k_cache, v_cache, pos, y, pos_dev=None) -> None:
+        """16-bit: one new token per row with the decode kernel (position read on the device: the
+        step can be captured); a prompt from an empty cache with the flash kernel over the chunk.
+        Otherwise (fp32, a chunk after cached positions, a head size the tensor-core kernels do not
+        take) the array-module version."""
+        if not is_16bit(qkv) or pos_dev is None or (qkv.shape[1] > 1 and pos > 0) or qkv.shape[-1] % 16:
+            super().attn_cached_fwd(qkv, k_cache, v_cache, pos, y)
+            return
+        decode.kv_store(self, qkv, k_cache, v_cache, pos_dev)
+        if qkv.shape[1] == 1:
+            decode.attn_decode(self, qkv, k_cache, v_cache, pos_dev, y)
+        else:
+            B, n, _, H, _ = qkv.shape
+            attention.attn_fwd(self, qkv, y, self.scratch("prefill_lse", (B, H, n), cp.float32))
+
+    def logits_fwd(self, x, w):
+        """16-bit: x·wᵀ into a fixed fp32 buffer (the head's 16-bit copy, padded rows included: no
+        allocation, so the one-token step can be captured); returned as its first V columns."""
+        if not is_16bit(x):
+            return super().logits_fwd(x, w)
+        d = x.shape[-1]
+        x2, V = x.reshape(-1, d), w.shape[0]
+        wp = self.weights.view(w, padded=True)
+        if wp is None:
+            wp = self._operand(w, weight=True)
+        out = self.scratch("logits", (x2.shape[0], wp.shape[0]), cp.float32)
+        self.gemm(x2, wp, out, tb=True)
+        return out[:, :V]
 
     def qkv_heads(self, qkv):
         """q, k, v as [B, H, T, D] views: of the 16-bit [B, T, 3, H, D] buffer, or of fp32's [3, B, H, T, D]."""

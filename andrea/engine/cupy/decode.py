@@ -1,0 +1,47 @@
+"""Generation with a KV cache on the GPU (kernels/decode.cu). The position comes from a device
+int32 that the step advances itself, so the one-token step of the 16-bit modes is one CUDA graph
+replayed per token (andrea/sampling.py): the embedding, the cache store, the attention of one new
+query over the cache, and the position's advance. A prompt (n tokens from an empty cache) runs
+the training attention kernels over the chunk and stores its keys and values."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from andrea.engine.cupy.kernels import blocks
+
+THREADS = 256  # attn_decode: threads per (row, head) block
+
+
+def embed_at(be, tokens, wte, wpe, pos_dev, out) -> None:
+    B, T = tokens.shape
+    C = wte.shape[1]
+    be.kernel("decode", "embed_at")((blocks(B * T * C),), (256,), (tokens, wte, wpe, pos_dev, out, np.int32(B * T),
+                                                                   np.int32(T), np.int32(C)))
+
+
+def kv_store(be, qkv, k_cache, v_cache, pos_dev) -> None:
+    """The chunk's keys and values (qkv [B, n, 3, H, D]) into the caches ([B, H, T_max, D]) from pos_dev on."""
+    B, n, _, H, D = qkv.shape
+    be.kernel("decode", "kv_store")((blocks(B * n * H * D),), (256,), (qkv, k_cache, v_cache, pos_dev, np.int32(B),
+                                                                       np.int32(n), np.int32(H), np.int32(D),
+                                                                       np.int32(k_cache.shape[2])))
+
+
+def attn_decode(be, qkv, k_cache, v_cache, pos_dev, y) -> None:
+    """y = the attention of each row's one new query (at pos_dev, its key already stored) over the cache."""
+    B, n, _, H, D = qkv.shape
+    assert n == 1 and D % 8 == 0, (n, D)
+    T_max = k_cache.shape[2]
+    parts = max(1, THREADS // D)
+    threads = max(THREADS, -(-D * parts // 32) * 32)
+    shared = (D + T_max + parts * D) * 4
+    be.kernel("decode", "attn_decode")((B * H,), (threads,), (qkv, k_cache, v_cache, y, pos_dev, np.int32(H), np.int32(D),
+                                                              np.int32(T_max), np.int32(parts),
+                                                              np.float32(1.0 / math.sqrt(D))), shared_mem=shared)
+
+
+def advance(be, pos_dev, n: int) -> None:
+    be.kernel("decode", "advance")((1,), (32,), (pos_dev, np.int32(n)))
