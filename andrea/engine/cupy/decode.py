@@ -38,6 +38,8 @@ def attn_decode(be, qkv, k_cache, v_cache, pos_dev, y) -> None:
     parts = max(1, THREADS // D)
     threads = max(THREADS, -(-D * parts // 32) * 32)
     shared = (D + T_max + parts * D) * 4
+    if shared > 48 * 1024:  # the default limit of dynamic shared memory per block
+        raise ValueError(f"a context of {T_max} needs {shared:,} bytes of shared memory per block in attn_decode (48 KiB at most)")
     be.kernel("decode", "attn_decode")((B * H,), (threads,), (qkv, k_cache, v_cache, y, pos_dev, np.int32(H), np.int32(D),
                                                               np.int32(T_max), np.int32(parts),
                                                               np.float32(1.0 / math.sqrt(D))), shared_mem=shared)
