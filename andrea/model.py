@@ -278,12 +278,14 @@ class KVCache:
 # ----------------------------------------------------------------------------- forward and backward
 
 
-def forward(cfg: ModelConfig, be, W: Weights, A: Activations, tokens, targets=None, cache: KVCache | None = None):
+def forward(cfg: ModelConfig, be, W: Weights, A: Activations, tokens, targets=None, cache: KVCache | None = None,
+            last: bool = False):
     """The forward pass over token IDs [B, T] already on the backend.
 
     Training (`targets`): returns the mean cross-entropy (per-position losses stay in A.saved
     ["losses"]; None while a CUDA graph is captured). Generation (`cache`): the positions follow
-    the cache's, their keys and values are added to it, and the logits [B·T, V] come back."""
+    the cache's, their keys and values are added to it, and the logits [B·T, V] come back (with
+    `last`, of each row's last position only: [B, V])."""
     L, H = cfg.n_layer, cfg.n_head
     T = tokens.shape[1]
     pos = cache.pos if cache is not None else 0
@@ -312,7 +314,7 @@ def forward(cfg: ModelConfig, be, W: Weights, A: Activations, tokens, targets=No
     if cache is not None:
         cache.pos = pos + T
         be.advance_position(cache.pos_dev, T)
-        return be.logits_fwd(A.lnf, W.head)
+        return be.logits_fwd(A.lnf[:, -1:] if last else A.lnf, W.head)
     return be.loss_fwd(A.lnf, W.head, targets, A.saved["probs"], A.saved["losses"])
 
 

@@ -57,8 +57,7 @@ class InferenceModel:
         self.W = Weights(cfg, self.w)
         self.P = views(self.w, param_layout(cfg))
         self.be.register_weights(self.w, head=self.W.head)
-        # the captured step needs the decode kernels: 16-bit, head sizes the tensor-core kernels take
-        self.graphs = graphs and self.be.can_capture and self.precision in ("bf16", "fp16") and cfg.head_dim % 16 == 0
+        self.graphs = graphs and self.be.decodes_on_device(cfg.head_dim, cfg.context)
         self._rows: dict[int, _Rows] = {}
         self._now = self._state(1)
 
@@ -94,9 +93,10 @@ class InferenceModel:
             acts[n] = Activations(self.cfg, self.rows, n, self.be, saved=False, backward=False)
         return acts[n]
 
-    def forward(self, ids) -> np.ndarray:
+    def forward(self, ids, last: bool = False) -> np.ndarray:
         """Logits (host, fp32) of `ids` placed after what is cached (which grows by n): ids [n]
-        (one row) gives [n, V]; ids [rows, n] gives [rows, n, V]."""
+        (one row) gives [n, V]; ids [rows, n] gives [rows, n, V]; with `last`, of the last
+        position only ([1, V] or [rows, 1, V]: what generation reads)."""
         one = np.ndim(ids) == 1
         ids = np.asarray(ids, dtype=self.be.index_dtype).reshape(1, -1) if one else np.asarray(ids, dtype=self.be.index_dtype)
         if ids.shape[0] != self.rows:
@@ -107,8 +107,9 @@ class InferenceModel:
             logits = self._step(ids)
         else:
             tokens = self.be.xp.asarray(ids)
-            logits = gpt.forward(self.cfg, self.be, self.W, self._activations(ids.shape[1]), tokens, cache=self.cache)
-        out = self.be.to_host(logits).reshape(ids.shape[0], ids.shape[1], -1)
+            logits = gpt.forward(self.cfg, self.be, self.W, self._activations(ids.shape[1]), tokens, cache=self.cache,
+                                 last=last)
+        out = self.be.to_host(logits).reshape(ids.shape[0], 1 if last else ids.shape[1], -1)
         return out[0] if one else out
 
     def _step(self, ids):
@@ -118,8 +119,10 @@ class InferenceModel:
             st.tokens = self.be.zeros(ids.shape, self.be.index_dtype)
             acts = self._activations(1)
 
-            def step():
+            def step():  # run twice on the first call (eagerly, then captured): both from the same position
+                pos_before = st.cache.pos
                 st.logits = gpt.forward(self.cfg, self.be, self.W, acts, st.tokens, cache=st.cache)
+                st.cache.pos = pos_before
 
             st.step = self.be.capture(step)
         st.tokens.set(ids)
@@ -161,7 +164,7 @@ def generate_rows(model: InferenceModel, prompt_ids, max_new: int, rngs: list[np
     T, B = model.cfg.context, len(rngs)
     seqs = np.tile(np.asarray(list(prompt_ids)[-T:], dtype=np.int64), (B, 1))
     model.reset(rows=B)
-    logits = model.forward(seqs)[:, -1]
+    logits = model.forward(seqs, last=True)[:, -1]
     outs: list[list[int]] = [[] for _ in range(B)]
     done = [False] * B
     for _ in range(max_new):
@@ -180,7 +183,7 @@ def generate_rows(model: InferenceModel, prompt_ids, max_new: int, rngs: list[np
         if model.pos >= T:  # context full: rebuild the cache from the last half
             seqs = seqs[:, -(T // 2) :]
             model.reset(rows=B)
-            logits = model.forward(seqs)[:, -1]
+            logits = model.forward(seqs, last=True)[:, -1]
         else:
             logits = model.forward(nxt[:, None])[:, 0]
     return outs

@@ -259,23 +259,22 @@ class Trainer:
                 "forward_s": t_forward, "checkpoint_copy_s": 3 * t_host}
 
     def _sample_cost(self) -> float:
-        """Seconds one coherence sample takes: the fixed part (the weights to the host, the
-        prompt's prefill, one token) plus sample_tokens times the cost of one more token (from
-        17 tokens against 1). Scaling the whole of a short generation counted the fixed part many
-        times: an ANDREA-120M estimate was 7x the real sample."""
+        """Seconds one coherence sample takes: the fixed part (the prompt's prefill, one token)
+        plus sample_tokens times the cost of one more token (from 17 tokens against 1). Scaling
+        the whole of a short generation counted the fixed part many times: an ANDREA-120M
+        estimate was 7x the real sample. A first generation of two tokens warms up (kernels
+        compiled, the one-token step captured: once per run, not per sample) and is not counted."""
         ids = [BOS, *self.tok.encode(self.s.sample_prompt).tolist()]
         rng = np.random.default_rng(0)
-        t0 = time.perf_counter()
         model = self._sampler()
-        generate(model, ids, 1, rng, self.s.sample_temperature, stop_at_bos=False)
-        fixed = time.perf_counter() - t0
+        generate(model, ids, 2, rng, self.s.sample_temperature, stop_at_bos=False)
         times = []
         for n in (1, 17):
             t0 = time.perf_counter()
             generate(model, ids, n, rng, self.s.sample_temperature, stop_at_bos=False)
             times.append(time.perf_counter() - t0)
         per_token = max(0.0, times[1] - times[0]) / 16
-        return fixed + per_token * self.s.sample_tokens
+        return times[0] + per_token * self.s.sample_tokens
 
     def _estimate(self, warm: dict) -> dict:
         """Seconds to finish: steps at the warmed-up rate plus the periodic work still to come."""
@@ -531,10 +530,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ sampling and validation
     def _sampler(self) -> InferenceModel:
-        """The generation model over the engine's own weights, on its device (read in place, never
-        written: samples cost no copy of the weights and see every update)."""
+        """The generation model over the engine's own weights, on its device and in its precision
+        (read in place, never written: samples see every update; the coherence gate judges text
+        made in the precision the run trains in)."""
         if self._inference is None:
-            self._inference = InferenceModel(self.cfg, self.engine.w, backend=self.engine.backend)
+            self._inference = InferenceModel(self.cfg, self.engine.w, backend=self.engine.backend,
+                                             precision=self.engine.precision)
         return self._inference
 
     def sample(self) -> dict:

@@ -26,17 +26,19 @@ def config(head_dim: int, tied: bool = True) -> ModelConfig:
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-@pytest.mark.parametrize("head_dim,tied", [(64, True), (32, False), (16, True)])
+@pytest.mark.parametrize("head_dim,tied", [(64, True), (32, False), (16, True), (128, True)])
 def test_gpu_decoding_gives_the_fp32_logits_to_16bit_rounding(head_dim, tied, precision):
-    """Three rows: a prompt of 7 (the flash kernel over the chunk), then 33 tokens one at a time
-    (the decode kernel, its position on the device, replayed as a graph), against NumPy in fp32.
+    """Three rows: a prompt of 7 (the flash kernel over the chunk; the array-module attention at
+    head size 128), a chunk of 5 after it (the array-module attention on the 16-bit cache), then 28
+    tokens one at a time (the decode kernel, its position on the device, replayed as a graph),
+    against NumPy in fp32.
     16-bit rounding alone moves the logits by about 1 % here (weights ×4: larger activations than
     trained ones); its yardstick is the same 16-bit model reading all 40 tokens as one chunk
     (the training attention kernel): one token at a time must not stray further from fp32 than that."""
     cfg = config(head_dim, tied)
     w = init_weights(cfg, seed=3) * 4
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (3, 40))
-    chunks = [ids[:, :7]] + [ids[:, t:t + 1] for t in range(7, 40)]
+    chunks = [ids[:, :7], ids[:, 7:12]] + [ids[:, t:t + 1] for t in range(12, 40)]
     ref = InferenceModel(cfg, w, backend="numpy")
     gpu = InferenceModel(cfg, w, backend="cupy", precision=precision)
     assert gpu.graphs and gpu.precision == precision
@@ -77,6 +79,31 @@ def test_the_trainers_sampler_sees_each_update_of_the_engines_weights():
     w0 = eng.w.copy()
     generate_rows(m, [3, 4, 5], 30, [np.random.default_rng(0)], stop_at_bos=False)
     assert bool((eng.w == w0).all())  # generating never writes the weights
-    eng.w *= 1.5  # an update in place: the 16-bit copy is made again at the next reset
+    # an update in place of a matrix that only the 16-bit copy feeds to the products: the copy is
+    # made again at the next reset, so the logits are those of a new model over the new weights
+    eng.P["h0.w1"][...] *= 3
     m.reset()
-    assert not np.allclose(m.forward([3, 4, 5]), before, rtol=1e-2, atol=1e-2)
+    after = m.forward([3, 4, 5])
+    assert np.array_equal(after, InferenceModel(cfg, eng.w.copy(), backend="cupy").forward([3, 4, 5]))
+    assert not np.allclose(after, before, rtol=1e-2, atol=1e-2)
+
+
+def test_a_prompt_one_short_of_the_context_and_row_counts_that_change():
+    """The first token of a prompt of context − 1 is the step's capture (its eager warm-up and its
+    capture start from the same position); one model decodes 3 rows, then 1, then 3 again, each
+    as a fresh model would."""
+    cfg = config(64)
+    w = init_weights(cfg, seed=6) * 4
+    long = list(np.random.default_rng(2).integers(0, cfg.vocab_size, cfg.context - 1))
+    m = InferenceModel(cfg, w, backend="cupy")
+    got = generate_rows(m, long, 5, [np.random.default_rng(k) for k in range(2)], stop_at_bos=False)
+    eager = InferenceModel(cfg, w, backend="cupy", graphs=False)
+    assert got == generate_rows(eager, long, 5, [np.random.default_rng(k) for k in range(2)], stop_at_bos=False)
+
+    def rows(model, n):
+        return generate_rows(model, [1, 2, 3], 20, [np.random.default_rng([4, k]) for k in range(n)], stop_at_bos=False)
+
+    shared = InferenceModel(cfg, w, backend="cupy")
+    seq = [rows(shared, 3), rows(shared, 1), rows(shared, 3)]
+    assert seq == [rows(InferenceModel(cfg, w, backend="cupy"), n) for n in (3, 1, 3)]
+    assert seq[0] == seq[2]

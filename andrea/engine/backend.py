@@ -173,6 +173,11 @@ class Backend(abc.ABC):
         """The type of the KV cache's keys and values."""
         return np.dtype(np.float32)
 
+    def decodes_on_device(self, head_dim: int, context: int) -> bool:
+        """Whether the one-token step of this shape reads its position on the device only (and
+        allocates nothing), so that it can be captured and replayed."""
+        return False
+
     def embed_cached_fwd(self, tokens, wte, wpe, pos: int, pos_dev, out) -> None:
         """embed_fwd for a chunk that starts at position pos."""
         self.embed_fwd(tokens, wte, wpe[pos:pos + tokens.shape[1]], out)

@@ -57,11 +57,12 @@ VERSIONS = [
     V("advance", "advance", ("advance",), SRC, H16),
     V("attn_decode", "one block per (row, head), 256 threads", ("attn_decode",), SRC, H16),
 ]
-THREADS = 256  # andrea/engine/cupy/decode.py
 EDGE = [common.Shape("edge B=3 T=40 C=96", 3, 40, 96, 2, 301)]  # D = 48: parts of 5 groups, idle threads
 
 
 def run_shape(cp, report, shape, rng, reps):
+    from andrea.engine.cupy.decode import _launch_shape as launch_shape
+
     B, T, H, D, C = shape.B, shape.T, shape.H, shape.D, shape.C
     u32 = common.u("fp32")
     for prec in H16:
@@ -110,9 +111,7 @@ def run_shape(cp, report, shape, rng, reps):
 
             # attn_decode over 0..pos (the new key at pos stored above)
             y_ref, p = decode_reference(qkv[:, 0, 0], kc[:, :, :pos + 1], vc[:, :, :pos + 1])
-            parts = max(1, THREADS // D)
-            threads = max(THREADS, -(-D * parts // 32) * 32)
-            shared = (D + T + parts * D) * 4
+            parts, threads, shared = launch_shape(D, T)  # as the backend launches it
             d_y = cp.zeros((B, 1, H * D), np.uint16)
             attn = lambda: ks["attn_decode"]((B * H,), (threads,), (d_qkv, d_kc, d_vc, d_y, d_pos, np.int32(H), np.int32(D), np.int32(T), np.int32(parts), np.float32(1 / math.sqrt(D))), shared_mem=shared)  # noqa: E731
             # fp32 arithmetic on 16-bit inputs, the result rounded once to 16 bits (u·|y|). A score

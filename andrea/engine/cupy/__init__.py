@@ -104,6 +104,7 @@ class CupyBackend(Backend):
         self._reduce_stream = None
         self._reduce_pending = False
         self._reduce_stage = None  # bf16 staging for reductions sent in bfloat16 (grown on the eager pass)
+        self._prefill_lse = None  # generation: the flash kernel's log-sum-exp for a prompt (grown as needed)
         self._events = [cp.cuda.Event(disable_timing=True) for _ in range(64)]
         self._event_i = 0
 
@@ -421,20 +422,29 @@ class CupyBackend(Backend):
     def advance_position(self, pos_dev, n) -> None:
         decode.advance(self, pos_dev, n)
 
+    def decodes_on_device(self, head_dim, context) -> bool:
+        return self.precision != "fp32" and decode.fits(head_dim, context)
+
     def attn_cached_fwd(self, qkv, k_cache, v_cache, pos, y, pos_dev=None) -> None:
         """16-bit: one new token per row with the decode kernel (position read on the device: the
         step can be captured); a prompt from an empty cache with the flash kernel over the chunk.
-        Otherwise (fp32, a chunk after cached positions, a head size the tensor-core kernels do not
-        take) the array-module version."""
-        if not is_16bit(qkv) or pos_dev is None or (qkv.shape[1] > 1 and pos > 0) or qkv.shape[-1] % 16:
+        Otherwise (fp32, a chunk after cached positions, shapes these kernels do not take) the
+        array-module version."""
+        B, n, D = qkv.shape[0], qkv.shape[1], qkv.shape[-1]
+        one = n == 1 and decode.fits(D, k_cache.shape[2])
+        prompt = n > 1 and pos == 0 and attention.flash_takes(D)
+        if not is_16bit(qkv) or pos_dev is None or not (one or prompt):
             super().attn_cached_fwd(qkv, k_cache, v_cache, pos, y)
             return
         decode.kv_store(self, qkv, k_cache, v_cache, pos_dev)
-        if qkv.shape[1] == 1:
+        if one:
             decode.attn_decode(self, qkv, k_cache, v_cache, pos_dev, y)
         else:
-            B, n, _, H, _ = qkv.shape
-            attention.attn_fwd(self, qkv, y, self.scratch("prefill_lse", (B, H, n), cp.float32))
+            H = qkv.shape[3]
+            need = B * H * n
+            if self._prefill_lse is None or self._prefill_lse.size < need:  # grown, never one per prompt length
+                self._prefill_lse = cp.empty(need, cp.float32)
+            attention.attn_fwd(self, qkv, y, self._prefill_lse[:need].reshape(B, H, n))
 
     def logits_fwd(self, x, w):
         """16-bit: x·wᵀ into a fixed fp32 buffer (the head's 16-bit copy, padded rows included: no
@@ -446,8 +456,8 @@ class CupyBackend(Backend):
         wp = self.weights.view(w, padded=True)
         if wp is None:
             wp = self._operand(w, weight=True)
-        out = self.scratch("logits", (x2.shape[0], wp.shape[0]), cp.float32)
-        self.gemm(x2, wp, out, tb=True)
+        out = self.scratch("logits", (x2.shape[0], wp.shape[0]), cp.float32)  # one per row count (prompts: last position)
+        self.gemm(self._operand(x2), wp, out, tb=True)
         return out[:, :V]
 
     def qkv_heads(self, qkv):

@@ -70,10 +70,15 @@ def attn_bwd(be, dy, qkv, y, lse, dqkv) -> None:
     be.kernel("attention", "attn_bwd_dv", D)(grid, (ROWS,), (q, k, dy, lse, delta, dqkv[2], np.int32(H), np.int32(T), scale))
 
 
+def flash_takes(D: int) -> bool:
+    """The head sizes the tensor-core kernels take (_mma_args)."""
+    return D % 16 == 0 and D <= 64
+
+
 def _mma_args(qkv):
     """Shape, the q, k, v base pointers and the element strides (sB, sT, sH) of a [B, T, 3, H, D] buffer."""
     B, T, three, H, D = qkv.shape
-    if D % 16 or D > 64:
+    if not flash_takes(D):
         raise ValueError(f"head_dim {D}: the tensor-core attention needs a multiple of 16, at most 64")
     flat = qkv.reshape(-1)
     st = 3 * H * D

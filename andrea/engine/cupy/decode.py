@@ -30,16 +30,28 @@ def kv_store(be, qkv, k_cache, v_cache, pos_dev) -> None:
                                                                        np.int32(k_cache.shape[2])))
 
 
+def _launch_shape(D: int, T_max: int) -> tuple[int, int, int]:
+    """attn_decode's (parts, threads, dynamic shared-memory bytes) for head size D and a cache of T_max."""
+    parts = max(1, THREADS // D)
+    threads = max(THREADS, -(-D * parts // 32) * 32)
+    return parts, threads, (D + T_max + parts * D) * 4
+
+
+def fits(D: int, T_max: int) -> bool:
+    """Whether attn_decode takes this shape: 16-byte loads of a key (D a multiple of 8), one block
+    of at most 1024 threads, the scores in the default 48 KiB of shared memory (contexts up to ~11k)."""
+    _, threads, shared = _launch_shape(D, T_max)
+    return D % 8 == 0 and threads <= 1024 and shared <= 48 * 1024
+
+
 def attn_decode(be, qkv, k_cache, v_cache, pos_dev, y) -> None:
     """y = the attention of each row's one new query (at pos_dev, its key already stored) over the cache."""
     B, n, _, H, D = qkv.shape
-    assert n == 1 and D % 8 == 0, (n, D)
     T_max = k_cache.shape[2]
-    parts = max(1, THREADS // D)
-    threads = max(THREADS, -(-D * parts // 32) * 32)
-    shared = (D + T_max + parts * D) * 4
-    if shared > 48 * 1024:  # the default limit of dynamic shared memory per block
-        raise ValueError(f"a context of {T_max} needs {shared:,} bytes of shared memory per block in attn_decode (48 KiB at most)")
+    if n != 1 or not fits(D, T_max):
+        raise ValueError(f"attn_decode takes one new position per row, a head size that is a multiple of 8 and "
+                         f"scores that fit in shared memory; got n={n}, D={D}, a cache of {T_max}")
+    parts, threads, shared = _launch_shape(D, T_max)
     be.kernel("decode", "attn_decode")((B * H,), (threads,), (qkv, k_cache, v_cache, y, pos_dev, np.int32(H), np.int32(D),
                                                               np.int32(T_max), np.int32(parts),
                                                               np.float32(1.0 / math.sqrt(D))), shared_mem=shared)
