@@ -32,8 +32,8 @@ def test_gpu_decoding_gives_the_fp32_logits_to_16bit_rounding(head_dim, tied, pr
     head size 128), a chunk of 5 after it (the array-module attention on the 16-bit cache), then 28
     tokens one at a time (the decode kernel, its position on the device, replayed as a graph),
     against NumPy in fp32.
-    16-bit rounding alone moves the logits by about 1 % here (weights ×4: larger activations than
-    trained ones); its yardstick is the same 16-bit model reading all 40 tokens as one chunk
+    16-bit rounding alone moves the logits by 1–3 % here in bf16 (weights ×4: larger activations
+    than trained ones); its yardstick is the same 16-bit model reading all 40 tokens as one chunk
     (the training attention kernel): one token at a time must not stray further from fp32 than that."""
     cfg = config(head_dim, tied)
     w = init_weights(cfg, seed=3) * 4
@@ -51,7 +51,7 @@ def test_gpu_decoding_gives_the_fp32_logits_to_16bit_rounding(head_dim, tied, pr
     assert stepped.shape == want.shape == (3, 40, cfg.vocab_size) and gpu.pos == 40
     scale = np.abs(want).mean()
     e_whole, e_step = np.abs(whole - want), np.abs(stepped - want)
-    assert e_whole.mean() < (0.02 if precision == "bf16" else 0.005) * scale, e_whole.mean() / scale
+    assert e_whole.mean() < (0.04 if precision == "bf16" else 0.005) * scale, e_whole.mean() / scale
     assert e_step.mean() < 1.5 * e_whole.mean() + 1e-4 * scale, (e_step.mean(), e_whole.mean())
     assert np.quantile(e_step, 0.999) < 2 * np.quantile(e_whole, 0.999) + 1e-3 * scale
     assert (stepped.argmax(-1) == want.argmax(-1)).mean() > 0.8
