@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_GPU, reason="no CUDA 
 from andrea.engine import Engine  # noqa: E402
 from andrea.model import ModelConfig, init_weights  # noqa: E402
 from andrea.sampling import InferenceModel, generate_rows  # noqa: E402
+from test_trainer import shards  # noqa: E402,F401  (fixture)
 
 
 def config(head_dim: int, tied: bool = True) -> ModelConfig:
@@ -107,3 +108,19 @@ def test_a_prompt_one_short_of_the_context_and_row_counts_that_change():
     seq = [rows(shared, 3), rows(shared, 1), rows(shared, 3)]
     assert seq == [rows(InferenceModel(cfg, w, backend="cupy"), n) for n in (3, 1, 3)]
     assert seq[0] == seq[2]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_gpu_training_run_samples_in_its_own_precision(shards, tmp_path, precision):  # noqa: F811
+    """The trainer's coherence samples on one GPU: fp32 runs generate with the array-module path,
+    bf16 runs with the captured step; both write their samples and finish."""
+    import json
+
+    from test_trainer import train, write_config
+
+    cfg = write_config(tmp_path / "c.yaml", batch_size=4, max_steps=40, checkpoint_every=20, eval_every=20, sample_every=20,
+                       backend="cupy", precision=precision)
+    p = train(cfg, shards, tmp_path / "run")
+    assert p.returncode == 0, p.stderr[-3000:]
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [20, 40] and all("coherence" in s for s in samples)
