@@ -14,7 +14,7 @@
     andrea encode --model M           stage 5: token shards of every source
     andrea train --model M            stage 6: train (resumes a stopped run)
     andrea dashboard RUN_DIR          live loss dashboard on http://127.0.0.1:8050
-    andrea sample --ckpt DIR --prompt TEXT   a continuation from a trained model
+    andrea sample --ckpt DIR --prompt TEXT [--samples N]   continuations from a trained model
     andrea audit --model M            stage 7: samples, judges and a report
     andrea export --ckpt DIR          a trained model as a Hugging Face directory (GPT-2 layout)
     andrea shape score TEXT | -       system-prompt-shape score of a text, with its features
@@ -298,14 +298,23 @@ def cmd_dashboard(args) -> int:
 def cmd_sample(args) -> int:
     import numpy as np
 
-    from andrea.sampling import chat_prompt, generate, load_model
+    from andrea.sampling import chat_prompt, generate, generate_rows, load_model
     from andrea.tokenizer import BOS
 
-    lm = load_model(args.ckpt)
+    if args.samples < 1:
+        raise SystemExit(f"--samples {args.samples}: at least 1")
+    lm = load_model(args.ckpt, backend=args.backend)
     text = args.prompt if args.raw else chat_prompt(args.prompt)
     ids = [BOS, *lm.tokenizer.encode(text).tolist()]
-    out = generate(lm.model, ids, args.max_tokens, np.random.default_rng(args.seed), args.temperature, args.top_k, args.top_p)
-    print(lm.tokenizer.decode(out, errors="replace"))
+    if args.samples == 1:
+        out = generate(lm.model, ids, args.max_tokens, np.random.default_rng(args.seed), args.temperature, args.top_k, args.top_p)
+        print(lm.tokenizer.decode(out, errors="replace"))
+        return 0
+    # decoded together, one cache row each; sample k draws from its own generator (seed, k)
+    rngs = [np.random.default_rng([args.seed, k]) for k in range(args.samples)]
+    for k, out in enumerate(generate_rows(lm.model, ids, args.max_tokens, rngs, args.temperature, args.top_k, args.top_p)):
+        print(f"--- sample {k + 1} of {args.samples}")
+        print(lm.tokenizer.decode(out, errors="replace"))
     return 0
 
 
@@ -506,6 +515,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--top-k", type=int, default=40)
     sp.add_argument("--top-p", type=float, default=0.95)
     sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--samples", type=int, default=1, help="continuations of the prompt, decoded together (default 1)")
+    sp.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto",
+                    help="auto: the GPU when one is usable (bf16), else the CPU (default: %(default)s)")
     sp.set_defaults(fn=cmd_sample)
     sp = with_config(sub.add_parser("audit", help="stage audit: samples, judges and a report for a trained model"))
     sp.add_argument("--model", required=True)

@@ -132,3 +132,27 @@ def test_report_renders_in_a_browser(trained, tmp_path):
     shot = tmp_path / "report.png"
     subprocess.run([CHROMIUM, *flags, "--window-size=1000,2400", f"--screenshot={shot}", page], capture_output=True, timeout=90)
     assert shot.exists() and shot.stat().st_size > 30_000
+
+
+def test_sample_command_prints_several_continuations_decoded_together(trained):
+    """`andrea sample --samples 3`: three continuations, each the one its own generator gives."""
+    import sys
+
+    import numpy as np
+
+    from andrea.sampling import chat_prompt, generate, load_model
+    from andrea.tokenizer import BOS
+
+    _, ckpt, _ = trained
+    cmd = [sys.executable, "-m", "andrea.cli", "sample", "--ckpt", str(ckpt), "--prompt", "Why is the sky blue?",
+           "--max-tokens", "12", "--seed", "5", "--backend", "numpy"]
+    p = subprocess.run([*cmd, "--samples", "3"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert p.returncode == 0, p.stderr
+    parts = re.split(r"^--- sample \d of 3\n", p.stdout, flags=re.M)
+    assert parts[0] == "" and len(parts) == 4
+    lm = load_model(ckpt, backend="numpy")
+    ids = [BOS, *lm.tokenizer.encode(chat_prompt("Why is the sky blue?")).tolist()]
+    want = [lm.tokenizer.decode(generate(lm.model, ids, 12, np.random.default_rng([5, k])), errors="replace") for k in range(3)]
+    assert [t.removesuffix("\n") for t in parts[1:]] == want and len(set(want)) == 3
+    bad = subprocess.run([*cmd, "--samples", "0"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert bad.returncode != 0 and "--samples 0: at least 1" in bad.stderr
