@@ -171,16 +171,19 @@ def gelu(h, out):
     out *= 0.5 * h
 
 
-def mlp_fwd(x, w1, w2, h, a, out):
-    """h = x·W_1 (saved pre-activation), a = gelu(h) (saved), out = a·W_2."""
+def mlp_fwd(x, w1, w2, h, a, out, cast_a=None):
+    """h = x·W_1 (saved pre-activation), a = gelu(h) (saved), out = a·W_2. `cast_a`: what the
+    second product reads of a (fp8: its 8-bit values; a itself is saved as computed)."""
     d = x.shape[-1]
     h2 = h.reshape(-1, h.shape[-1])
     np.matmul(x.reshape(-1, d), w1, out=h2)
     gelu(h, a)
-    out.reshape(-1, d)[:] = a.reshape(-1, a.shape[-1]) @ w2
+    a_in = a if cast_a is None else cast_a(a)
+    out.reshape(-1, d)[:] = a_in.reshape(-1, a.shape[-1]) @ w2
 
 
-def mlp_bwd(dout, x, h, a, w1, w2, dx, dw1, dw2):
+def mlp_bwd(dout, x, h, a, w1, w2, dx, dw1, dw2, cast_dh=None):
+    """The MLP's gradients; `cast_dh`: what the products read of h's gradient (fp8: 8 bits)."""
     d = x.shape[-1]
     M = h.shape[-1]
     g = dout.reshape(-1, d)
@@ -206,6 +209,8 @@ def mlp_bwd(dout, x, h, a, w1, w2, dx, dw1, dw2):
     t *= 0.5
     s += t
     da *= s  # dh
+    if cast_dh is not None:
+        da = cast_dh(da)
     dw1 += x.reshape(-1, d).T @ da
     dx.reshape(-1, d)[:] = da @ w1.T
 
@@ -309,9 +314,13 @@ def adamw(w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale=1
 
 class NumpyBackend(Backend):
     """The functions above as the engine's backend (andrea/engine/backend.py): fp32 on the CPU
-    (float64 too, for gradient checks: the dtype is the buffers')."""
+    (float64 too, for gradient checks: the dtype is the buffers'). Precision "fp8" simulates the
+    fp8 recipe of andrea/fp8.py: the operands of the q/k/v, output and MLP products rounded to
+    e4m3 (weights, activations) or e5m2 (gradients) at delayed per-tensor scales, the rest fp32 (the
+    reference for a GPU fp8 path; the trainer does not offer it)."""
 
     name = "numpy"
+    precisions = ("fp32", "fp8")
     embed_fwd = staticmethod(embed_fwd)
     embed_bwd = staticmethod(embed_bwd)
     layernorm_fwd = staticmethod(layernorm_fwd)
@@ -331,3 +340,51 @@ class NumpyBackend(Backend):
     grad_norm_final = staticmethod(grad_norm_final)
     grad_scale = staticmethod(grad_scale)
     adamw = staticmethod(adamw)
+
+    def __init__(self, precision: str = "fp32"):
+        super().__init__(precision)
+        self.fp8 = None
+        if precision == "fp8":
+            from andrea.fp8 import FP8Sites
+
+            self.fp8 = FP8Sites()
+            # the product ops of this object run the fp8 versions below
+            self.attn_qkv_fwd, self.attn_qkv_bwd = self._fp8_attn_qkv_fwd, self._fp8_attn_qkv_bwd
+            self.attn_out_fwd, self.attn_out_bwd = self._fp8_attn_out_fwd, self._fp8_attn_out_bwd
+            self.mlp_fwd, self.mlp_bwd = self._fp8_mlp_fwd, self._fp8_mlp_bwd
+
+    # ------------------------------------------------------------------ fp8 (simulated)
+    # A site is (what, the weight's address): each product of each layer keeps its own scales. The
+    # backward pass reads the forward's 8-bit activations and weights again (the same scale:
+    # bit for bit the tensors the forward product read) and casts the incoming gradients to e5m2.
+    def _q(self, x, what, w, fmt="e4m3"):
+        return self.fp8.quantize(x, (what, w.__array_interface__["data"][0]), fmt)
+
+    def _again(self, x, what, w):
+        return self.fp8.requantize(x, (what, w.__array_interface__["data"][0]), "e4m3")
+
+    def fp8_counts(self) -> dict:
+        """Values cast to fp8 so far, and how many overflowed (saturated) or underflowed (to zero)."""
+        return self.fp8.counts.as_dict()
+
+    def _fp8_attn_qkv_fwd(self, x, wq, wk, wv, qkv, n_head):
+        attn_qkv_fwd(self._q(x, "qkv.x", wq), self._q(wq, "w", wq), self._q(wk, "w", wk), self._q(wv, "w", wv), qkv, n_head)
+
+    def _fp8_attn_qkv_bwd(self, dqkv, x, wq, wk, wv, dx, dwq, dwk, dwv):
+        attn_qkv_bwd(self._q(dqkv, "qkv.dy", wq, "e5m2"), self._again(x, "qkv.x", wq), self._again(wq, "w", wq),
+                     self._again(wk, "w", wk), self._again(wv, "w", wv), dx, dwq, dwk, dwv)
+
+    def _fp8_attn_out_fwd(self, y, wo, out):
+        attn_out_fwd(self._q(y, "out.x", wo), self._q(wo, "w", wo), out)
+
+    def _fp8_attn_out_bwd(self, dout, y, wo, dy, dwo):
+        attn_out_bwd(self._q(dout, "out.dy", wo, "e5m2"), self._again(y, "out.x", wo), self._again(wo, "w", wo), dy, dwo)
+
+    def _fp8_mlp_fwd(self, x, w1, w2, h, a, out):
+        mlp_fwd(self._q(x, "mlp1.x", w1), self._q(w1, "w", w1), self._q(w2, "w", w2), h, a, out,
+                cast_a=lambda a_: self._q(a_, "mlp2.x", w2))
+
+    def _fp8_mlp_bwd(self, dout, x, h, a, w1, w2, dx, dw1, dw2):
+        mlp_bwd(self._q(dout, "mlp2.dy", w2, "e5m2"), self._again(x, "mlp1.x", w1), h, self._again(a, "mlp2.x", w2),
+                self._again(w1, "w", w1), self._again(w2, "w", w2), dx, dw1, dw2,
+                cast_dh=lambda g: self._q(g, "mlp1.dy", w1, "e5m2"))
