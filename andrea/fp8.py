@@ -42,7 +42,8 @@ class Format:
 def formats() -> dict[str, Format]:
     if ml_dtypes is None:
         raise RuntimeError("fp8 needs ml_dtypes (pip install ml_dtypes): the exact rounding of the 8-bit formats")
-    return {"e4m3": Format("e4m3", ml_dtypes.float8_e4m3fn, 448.0), "e5m2": Format("e5m2", ml_dtypes.float8_e5m2, 57344.0)}
+    types = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
+    return {name: Format(name, t, float(ml_dtypes.finfo(t).max)) for name, t in types.items()}  # 448, 57344
 
 
 @dataclass

@@ -101,8 +101,8 @@ class Backend(abc.ABC):
         """Average `buf` (a slice of the flat fp32 gradients) over the ranks of `comm`, sent in
         `dtype` (one of reduce_dtypes). Here at once; a GPU backend queues it on a stream of its
         own, beside the rest of the backward pass."""
-        if dtype != "float32":
-            raise ValueError(f"the {self.name} backend reduces gradients in float32 only, not {dtype}")
+        if dtype not in self.reduce_dtypes:
+            raise ValueError(f"the {self.name} backend reduces gradients in {' or '.join(self.reduce_dtypes)}, not {dtype}")
         comm.allreduce(buf, "mean")
 
     def reduce_join(self) -> None:

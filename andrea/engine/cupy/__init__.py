@@ -258,7 +258,7 @@ class CupyBackend(Backend):
         buffer, averaged there (half the bytes on the wire) and widened back: the stream orders
         the three steps, so one staging buffer serves every bucket."""
         if dtype not in self.reduce_dtypes:
-            raise ValueError(f"the cupy backend reduces gradients in {' or '.join(self.reduce_dtypes)}, not {dtype}")
+            super().reduce_async(comm, buf, dtype)  # refuses it, saying what this backend sends
         if self._reduce_stream is None:
             self._reduce_stream = cp.cuda.Stream(non_blocking=True)
         ready = self._event()
