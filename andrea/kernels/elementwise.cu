@@ -205,3 +205,23 @@ extern "C" __global__ void gelu_bwd_h16x8(const uint4* __restrict__ h, uint4* __
     }
     da[i] = pack8(g);
 }
+
+// The 16-bit modes' MLP backward in one pass over h: a = gelu(h) recomputed (the dW2 product's
+// operand: the forward does not keep it) and da *= gelu'(h) in place, sharing the one tanh.
+extern "C" __global__ void gelu_bwd_recompute_h16x8(const uint4* __restrict__ h, uint4* __restrict__ da,
+                                                    uint4* __restrict__ a, long n8) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n8) return;
+    float x[8], g[8], y[8];
+    unpack8(h[i], x);
+    unpack8(da[i], g);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        float u = x[k] * x[k];
+        float t = tanh_approx(GELU_C * (x[k] + 0.044715f * x[k] * x[k] * x[k]));  // as gelu_fwd_h16x8: the same a
+        y[k] = 0.5f * x[k] * (1.f + t);
+        g[k] *= 0.5f * (1.f + t) + 0.5f * x[k] * (1.f - t * t) * GELU_C * (1.f + 3.f * 0.044715f * u);
+    }
+    a[i] = pack8(y);
+    da[i] = pack8(g);
+}

@@ -124,12 +124,21 @@ extern "C" __global__ void layernorm_bwd_params(const float* __restrict__ dout, 
     partial[(long)blockIdx.y * 2 * C + C + c] = sb;
 }
 
+// Blocks of 32 x 8 threads: column blockIdx.x * 32 + threadIdx.x; thread row y adds chunks y, y + 8,
+// ... in order, then the 8 sums are added in order (a fixed tree: deterministic, 8 loads in flight
+// per column instead of one chain through every chunk).
 extern "C" __global__ void ln_partials_final(const float* __restrict__ partial, float* __restrict__ dg,
                                              float* __restrict__ db, int chunks, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= 2 * C) return;
+    __shared__ float part[8][32];
+    const int c = blockIdx.x * 32 + threadIdx.x, y = threadIdx.y;
     float s = 0.f;
-    for (int k = 0; k < chunks; k++) s += partial[(long)k * 2 * C + c];
+    if (c < 2 * C)
+        for (int k = y; k < chunks; k += 8) s += partial[(long)k * 2 * C + c];
+    part[y][threadIdx.x] = s;
+    __syncthreads();
+    if (y != 0 || c >= 2 * C) return;
+    s = part[0][threadIdx.x];
+    for (int i = 1; i < 8; i++) s += part[i][threadIdx.x];
     if (c < C) dg[c] += s;
     else db[c - C] += s;
 }
@@ -233,3 +242,98 @@ extern "C" __global__ void layernorm_bwd_dx_vec(const float* __restrict__ dout, 
         }
     }
 }
+
+// The whole LayerNorm backward in one pass (C a multiple of 4, NV = C / 128 rounded up float4s per
+// lane): dx += the input gradient (and its 16-bit copy, as layernorm_bwd_dx_vec), and the block's
+// partial sums of dγ (dout · xhat) and dβ (dout) over its `rows` rows into partial[block] ([2C]:
+// dγ, then dβ), so dout and x are read from memory once instead of twice. A warp takes rows warp,
+// warp + 8, ... of the block's and adds into registers; the 8 warps' sums meet in shared memory in
+// warp order; ln_partials_final adds the blocks' partials in block order: deterministic.
+#define LN_WARPS 8
+
+template <int NV>
+__device__ void layernorm_bwd_fused(const float* __restrict__ dout, const float* __restrict__ x,
+                                    const float* __restrict__ mean, const float* __restrict__ rstd,
+                                    const float* __restrict__ g, float* __restrict__ dx, h16* __restrict__ dx_h16,
+                                    float* __restrict__ partial, int N, int C, int rows) {
+    __shared__ __align__(16) float red[2 * 4 * 32 * 12];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int r0 = blockIdx.x * rows, r1 = min(N, r0 + rows);
+    float4 ag[NV], ab[NV];
+#pragma unroll
+    for (int k = 0; k < NV; k++) ag[k] = ab[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int row = r0 + warp; row < r1; row += LN_WARPS) {
+        const long off = (long)row * C;
+        const float m = mean[row], r = rstd[row];
+        float4 xh[NV], dv[NV];
+        float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int c = (lane + 32 * k) * 4;
+            if (c < C) {
+                float4 xv = *reinterpret_cast<const float4*>(x + off + c);
+                float4 gg = *reinterpret_cast<const float4*>(g + c);
+                dv[k] = *reinterpret_cast<const float4*>(dout + off + c);
+                xh[k] = make_float4((xv.x - m) * r, (xv.y - m) * r, (xv.z - m) * r, (xv.w - m) * r);
+                s1 += dv[k].x * gg.x + dv[k].y * gg.y + dv[k].z * gg.z + dv[k].w * gg.w;
+                s2 += dv[k].x * gg.x * xh[k].x + dv[k].y * gg.y * xh[k].y + dv[k].z * gg.z * xh[k].z +
+                      dv[k].w * gg.w * xh[k].w;
+                ag[k].x += dv[k].x * xh[k].x;
+                ag[k].y += dv[k].y * xh[k].y;
+                ag[k].z += dv[k].z * xh[k].z;
+                ag[k].w += dv[k].w * xh[k].w;
+                ab[k] = add4(ab[k], dv[k]);
+            }
+        }
+        s1 = warp_sum(s1) / C;
+        s2 = warp_sum(s2) / C;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int c = (lane + 32 * k) * 4;
+            if (c < C) {
+                float4 gg = *reinterpret_cast<const float4*>(g + c);
+                float4 o = *reinterpret_cast<const float4*>(dx + off + c);
+                o.x += (dv[k].x * gg.x - s1 - xh[k].x * s2) * r;
+                o.y += (dv[k].y * gg.y - s1 - xh[k].y * s2) * r;
+                o.z += (dv[k].z * gg.z - s1 - xh[k].z * s2) * r;
+                o.w += (dv[k].w * gg.w - s1 - xh[k].w * s2) * r;
+                store4(dx + off + c, o);
+                if (dx_h16) store4(dx_h16 + off + c, o);
+            }
+        }
+    }
+    // the warps' sums into shared memory, in warp order
+    for (int w = 0; w < LN_WARPS; w++) {
+        if (warp == w) {
+#pragma unroll
+            for (int k = 0; k < NV; k++) {
+                const int c = (lane + 32 * k) * 4;
+                if (c < C) {
+                    float4* pg = reinterpret_cast<float4*>(red + c);
+                    float4* pb = reinterpret_cast<float4*>(red + C + c);
+                    *pg = w ? add4(*pg, ag[k]) : ag[k];
+                    *pb = w ? add4(*pb, ab[k]) : ab[k];
+                }
+            }
+        }
+        __syncthreads();
+    }
+    float* dst = partial + (long)blockIdx.x * 2 * C;
+    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) dst[c] = red[c];
+}
+
+// the kernel layernorm_bwd_fused_<NV> for each row width the models use (C <= 128 NV)
+#define LN_BWD_FUSED(name, NV)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(LN_WARPS * 32) name(const float* dout, const float* x,           \
+                                                                     const float* mean, const float* rstd,       \
+                                                                     const float* g, float* dx, h16* dx_h16,     \
+                                                                     float* partial, int N, int C, int rows) {   \
+        layernorm_bwd_fused<NV>(dout, x, mean, rstd, g, dx, dx_h16, partial, N, C, rows);                        \
+    }
+LN_BWD_FUSED(layernorm_bwd_fused_1, 1)
+LN_BWD_FUSED(layernorm_bwd_fused_2, 2)
+LN_BWD_FUSED(layernorm_bwd_fused_3, 3)
+LN_BWD_FUSED(layernorm_bwd_fused_4, 4)
+LN_BWD_FUSED(layernorm_bwd_fused_6, 6)
+LN_BWD_FUSED(layernorm_bwd_fused_8, 8)
+LN_BWD_FUSED(layernorm_bwd_fused_12, 12)

@@ -6,8 +6,16 @@ timed, next to PyTorch's scaled_dot_product_attention (flash) when torch is impo
 
 async        production: tiles double-buffered with cp.async, B fragments through ldmatrix,
              ex2.approx, masks on edge tiles only (flash_fwd, flash_bwd_dq, flash_bwd_dkdv)
-async minb4  the same compiled with -DFLASH_MINB=4: the forward and dQ kernels held to 128
-             registers so that four blocks share an SM (dev only; dK/dV is not bounded by it)
+async minb4  the same compiled with -DFLASH_MINB=4: the forward held to 128 registers so that four
+             blocks share an SM (dev only)
+async 8 warps minb2  the forward with 128 query rows per block of 8 warps (-DFWD_WARPS=8), each
+             key tile serving twice the rows, held to 128 registers (two blocks per SM); slower
+             than 4 warps on the H200 (120M B=8: 0.092 against 0.084 ms)
+async whole  the backward kernels scoring whole 64-wide tiles at once, no register cap
+             (-DDQ_SPLIT=1 -DDQ_MINB=1 -DDKDV_SPLIT=1 -DDKDV_MINB=1: production before 2026-11-30
+             night; 213 and 244 registers, two blocks per SM at D = 64)
+async split2 dQ in two 32-column parts too, three blocks per SM (dev only; production: dQ in four
+             parts at four blocks per SM, dK/dV in two at D = 64 and four at D = 32, three blocks)
 sync         synchronous tile loads (dev/cuda/attention_mma_sync.cu, dev only; was production
              "variant 1")
 flash_delta  delta = Σ_d dy·y per row, the backward's first kernel
@@ -39,25 +47,38 @@ V = common.Version
 H16 = ("bf16", "fp16")
 SRC, SYNC = "attention_mma.cu", "dev/cuda/attention_mma_sync.cu"
 MINB4 = ("FLASH_MINB=4",)
+WHOLE = ("DQ_SPLIT=1", "DQ_MINB=1", "DKDV_SPLIT=1", "DKDV_MINB=1")
+SPLIT2 = ("DQ_SPLIT=2", "DQ_MINB=3", "DKDV_SPLIT=2", "DKDV_MINB=3")
 VERSIONS = [
     V("flash_delta", "flash_delta", ("flash_delta",), SRC, H16),
     V("flash_fwd", "sync", ("flash_fwd_sync",), SYNC, H16, production=False),
     V("flash_fwd", "async", ("flash_fwd",), SRC, H16),
     V("flash_fwd", "async minb4", ("flash_fwd",), SRC, H16, MINB4, production=False),
+    V("flash_fwd", "async 8 warps minb2", ("flash_fwd",), SRC, H16, ("FWD_WARPS=8", "FLASH_MINB=2"), production=False),
     V("flash_bwd_dq", "sync", ("flash_bwd_dq_sync",), SYNC, H16, production=False),
     V("flash_bwd_dq", "async", ("flash_bwd_dq",), SRC, H16),
-    V("flash_bwd_dq", "async minb4", ("flash_bwd_dq",), SRC, H16, MINB4, production=False),
+    V("flash_bwd_dq", "async whole", ("flash_bwd_dq",), SRC, H16, WHOLE, production=False),
+    V("flash_bwd_dq", "async split2", ("flash_bwd_dq",), SRC, H16, SPLIT2, production=False),
     V("flash_bwd_dkdv", "sync", ("flash_bwd_dkdv_sync",), SYNC, H16, production=False),
     V("flash_bwd_dkdv", "async", ("flash_bwd_dkdv",), SRC, H16),
+    V("flash_bwd_dkdv", "async whole", ("flash_bwd_dkdv",), SRC, H16, WHOLE, production=False),
+    V("flash_bwd_dkdv", "async split2", ("flash_bwd_dkdv",), SRC, H16, SPLIT2, production=False),
     # the whole backward (delta, dQ, dK/dV) per variant, for the comparison with PyTorch
     V("flash_bwd", "sync", ("flash_delta", "flash_bwd_dq_sync", "flash_bwd_dkdv_sync"), SYNC, H16, production=False),
     V("flash_bwd", "async", ("flash_delta", "flash_bwd_dq", "flash_bwd_dkdv"), SRC, H16),
-    V("flash_bwd", "async minb4", ("flash_delta", "flash_bwd_dq", "flash_bwd_dkdv"), SRC, H16, MINB4, production=False),
+    V("flash_bwd", "async whole", ("flash_delta", "flash_bwd_dq", "flash_bwd_dkdv"), SRC, H16, WHOLE, production=False),
+    V("flash_bwd", "async split2", ("flash_delta", "flash_bwd_dq", "flash_bwd_dkdv"), SRC, H16, SPLIT2, production=False),
 ]
 TILE = 64
+FWD_WARPS = 4  # attention_mma.cu's default (andrea.engine.cupy.attention.FWD_WARPS)
 EDGE = [common.Shape("edge B=2 T=200 D=64", 2, 200, 192, 3, 301),  # T not a multiple of the tiles
         common.Shape("edge B=2 T=200 D=32", 2, 200, 96, 3, 301),
         common.Shape("edge B=1 T=37 D=16", 1, 37, 16, 1, 301)]  # the smallest head and a partial tile
+
+
+def fwd_warps(v) -> int:
+    """Warps per block of a version's forward kernel (-DFWD_WARPS, else the source's default)."""
+    return next((int(d.split("=")[1]) for d in v.defines if d.startswith("FWD_WARPS=")), FWD_WARPS)
 
 
 def kernels(cp, v, prec, D):
@@ -100,10 +121,12 @@ def run_shape(cp, report, shape, rng, reps, prec):
         err = common.compare(got, common.heads(y_ref, H), rtol=u16, atol=c_fwd * y_abs + common.tiny(prec), what="y")
         return err.worst(common.compare(lse.get()[sub], lse_ref, rtol=u32, atol=c_fwd, what="lse"))
 
-    for ver in VERSIONS[1:4]:
+    for ver in [v for v in VERSIONS if v.op == "flash_fwd"]:
         def case(ver=ver):
             kf = kernels(cp, ver, prec, D)[ver.kernels[0]]
-            run = lambda: kf(grid, (128,), (q, k, v, y, lse) + hT + strides + (sc,))  # noqa: E731
+            warps = fwd_warps(ver)
+            g = ((T + 16 * warps - 1) // (16 * warps), BH)
+            run = lambda: kf(g, (32 * warps,), (q, k, v, y, lse) + hT + strides + (sc,))  # noqa: E731
             y.fill(0)
             run()
             err = check_fwd()
@@ -113,7 +136,8 @@ def run_shape(cp, report, shape, rng, reps, prec):
         report.attempt(ver.op, ver.name, prec, shape, case, ver.production)
 
     # backward, from the production forward's y and lse (the reference is given the same values)
-    kernels(cp, VERSIONS[2], prec, D)["flash_fwd"](grid, (128,), (q, k, v, y, lse) + hT + strides + (sc,))
+    kernels(cp, VERSIONS[2], prec, D)["flash_fwd"](((T + 16 * FWD_WARPS - 1) // (16 * FWD_WARPS), BH), (32 * FWD_WARPS,),
+                                                   (q, k, v, y, lse) + hT + strides + (sc,))
     y_in, lse_in = common.from_h16(y.get()[sub], prec), lse.get()[sub].astype(np.float64)
     dqkv_ref = np.empty_like(qkv_s)
     nb.attn_bwd(dy_s, qkv_s, y_in, lse_in, dqkv_ref)
@@ -169,7 +193,7 @@ def run_shape(cp, report, shape, rng, reps, prec):
 
     products = {"flash_bwd_dq": 3, "flash_bwd_dkdv": 4, "flash_bwd": 5}  # causal: half of T² per product
     outputs = {"flash_bwd_dq": ("dq",), "flash_bwd_dkdv": ("dk", "dv"), "flash_bwd": ("dq", "dk", "dv")}
-    for ver in VERSIONS[4:]:
+    for ver in [v for v in VERSIONS if v.op.startswith("flash_bwd")]:
         def case(ver=ver):
             run = launcher(ver)
             dqkv.fill(0)
@@ -202,11 +226,11 @@ def once(cp, shape, prec="bf16"):
     y, dqkv = cp.zeros((B, T, C), cp.uint16), cp.zeros_like(qkv)
     lse, delta = cp.zeros((B, H, T), cp.float32), cp.zeros((B, H, T), cp.float32)
     fwd = kernels(cp, VERSIONS[2], prec, D)["flash_fwd"]
-    bwd = kernels(cp, VERSIONS[10], prec, D)
+    bwd = kernels(cp, next(v for v in VERSIONS if v.op == "flash_bwd" and v.production), prec, D)
     grid, hT = ((T + TILE - 1) // TILE, B * H), (np.int32(H), np.int32(T))
     strides, sc = (np.int64(T * 3 * C), np.int64(3 * C), np.int64(D)), np.float32(1 / math.sqrt(D))
     q, k, v = qkv, qkv[H * D:], qkv[2 * H * D:]
-    fwd(grid, (128,), (q, k, v, y, lse) + hT + strides + (sc,))
+    fwd(((T + 16 * FWD_WARPS - 1) // (16 * FWD_WARPS), B * H), (32 * FWD_WARPS,), (q, k, v, y, lse) + hT + strides + (sc,))
     bwd["flash_delta"]((common.blocks(B * T * H, 8),), (256,), (dy, y, delta, np.int32(B)) + hT)
     bwd["flash_bwd_dq"](grid, (128,), (q, k, v, dy, lse, delta, dqkv) + hT + strides + (sc,))
     bwd["flash_bwd_dkdv"](grid, (128,), (q, k, v, dy, lse, delta, dqkv[H * D:], dqkv[2 * H * D:]) + hT + strides + (sc,))

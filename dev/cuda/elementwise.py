@@ -5,7 +5,9 @@ global gradient-norm clipping and AdamW, checked against andrea/engine/numpy_bac
 
 gelu_fwd / gelu_bwd   fp32 (gelu_fwd, gelu_bwd), 16-bit one element per thread (*_h16), 16-bit
                       eight elements per thread with tanh on the SFU (*_h16x8, n a multiple of 8);
-                      references numpy_backend.gelu and the GELU derivative inside mlp_bwd
+                      references numpy_backend.gelu and the GELU derivative inside mlp_bwd;
+                      x8 + recompute (gelu_bwd_recompute_h16x8, production's 16-bit MLP backward)
+                      also writes a = gelu(h), checked against numpy_backend.gelu
 cast_h16              fp32 -> bf16/fp16, and with the zero gap of the padded head (cast_h16_gap)
 grad_norm             per-block double sums of squares, then their ordered sum and square root
 grad_scale            g *= scale
@@ -63,6 +65,8 @@ VERSIONS = [
     V("grad_scale", "grad_scale", ("grad_scale",), SRC),
     V("adamw", "adamw", ("adamw",), SRC),
     V("adamw", "adamw_h16", ("adamw_h16",), SRC, H16),
+    # the 16-bit MLP backward's one pass: da *= gelu'(h) and a = gelu(h) recomputed (checked as both)
+    V("gelu_bwd", "x8 + recompute", ("gelu_bwd_recompute_h16x8",), SRC, H16),
 ]
 GELU_C = np.sqrt(2 / np.pi)
 TANH_APPROX = 2.0**-10.987  # tanh.approx.f32's maximum relative error (PTX ISA), the x8 kernels' tanh
@@ -99,11 +103,11 @@ def run_gelu(cp, report, shape, rng, reps):
         oh, tiny = common.u(prec), common.tiny(prec)  # the output's one rounding to its storage type
         esz = 4 if prec == "fp32" else 2
         d_h = cp.asarray(common.stored(h, prec))
-        for ver in VERSIONS[:6]:
-            if prec not in ver.precisions or (ver.name == "x8" and n % 8):
+        for ver in [v for v in VERSIONS if v.op in ("gelu_fwd", "gelu_bwd")]:
+            x8 = ver.name.startswith("x8")
+            if prec not in ver.precisions or (x8 and n % 8):
                 continue
             kern = common.build(cp, ver, prec)[ver.kernels[0]]
-            x8 = ver.name == "x8"
             count = np.int64(n // 8 if x8 else n)
             grid = (common.blocks(int(count)),)
             if ver.op == "gelu_fwd":
@@ -118,14 +122,20 @@ def run_gelu(cp, report, shape, rng, reps):
                     return err, ms, common.gbps(2 * n * esz, ms)
             else:
                 d_da = cp.asarray(common.stored(da, prec))
-                run = lambda kern=kern, d_da=d_da, grid=grid, count=count: kern(grid, (256,), (d_h, d_da, count))  # noqa: E731
+                recompute = ver.name == "x8 + recompute"
+                out = cp.zeros(n, d_h.dtype) if recompute else None
+                argv = (d_h, d_da, out, count) if recompute else (d_h, d_da, count)
+                run = lambda kern=kern, grid=grid, argv=argv: kern(grid, (256,), argv)  # noqa: E731
 
-                def case(run=run, d_da=d_da, x8=x8, prec=prec):
+                def case(run=run, d_da=d_da, x8=x8, prec=prec, out=out):
                     run()
                     atol = np.abs(da) * (bwd32 + (approx_bwd if x8 else 0))
                     err = common.compare(common.loaded(d_da, prec), dh_ref, rtol=oh, atol=atol + tiny)
+                    if out is not None:  # the recomputed activation, as gelu_fwd's
+                        err = err.worst(common.compare(common.loaded(out, prec), a_ref, rtol=oh,
+                                                       atol=fwd32 + approx_fwd + tiny, what="a"))
                     ms = common.bench(cp, run, reps)  # in place: later runs multiply again, the same work
-                    return err, ms, common.gbps(3 * n * esz, ms)
+                    return err, ms, common.gbps((3 if out is None else 4) * n * esz, ms)
 
             report.attempt(ver.op, ver.name, prec, shape, case)
 
@@ -231,7 +241,7 @@ def run_optimizer(cp, report, shape, rng, reps):
     args = tuple(np.float32(x) for x in (hyper["lr"], b1, b2, hyper["eps"], hyper["weight_decay"], bc1, bc2))
     d_decay = cp.asarray(decay)
 
-    for ver in VERSIONS[10:]:
+    for ver in [v for v in VERSIONS if v.op == "adamw"]:
         for prec in ver.precisions:
             ka = common.build(cp, ver, prec)[ver.kernels[0]]
             state = [cp.asarray(a) for a in (w, g, m0, v0)]

@@ -9,6 +9,8 @@ layernorm_fwd      plain: one warp per row, the row read three times (layernorm_
 add_layernorm_fwd  res = x + f and LayerNorm(res) in one pass; plain and vec
 layernorm_bwd_dx   dx += input gradient, optionally also written in 16 bits (bf16/fp16 rows); plain, vec
 layernorm_bwd_params  dγ, dβ += column sums: per-64-row partials, then one ordered sum of the partials
+layernorm_bwd      fused (production when the vec kernels apply): dx and the partials of dγ, dβ per
+                   block of up to 64 rows in one pass (layernorm_bwd_fused_<NV>), then ln_partials_final
 Outputs in fp32, or bf16/fp16 (the *_h16 kernels; the fp16 build has -DANDREA_FP16).
 """
 
@@ -21,7 +23,8 @@ from andrea.engine import numpy_backend as nb
 
 SCRIPT = "layernorm"
 REFERENCES = {"layernorm_fwd": nb.layernorm_fwd, "add_layernorm_fwd": nb.add_layernorm_fwd,
-              "layernorm_bwd_dx": nb.layernorm_bwd, "layernorm_bwd_params": nb.layernorm_bwd}
+              "layernorm_bwd_dx": nb.layernorm_bwd, "layernorm_bwd_params": nb.layernorm_bwd,
+              "layernorm_bwd": nb.layernorm_bwd}
 V = common.Version
 H16 = ("bf16", "fp16")
 VERSIONS = [
@@ -36,7 +39,11 @@ VERSIONS = [
     V("layernorm_bwd_dx", "plain", ("layernorm_bwd_dx",), "layernorm.cu", ("fp32",) + H16),
     V("layernorm_bwd_dx", "vec", ("layernorm_bwd_dx_vec",), "layernorm.cu", ("fp32",) + H16),
     V("layernorm_bwd_params", "partials", ("layernorm_bwd_params", "ln_partials_final"), "layernorm.cu"),
+    # production's backward when the vec kernels apply: dx and the parameter partials in one pass
+    V("layernorm_bwd", "fused", tuple(f"layernorm_bwd_fused_{nv}" for nv in (1, 2, 3, 4, 6, 8, 12))
+      + ("ln_partials_final",), "layernorm.cu", ("fp32",) + H16),
 ]
+FUSED_NV = (1, 2, 3, 4, 6, 8, 12)  # layernorm.cu's layernorm_bwd_fused_<NV> (float4s per lane)
 LN_MAXV = 12  # layernorm.cu: float4s per lane in the vec kernels, so C <= 4 * 32 * 12
 LN_ROWS = 64  # rows per partial sum of dγ, dβ (as andrea.engine.cupy.LN_ROWS)
 EPS = 1e-5
@@ -161,7 +168,7 @@ def run_shape(cp, report, shape, rng, reps):
     def params():
         kp["layernorm_bwd_params"]((common.blocks(C, 128), chunks), (128,), (d["dout"], d["x"], d_m, d_r, partial,
                                                                               np.int32(N), np.int32(C), np.int32(LN_ROWS)))
-        kp["ln_partials_final"]((common.blocks(2 * C),), (256,), (partial, dg, db, np.int32(chunks), np.int32(C)))
+        kp["ln_partials_final"]((common.blocks(2 * C, 32),), (32, 8), (partial, dg, db, np.int32(chunks), np.int32(C)))
 
     def case_params():
         params()
@@ -173,6 +180,39 @@ def run_shape(cp, report, shape, rng, reps):
         return err, ms, common.gbps(2 * N * C * 4 + 8 * N + 2 * chunks * 2 * C * 4, ms)
 
     report.attempt(v.op, v.name, "fp32", shape, case_params)
+
+    v = VERSIONS[11]
+    if not vec_ok(C):
+        return
+    name = f"layernorm_bwd_fused_{next(nv for nv in FUSED_NV if 128 * nv >= C)}"
+    rows = max(8, min(64, N // 256 // 8 * 8))  # andrea.engine.cupy.ln_fused_rows
+    chunks = (N + rows - 1) // rows
+    partial = cp.zeros((chunks, 2 * C), cp.float32)
+    n_sum = rows + chunks + 1  # each column: at most `rows` terms per block, then the blocks and the old value
+    for prec in v.precisions:
+        kf = common.build(cp, v, prec)
+        dx, dg, db = cp.asarray(dx0), cp.asarray(dg0), cp.asarray(db0)
+        copy = cp.zeros((N, C), cp.uint16) if prec != "fp32" else None
+
+        def fused(kf=kf, dx=dx, dg=dg, db=db, copy=copy):
+            kf[name]((chunks,), (256,), (d["dout"], d["x"], d_m, d_r, d["g"], dx, null if copy is None else copy, partial,
+                                         np.int32(N), np.int32(C), np.int32(rows)))
+            kf["ln_partials_final"]((common.blocks(2 * C, 32),), (32, 8), (partial, dg, db, np.int32(chunks), np.int32(C)))
+
+        def case_fused(fused=fused, dx=dx, dg=dg, db=db, copy=copy, prec=prec):
+            fused()
+            err = common.compare(dx.get(), dx_ref, rtol=0, atol=dx_bound, what="dx")
+            if copy is not None:
+                err = err.worst(common.compare(common.from_h16(copy.get(), prec), dx_ref, rtol=common.u(prec),
+                                               atol=dx_bound + common.tiny(prec), what="dx_h16"))
+            err = err.worst(common.compare(dg.get(), dg_ref, rtol=0, what="dg",
+                                           atol=(n_sum + 3) * u32 * (np.abs(dout * xhat).sum(0) + np.abs(dg0))))
+            err = err.worst(common.compare(db.get(), db_ref, rtol=0, what="db",
+                                           atol=n_sum * u32 * (np.abs(f64(dout)).sum(0) + np.abs(db0))))
+            ms = common.bench(cp, fused, reps)  # dx, dg, db accumulate: later runs do the same work
+            return err, ms, common.gbps(N * C * (16 + (0 if copy is None else 2)) + 8 * N + 2 * chunks * 2 * C * 4, ms)
+
+        report.attempt(v.op, v.name, prec, shape, case_fused)
 
 
 def main(argv=None) -> int:

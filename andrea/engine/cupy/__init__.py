@@ -42,12 +42,26 @@ __all__ = ["BF16", "FP16", "VOCAB_PAD", "CupyBackend", "Snapshot"]
 
 H16_BUFFERS = {"ln1", "ln2", "lnf", "att_y", "mlp_h", "mlp_a", "d_y", "d_branch"}  # 16-bit in the 16-bit modes
 LN_MAXV = 12  # kernels/layernorm.cu: float4s per lane in the vectorised row kernels
-LN_ROWS = 64  # rows per partial sum of the LayerNorm parameter gradients
+LN_ROWS = 64  # rows per partial sum of the LayerNorm parameter gradients (the two-kernel path)
+LN_FUSED_NV = (1, 2, 3, 4, 6, 8, 12)  # layernorm.cu: the layernorm_bwd_fused_<NV> kernels (float4s per lane)
 
 
 def _ln_vec(C: int) -> bool:
     """The vectorised LayerNorm row kernels apply: rows of float4s that fit a warp's registers."""
     return C % 4 == 0 and C <= 4 * 32 * LN_MAXV
+
+
+def _ln_fused(C: int) -> str:
+    """The one-pass LayerNorm backward kernel for rows of C channels (C satisfies _ln_vec)."""
+    need = -(-C // 128)
+    return f"layernorm_bwd_fused_{next(nv for nv in LN_FUSED_NV if nv >= need)}"
+
+
+def ln_fused_rows(N: int) -> int:
+    """Rows per block of the one-pass LayerNorm backward: 64, fewer when that would leave fewer than
+    256 blocks (a block's warps take its rows one after another: small batches need more blocks in
+    flight). A function of N alone, so a shape's sums always run in the same order."""
+    return max(8, min(64, N // 256 // 8 * 8))
 
 
 def _consecutive(mats) -> bool:
@@ -350,15 +364,20 @@ class CupyBackend(Backend):
         C = x.shape[-1]
         N = x.size // C
         fused_copy = branch is not None and is_16bit(branch)
-        self.kernel("layernorm", "layernorm_bwd_dx_vec" if _ln_vec(C) else "layernorm_bwd_dx")(
-            (blocks(N, 8),), (256,), (dout, x, mean, rstd, g, dx, branch if fused_copy else np.uint64(0), np.int32(N),
-                                      np.int32(C)))
-        chunks = (N + LN_ROWS - 1) // LN_ROWS
+        copy = branch if fused_copy else np.uint64(0)
+        rows = ln_fused_rows(N) if _ln_vec(C) else LN_ROWS
+        chunks = (N + rows - 1) // rows
         partial = self.scratch("ln_partial", (chunks, 2 * C), cp.float32)
-        self.kernel("layernorm", "layernorm_bwd_params")((blocks(C, 128), chunks), (128,), (dout, x, mean, rstd, partial,
-                                                                                          np.int32(N), np.int32(C),
-                                                                                          np.int32(LN_ROWS)))
-        self.kernel("layernorm", "ln_partials_final")((blocks(2 * C),), (256,), (partial, dg, db, np.int32(chunks), np.int32(C)))
+        if _ln_vec(C):  # one pass: dx and the blocks' partial sums of dγ, dβ (dout and x read once)
+            self.kernel("layernorm", _ln_fused(C))((chunks,), (256,), (dout, x, mean, rstd, g, dx, copy, partial,
+                                                                        np.int32(N), np.int32(C), np.int32(rows)))
+        else:
+            self.kernel("layernorm", "layernorm_bwd_dx")((blocks(N, 8),), (256,), (dout, x, mean, rstd, g, dx, copy,
+                                                                                  np.int32(N), np.int32(C)))
+            self.kernel("layernorm", "layernorm_bwd_params")((blocks(C, 128), chunks), (128,),
+                                                             (dout, x, mean, rstd, partial, np.int32(N), np.int32(C),
+                                                              np.int32(LN_ROWS)))
+        self.kernel("layernorm", "ln_partials_final")((blocks(2 * C, 32),), (32, 8), (partial, dg, db, np.int32(chunks), np.int32(C)))
         if branch is not None and not fused_copy:
             branch[...] = dx
 
@@ -389,8 +408,12 @@ class CupyBackend(Backend):
             g2 = dqkv.reshape(B * T, 3 * d)
             x2 = self._operand(x.reshape(-1, d))
             dx2 = dx.reshape(-1, d)
-            for i, w in enumerate((wq, wk, wv)):
-                self.gemm(g2[:, i * d:(i + 1) * d], self._operand(w, weight=True), dx2, tb=True, accumulate=i > 0)
+            # dx = Σ_i dqkv_i · W_iᵀ as one product of depth 3d: [W_Q W_K W_V] side by side ([d, 3d], a
+            # copy of 6d² bytes) instead of three of depth d (cuBLAS ran those at 250-410 TFLOP/s)
+            wcat = self.scratch("qkv_wcat", (d, 3 * d), g2.dtype)
+            for i, w in enumerate((wq, wk, wv)):  # strided copies (cp.concatenate may upload a pointer table)
+                wcat[:, i * d:(i + 1) * d] = self._operand(w, weight=True)
+            self.gemm(g2, wcat, dx2, tb=True)
             if _consecutive([dwq, dwk, dwv]):  # dW_i += xᵀ · dqkv_i, one strided-batched GEMM
                 self.bgemm(x2, g2, dwq, d, d, B * T, d, 3 * d, d, 0, d, d * d, 3, ta=True, accumulate=True)
             else:
@@ -494,17 +517,18 @@ class CupyBackend(Backend):
         d = x.shape[-1]
         M = h.shape[-1]
         fast = is_16bit(h)
-        if fast:  # a was not kept: recompute it into the buffer given
-            self.gelu(h, a)
         g = self._operand(dout.reshape(-1, d))
-        self.gemm(self._operand(a.reshape(-1, M)), g, dw2, ta=True, accumulate=True)
         da = self.scratch("mlp_da", (g.shape[0], M), h.dtype if fast else cp.float32)
         self.gemm(g, self._operand(w2, weight=True), da, tb=True)
-        if fast and da.size % 8 == 0:
-            self.kernel("elementwise", "gelu_bwd_h16x8")((blocks(da.size // 8),), (256,), (h, da, np.int64(da.size // 8)))
+        if fast and da.size % 8 == 0:  # a was not kept: recomputed by the pass that applies gelu'(h)
+            self.kernel("elementwise", "gelu_bwd_recompute_h16x8")((blocks(da.size // 8),), (256,),
+                                                                   (h, da, a, np.int64(da.size // 8)))
         else:
+            if fast:
+                self.gelu(h, a)
             self.kernel("elementwise", "gelu_bwd_h16" if fast else "gelu_bwd")((blocks(da.size),), (256,),
                                                                               (h, da, np.int64(da.size)))
+        self.gemm(self._operand(a.reshape(-1, M)), g, dw2, ta=True, accumulate=True)
         dap = self._operand(da)
         self.gemm(self._operand(x.reshape(-1, d)), dap, dw1, ta=True, accumulate=True)
         self.gemm(dap, self._operand(w1, weight=True), dx.reshape(-1, d), tb=True)

@@ -20,7 +20,8 @@ from andrea.engine.cupy.kernels import blocks
 from andrea.engine.cupy.weights import is_16bit
 
 ROWS = 64  # kernels/attention.cu: query (or key) rows per block of 64 threads, one row each
-TILE = 64  # kernels/attention_mma.cu: query (or key) rows per block of 4 warps
+TILE = 64  # kernels/attention_mma.cu: query (or key) rows per block of 4 warps in the backward kernels
+FWD_WARPS = 4  # kernels/attention_mma.cu: the forward's warps per block (16 query rows each)
 
 
 def qkv_heads(qkv):
@@ -33,8 +34,9 @@ def attn_fwd(be, qkv, y, lse) -> None:
     scratch buffers run it."""
     if is_16bit(qkv):
         B, T, H, D, (q, k, v), strides = _mma_args(qkv)
-        grid = ((T + TILE - 1) // TILE, B * H)
-        be.kernel("attention_mma", "flash_fwd", D)(grid, (128,), (q, k, v, y, lse, np.int32(H), np.int32(T), *strides,
+        rows = 16 * FWD_WARPS
+        grid = ((T + rows - 1) // rows, B * H)
+        be.kernel("attention_mma", "flash_fwd", D)(grid, (32 * FWD_WARPS,), (q, k, v, y, lse, np.int32(H), np.int32(T), *strides,
                                                                   np.float32(1.0 / math.sqrt(D))))
         return
     _, B, H, T, D = qkv.shape
