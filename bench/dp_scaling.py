@@ -32,7 +32,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpu_bench import MODELS  # noqa: E402  (the model table, read without the config machinery)
+from gpu_bench import MODELS, PEAK_TRACKER  # noqa: E402  (the model table, read without the config machinery)
 
 from andrea.model import flops_per_token  # noqa: E402
 
@@ -53,6 +53,9 @@ def worker(args) -> None:
     for name, B, bucket, rdt in [(m, b, k, r) for m in args.models for b in args.batches for k in (args.bucket_mb if multi else [0])
                                  for r in (args.reduce_dtypes if multi else ["float32"])]:
         cfg = MODELS[name]
+        pool = cp.get_default_memory_pool()
+        PEAK_TRACKER.start(pool)  # this rank's highest in-use figure from here on
+        before = pool.used_bytes()
         e = Engine(cfg, batch_size=B, seq_len=args.seq, backend="cupy", precision="bf16", comm=comm, reduce_bucket_mb=bucket,
                    reduce_dtype=rdt)
         x = np.random.default_rng(comm.rank).integers(0, cfg.vocab_size, (B, args.seq + 1))
@@ -94,7 +97,7 @@ def worker(args) -> None:
                "tok_s": tokens / with_s, "mfu": flops_per_token(cfg) * tokens / with_s / PEAK / comm.size,
                "step_without_reduce_s": without_s, "allreduce_alone_s": alone_s,
                "hidden": (1 - (with_s - without_s) / alone_s) if alone_s else None,
-               "grad_mib": e.g.nbytes / 2**20}
+               "grad_mib": e.g.nbytes / 2**20, "peak_gib_rank0": (PEAK_TRACKER.peak - before) / 2**30}
         if comm.is_root:
             print(json.dumps(row), flush=True)
         rows.append(row)
@@ -140,8 +143,8 @@ def main() -> None:
             subprocess.run(cmd, check=True, env=launch_environment({"PYTHONPATH": os.pathsep.join([str(REPO / "bench"), str(REPO)])}))
             results += json.loads(result.read_text())
     one = {(r["model"], r["B"]): r["tok_s"] for r in results if r["gpus"] == 1}
-    print("\n| model | per-GPU B | GPUs | bucket MB | reduced in | tokens/s | MFU per GPU | scaling efficiency | step ms (no reduce) | all-reduce alone ms | hidden |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| model | per-GPU B | GPUs | bucket MB | reduced in | tokens/s | MFU per GPU | scaling efficiency | step ms (no reduce) | all-reduce alone ms | hidden | peak GiB (rank 0) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         base = one.get((r["model"], r["B"]))
         eff = f"{r['tok_s'] / (r['gpus'] * base):.1%}" if base else "—"
@@ -149,7 +152,8 @@ def main() -> None:
         bucket = "—" if r["gpus"] == 1 else f"{r['bucket_mb']:g}"
         rdt = "—" if r["gpus"] == 1 else r["reduce_dtype"]
         print(f"| {r['model']} | {r['B']} | {r['gpus']} | {bucket} | {rdt} | {r['tok_s']:,.0f} | {r['mfu']:.1%} | {eff} | "
-              f"{r['step_s'] * 1e3:.2f} ({r['step_without_reduce_s'] * 1e3:.2f}) | {r['allreduce_alone_s'] * 1e3:.2f} | {hidden} |")
+              f"{r['step_s'] * 1e3:.2f} ({r['step_without_reduce_s'] * 1e3:.2f}) | {r['allreduce_alone_s'] * 1e3:.2f} | {hidden} | "
+              f"{r.get('peak_gib_rank0', float('nan')):.2f} |")
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))
 

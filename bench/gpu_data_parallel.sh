@@ -6,6 +6,10 @@
 #   bash bench/gpu_data_parallel.sh workflow [RANKS [TARGET]]
 #                                               snakemake results/ANDREA-12M/TARGET (ckpt) with ranks: RANKS (2),
 #                                               embedded corpus
+#   bash bench/gpu_data_parallel.sh signal-resume [MODEL [FIRST [THEN [STOP [STEPS]]]]]
+#                                               the Snakemake train rule with ranks FIRST (4), SIGTERM to its training
+#                                               script after STOP (300) logged steps, then ranks THEN (2): the run
+#                                               resumes from the signal's checkpoint and reaches STEPS (1200)
 #   bash bench/gpu_data_parallel.sh rule-scaling [MODEL [STEPS]]
 #                                               the Snakemake train rule, 1 rank then 2: MODEL (ANDREA-120M)
 #                                               trains STEPS (200) steps on one GPU, then max_steps is raised
@@ -72,7 +76,31 @@ PY
     cp "$run/train.log" "$OUT/train-B$B.log"
   done
   ;;
+signal-resume)
+  # snakemake results/MODEL/ckpt with ranks FIRST; SIGTERM to the rule's training script once STOP
+  # steps are logged (as a scheduler's preemption would); then the same target with ranks THEN:
+  # the run resumes from the checkpoint the signal left and finishes
+  MODEL=${2:-ANDREA-120M} FIRST=${3:-4} THEN=${4:-2} STOP=${5:-300} STEPS=${6:-1200}
+  for RANKS in $FIRST $THEN; do
+    cat > /tmp/dp.yaml <<YAML
+train:
+  $MODEL: {ranks: $RANKS, batch_size: 8, max_steps: $STEPS, eval_every: 0, sample_every: 100000, checkpoint_every: 500}
+YAML
+    python3 -m snakemake "results/$MODEL/ckpt" --cores 8 --configfile config/config.yaml /tmp/dp.yaml --config data_profile=embedded \
+      >> "$OUT/signal-resume.log" 2>&1 &
+    sm=$!
+    if [ "$RANKS" = "$FIRST" ]; then
+      until compgen -G "results/$MODEL/runs/*/loss.jsonl" >/dev/null && \
+            [ "$(cat results/$MODEL/runs/*/loss.jsonl | wc -l)" -ge "$STOP" ]; do sleep 0.5; kill -0 $sm || break; done
+      pkill -TERM -f "scripts/tmp.*train.py" && echo "SIGTERM sent at $(cat results/$MODEL/runs/*/loss.jsonl | wc -l) logged steps"
+    fi
+    wait $sm && echo "snakemake with ranks $RANKS: exit 0" || echo "snakemake with ranks $RANKS: exit $?"
+  done
+  run=$(python3 -c "import json; print(json.load(open('results/$MODEL/ckpt/run.json'))['run_dir'])")
+  grep -hE "plan:|resumed|stopped|signal|finished" "$run/train.log" | cut -c1-240 | tee "$OUT/signal-resume.txt"
+  cp "$run/train.log" "$OUT/signal-resume-train.log"
+  ;;
 *)
-  echo "usage: $0 tests|scaling|workflow|rule-scaling" >&2; exit 2
+  echo "usage: $0 tests|scaling|workflow|rule-scaling|signal-resume" >&2; exit 2
   ;;
 esac
