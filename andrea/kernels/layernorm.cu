@@ -149,6 +149,13 @@ extern "C" __global__ void ln_partials_final(const float* __restrict__ partial, 
 
 __device__ __forceinline__ float4 add4(float4 a, float4 b) { return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
 
+__device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 load4(const h16* p) {
+    uint2 u = *reinterpret_cast<const uint2*>(p);
+    float2 lo = unpack_h16x2(*reinterpret_cast<h16x2*>(&u.x)), hi = unpack_h16x2(*reinterpret_cast<h16x2*>(&u.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
 __device__ __forceinline__ void store4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
 __device__ __forceinline__ void store4(h16* p, float4 v) {
     h16x2 lo = pack_h16x2(v.x, v.y), hi = pack_h16x2(v.z, v.w);
@@ -156,9 +163,9 @@ __device__ __forceinline__ void store4(h16* p, float4 v) {
     *reinterpret_cast<uint2*>(p) = u;
 }
 
-// res = x + f; out = LayerNorm(res)
-template <typename Out>
-__device__ void add_layernorm_vec(const float* __restrict__ x, const float* __restrict__ f, float* __restrict__ res,
+// res = x + f; out = LayerNorm(res) (f fp32, or the 16-bit branch output of the 16-bit modes)
+template <typename Out, typename F = float>
+__device__ void add_layernorm_vec(const float* __restrict__ x, const F* __restrict__ f, float* __restrict__ res,
                                   const float* __restrict__ g, const float* __restrict__ b, Out* __restrict__ out,
                                   float* __restrict__ mean, float* __restrict__ rstd, int N, int C, float eps) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -172,8 +179,7 @@ __device__ void add_layernorm_vec(const float* __restrict__ x, const float* __re
     for (int k = 0; k < LN_MAXV; k++) {
         int c = (lane + 32 * k) * 4;
         if (c < C) {
-            float4 a = f ? add4(*reinterpret_cast<const float4*>(x + off + c), *reinterpret_cast<const float4*>(f + off + c))
-                         : *reinterpret_cast<const float4*>(x + off + c);
+            float4 a = f ? add4(load4(x + off + c), load4(f + off + c)) : load4(x + off + c);
             v[k] = a;
             if (res) store4(res + off + c, a);
             s += a.x + a.y + a.z + a.w;
@@ -201,6 +207,14 @@ __device__ void add_layernorm_vec(const float* __restrict__ x, const float* __re
 }
 
 ADD_LAYERNORM_KERNELS(add_layernorm_fwd_vec, add_layernorm_vec)
+
+// the 16-bit modes' residual add: the branch (the attention output or MLP product) arrives in 16
+// bits, as the matrix product wrote it; the residual stream and the statistics stay fp32
+extern "C" __global__ void add_h16_layernorm_fwd_vec_h16(const float* x, const h16* f, float* res, const float* g,
+                                                         const float* b, h16* out, float* mean, float* rstd, int N,
+                                                         int C, float eps) {
+    add_layernorm_vec<h16, h16>(x, f, res, g, b, out, mean, rstd, N, C, eps);
+}
 
 // layernorm_bwd_dx with the row's dout and x held in registers
 extern "C" __global__ void layernorm_bwd_dx_vec(const float* __restrict__ dout, const float* __restrict__ x,
@@ -251,8 +265,8 @@ extern "C" __global__ void layernorm_bwd_dx_vec(const float* __restrict__ dout, 
 // warp order; ln_partials_final adds the blocks' partials in block order: deterministic.
 #define LN_WARPS 8
 
-template <int NV>
-__device__ void layernorm_bwd_fused(const float* __restrict__ dout, const float* __restrict__ x,
+template <int NV, typename DOut>
+__device__ void layernorm_bwd_fused(const DOut* __restrict__ dout, const float* __restrict__ x,
                                     const float* __restrict__ mean, const float* __restrict__ rstd,
                                     const float* __restrict__ g, float* __restrict__ dx, h16* __restrict__ dx_h16,
                                     float* __restrict__ partial, int N, int C, int rows) {
@@ -273,7 +287,7 @@ __device__ void layernorm_bwd_fused(const float* __restrict__ dout, const float*
             if (c < C) {
                 float4 xv = *reinterpret_cast<const float4*>(x + off + c);
                 float4 gg = *reinterpret_cast<const float4*>(g + c);
-                dv[k] = *reinterpret_cast<const float4*>(dout + off + c);
+                dv[k] = load4(dout + off + c);
                 xh[k] = make_float4((xv.x - m) * r, (xv.y - m) * r, (xv.z - m) * r, (xv.w - m) * r);
                 s1 += dv[k].x * gg.x + dv[k].y * gg.y + dv[k].z * gg.z + dv[k].w * gg.w;
                 s2 += dv[k].x * gg.x * xh[k].x + dv[k].y * gg.y * xh[k].y + dv[k].z * gg.z * xh[k].z +
@@ -322,18 +336,26 @@ __device__ void layernorm_bwd_fused(const float* __restrict__ dout, const float*
     for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) dst[c] = red[c];
 }
 
-// the kernel layernorm_bwd_fused_<NV> for each row width the models use (C <= 128 NV)
-#define LN_BWD_FUSED(name, NV)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(LN_WARPS * 32) name(const float* dout, const float* x,           \
+// the kernels layernorm_bwd_fused_<NV> (fp32 dout) and layernorm_bwd_fused_h16_<NV> (the 16-bit
+// modes: dout as the matrix product wrote it) for each row width the models use (C <= 128 NV)
+#define LN_BWD_FUSED(name, NV, DOUT)                                                                             \
+    extern "C" __global__ void __launch_bounds__(LN_WARPS * 32) name(const DOUT* dout, const float* x,            \
                                                                      const float* mean, const float* rstd,       \
                                                                      const float* g, float* dx, h16* dx_h16,     \
                                                                      float* partial, int N, int C, int rows) {   \
-        layernorm_bwd_fused<NV>(dout, x, mean, rstd, g, dx, dx_h16, partial, N, C, rows);                        \
+        layernorm_bwd_fused<NV, DOUT>(dout, x, mean, rstd, g, dx, dx_h16, partial, N, C, rows);                  \
     }
-LN_BWD_FUSED(layernorm_bwd_fused_1, 1)
-LN_BWD_FUSED(layernorm_bwd_fused_2, 2)
-LN_BWD_FUSED(layernorm_bwd_fused_3, 3)
-LN_BWD_FUSED(layernorm_bwd_fused_4, 4)
-LN_BWD_FUSED(layernorm_bwd_fused_6, 6)
-LN_BWD_FUSED(layernorm_bwd_fused_8, 8)
-LN_BWD_FUSED(layernorm_bwd_fused_12, 12)
+LN_BWD_FUSED(layernorm_bwd_fused_1, 1, float)
+LN_BWD_FUSED(layernorm_bwd_fused_2, 2, float)
+LN_BWD_FUSED(layernorm_bwd_fused_3, 3, float)
+LN_BWD_FUSED(layernorm_bwd_fused_4, 4, float)
+LN_BWD_FUSED(layernorm_bwd_fused_6, 6, float)
+LN_BWD_FUSED(layernorm_bwd_fused_8, 8, float)
+LN_BWD_FUSED(layernorm_bwd_fused_12, 12, float)
+LN_BWD_FUSED(layernorm_bwd_fused_h16_1, 1, h16)
+LN_BWD_FUSED(layernorm_bwd_fused_h16_2, 2, h16)
+LN_BWD_FUSED(layernorm_bwd_fused_h16_3, 3, h16)
+LN_BWD_FUSED(layernorm_bwd_fused_h16_4, 4, h16)
+LN_BWD_FUSED(layernorm_bwd_fused_h16_6, 6, h16)
+LN_BWD_FUSED(layernorm_bwd_fused_h16_8, 8, h16)
+LN_BWD_FUSED(layernorm_bwd_fused_h16_12, 12, h16)

@@ -10,7 +10,9 @@ add_layernorm_fwd  res = x + f and LayerNorm(res) in one pass; plain and vec
 layernorm_bwd_dx   dx += input gradient, optionally also written in 16 bits (bf16/fp16 rows); plain, vec
 layernorm_bwd_params  dγ, dβ += column sums: per-64-row partials, then one ordered sum of the partials
 layernorm_bwd      fused (production when the vec kernels apply): dx and the partials of dγ, dβ per
-                   block of up to 64 rows in one pass (layernorm_bwd_fused_<NV>), then ln_partials_final
+                   block of up to 64 rows in one pass (layernorm_bwd_fused_<NV>), then ln_partials_final;
+                   "16-bit dout": the same reading the output gradient in bf16/fp16 (the 16-bit modes)
+add_layernorm_fwd  "vec, 16-bit branch": the residual add reading the branch in bf16/fp16 (the 16-bit modes)
 Outputs in fp32, or bf16/fp16 (the *_h16 kernels; the fp16 build has -DANDREA_FP16).
 """
 
@@ -42,6 +44,11 @@ VERSIONS = [
     # production's backward when the vec kernels apply: dx and the parameter partials in one pass
     V("layernorm_bwd", "fused", tuple(f"layernorm_bwd_fused_{nv}" for nv in (1, 2, 3, 4, 6, 8, 12))
       + ("ln_partials_final",), "layernorm.cu", ("fp32",) + H16),
+    # the 16-bit modes' residual add + LayerNorm, the branch read in 16 bits (where the vec kernels apply)
+    V("add_layernorm_fwd", "vec, 16-bit branch", ("add_h16_layernorm_fwd_vec_h16",), "layernorm.cu", H16),
+    # the 16-bit modes' one-pass backward: the output gradient read in 16 bits
+    V("layernorm_bwd", "fused, 16-bit dout", tuple(f"layernorm_bwd_fused_h16_{nv}" for nv in (1, 2, 3, 4, 6, 8, 12))
+      + ("ln_partials_final",), "layernorm.cu", H16),
 ]
 FUSED_NV = (1, 2, 3, 4, 6, 8, 12)  # layernorm.cu's layernorm_bwd_fused_<NV> (float4s per lane)
 LN_MAXV = 12  # layernorm.cu: float4s per lane in the vec kernels, so C <= 4 * 32 * 12
@@ -71,11 +78,11 @@ def run_shape(cp, report, shape, rng, reps):
     dg0, db0 = f32(rng.standard_normal(C)), f32(rng.standard_normal(C))
     f64 = lambda a: np.asarray(a, np.float64)  # noqa: E731
 
-    def fwd_reference(add: bool):
+    def fwd_reference(add: bool, f_values=f):
         """(out, mean, rstd, res) of the op's NumPy reference in float64, and the tolerances."""
         out, mean, rstd, res = np.empty((N, C)), np.empty(N), np.empty(N), np.empty((N, C))
         if add:
-            nb.add_layernorm_fwd(f64(x), f64(f), res, f64(g), f64(b), out, mean, rstd, EPS)
+            nb.add_layernorm_fwd(f64(x), f64(f_values), res, f64(g), f64(b), out, mean, rstd, EPS)
         else:
             nb.layernorm_fwd(f64(x), f64(g), f64(b), out, mean, rstd, EPS)
             res = f64(x)
@@ -181,38 +188,71 @@ def run_shape(cp, report, shape, rng, reps):
 
     report.attempt(v.op, v.name, "fp32", shape, case_params)
 
-    v = VERSIONS[11]
     if not vec_ok(C):
         return
-    name = f"layernorm_bwd_fused_{next(nv for nv in FUSED_NV if 128 * nv >= C)}"
     rows = max(8, min(64, N // 256 // 8 * 8))  # andrea.engine.cupy.ln_fused_rows
     chunks = (N + rows - 1) // rows
     partial = cp.zeros((chunks, 2 * C), cp.float32)
     n_sum = rows + chunks + 1  # each column: at most `rows` terms per block, then the blocks and the old value
+    nv = next(nv for nv in FUSED_NV if 128 * nv >= C)
+    for v in (VERSIONS[11], VERSIONS[13]):
+        h16_dout = v.name.endswith("16-bit dout")
+        name = f"layernorm_bwd_fused_{'h16_' if h16_dout else ''}{nv}"
+        for prec in v.precisions:
+            if h16_dout:  # the kernel reads dout rounded to 16 bits: so does its reference
+                dout_v = common.rounded(dout, prec)
+                ref_dx, ref_dg, ref_db = f64(dx0), f64(dg0), f64(db0)
+                nb.layernorm_bwd(dout_v, f64(x), f64(m32), f64(r32), f64(g), ref_dx, ref_dg, ref_db)
+                d_dout = cp.asarray(common.to_h16(dout, prec))
+            else:
+                dout_v, ref_dx, ref_dg, ref_db, d_dout = f64(dout), dx_ref, dg_ref, db_ref, d["dout"]
+            kf = common.build(cp, v, prec)
+            dx, dg, db = cp.asarray(dx0), cp.asarray(dg0), cp.asarray(db0)
+            copy = cp.zeros((N, C), cp.uint16) if prec != "fp32" else None
+
+            def fused(kf=kf, dx=dx, dg=dg, db=db, copy=copy, name=name, d_dout=d_dout):
+                kf[name]((chunks,), (256,), (d_dout, d["x"], d_m, d_r, d["g"], dx, null if copy is None else copy, partial,
+                                             np.int32(N), np.int32(C), np.int32(rows)))
+                kf["ln_partials_final"]((common.blocks(2 * C, 32),), (32, 8), (partial, dg, db, np.int32(chunks), np.int32(C)))
+
+            def case_fused(fused=fused, dx=dx, dg=dg, db=db, copy=copy, prec=prec, dout_v=dout_v, ref=(ref_dx, ref_dg, ref_db),
+                           esz=2 if h16_dout else 4):
+                fused()
+                err = common.compare(dx.get(), ref[0], rtol=0, atol=dx_bound, what="dx")
+                if copy is not None:
+                    err = err.worst(common.compare(common.from_h16(copy.get(), prec), ref[0], rtol=common.u(prec),
+                                                   atol=dx_bound + common.tiny(prec), what="dx_h16"))
+                err = err.worst(common.compare(dg.get(), ref[1], rtol=0, what="dg",
+                                               atol=(n_sum + 3) * u32 * (np.abs(dout_v * xhat).sum(0) + np.abs(dg0))))
+                err = err.worst(common.compare(db.get(), ref[2], rtol=0, what="db",
+                                               atol=n_sum * u32 * (np.abs(dout_v).sum(0) + np.abs(db0))))
+                ms = common.bench(cp, fused, reps)  # dx, dg, db accumulate: later runs do the same work
+                nbytes = N * C * (12 + esz + (0 if copy is None else 2)) + 8 * N + 2 * chunks * 2 * C * 4
+                return err, ms, common.gbps(nbytes, ms)
+
+            report.attempt(v.op, v.name, prec, shape, case_fused)
+
+    # the 16-bit modes' residual add: the branch f arrives in 16 bits (the reference adds the same values)
+    v = VERSIONS[12]
     for prec in v.precisions:
-        kf = common.build(cp, v, prec)
-        dx, dg, db = cp.asarray(dx0), cp.asarray(dg0), cp.asarray(db0)
-        copy = cp.zeros((N, C), cp.uint16) if prec != "fp32" else None
+        kern = common.build(cp, v, prec)[v.kernels[0]]
+        f_v = common.rounded(f, prec)
+        o_ref, m_ref, r_ref, res_ref, bound, mean_bound = fwd_reference(True, f_v)
+        d_f = cp.asarray(common.to_h16(f, prec))
+        out = cp.zeros((N, C), cp.uint16)
+        argv = (d["x"], d_f, res, d["g"], d["b"], out, *stats, np.int32(N), np.int32(C), np.float32(EPS))
 
-        def fused(kf=kf, dx=dx, dg=dg, db=db, copy=copy):
-            kf[name]((chunks,), (256,), (d["dout"], d["x"], d_m, d_r, d["g"], dx, null if copy is None else copy, partial,
-                                         np.int32(N), np.int32(C), np.int32(rows)))
-            kf["ln_partials_final"]((common.blocks(2 * C, 32),), (32, 8), (partial, dg, db, np.int32(chunks), np.int32(C)))
+        def case_branch(kern=kern, argv=argv, out=out, prec=prec, refs=(o_ref, m_ref, r_ref, res_ref, bound, mean_bound)):
+            kern(grid, (256,), argv)
+            o_ref, m_ref, r_ref, res_ref, bound, mean_bound = refs
+            err = common.compare(common.loaded(out, prec), o_ref, rtol=common.u(prec), atol=bound + common.tiny(prec), what="out")
+            err = err.worst(common.compare(stats[0].get(), m_ref, rtol=0, atol=mean_bound, what="mean"))
+            err = err.worst(common.compare(stats[1].get(), r_ref, rtol=(k + 5) * u32, what="rstd"))
+            err = err.worst(common.compare(res.get(), res_ref, rtol=u32, what="res"))
+            ms = common.bench(cp, lambda: kern(grid, (256,), argv), reps)
+            return err, ms, common.gbps(N * C * (4 + 2 + 4 + 2) + 8 * N + 8 * C, ms)
 
-        def case_fused(fused=fused, dx=dx, dg=dg, db=db, copy=copy, prec=prec):
-            fused()
-            err = common.compare(dx.get(), dx_ref, rtol=0, atol=dx_bound, what="dx")
-            if copy is not None:
-                err = err.worst(common.compare(common.from_h16(copy.get(), prec), dx_ref, rtol=common.u(prec),
-                                               atol=dx_bound + common.tiny(prec), what="dx_h16"))
-            err = err.worst(common.compare(dg.get(), dg_ref, rtol=0, what="dg",
-                                           atol=(n_sum + 3) * u32 * (np.abs(dout * xhat).sum(0) + np.abs(dg0))))
-            err = err.worst(common.compare(db.get(), db_ref, rtol=0, what="db",
-                                           atol=n_sum * u32 * (np.abs(f64(dout)).sum(0) + np.abs(db0))))
-            ms = common.bench(cp, fused, reps)  # dx, dg, db accumulate: later runs do the same work
-            return err, ms, common.gbps(N * C * (16 + (0 if copy is None else 2)) + 8 * N + 2 * chunks * 2 * C * 4, ms)
-
-        report.attempt(v.op, v.name, prec, shape, case_fused)
+        report.attempt(v.op, v.name, prec, shape, case_branch)
 
 
 def main(argv=None) -> int:

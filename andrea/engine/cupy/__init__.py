@@ -41,6 +41,10 @@ from andrea.engine.cupy.weights import BF16, FP16, VOCAB_PAD, Weights, defines, 
 __all__ = ["BF16", "FP16", "VOCAB_PAD", "CupyBackend", "Snapshot"]
 
 H16_BUFFERS = {"ln1", "ln2", "lnf", "att_y", "mlp_h", "mlp_a", "d_y", "d_branch"}  # 16-bit in the 16-bit modes
+# 16-bit too where the vectorised LayerNorm kernels apply (C % 4 == 0, C <= 1536): the branch a matrix
+# product adds to the residual stream, and the gradient of a LayerNorm's output (both written by
+# matrix products, as PyTorch's autocast writes them; the residual stream and its gradient stay fp32)
+H16_LN_SIDES = {"branch", "d_ln"}
 LN_MAXV = 12  # kernels/layernorm.cu: float4s per lane in the vectorised row kernels
 LN_ROWS = 64  # rows per partial sum of the LayerNorm parameter gradients (the two-kernel path)
 LN_FUSED_NV = (1, 2, 3, 4, 6, 8, 12)  # layernorm.cu: the layernorm_bwd_fused_<NV> kernels (float4s per lane)
@@ -51,10 +55,11 @@ def _ln_vec(C: int) -> bool:
     return C % 4 == 0 and C <= 4 * 32 * LN_MAXV
 
 
-def _ln_fused(C: int) -> str:
-    """The one-pass LayerNorm backward kernel for rows of C channels (C satisfies _ln_vec)."""
+def _ln_fused(C: int, h16_dout: bool = False) -> str:
+    """The one-pass LayerNorm backward kernel for rows of C channels (C satisfies _ln_vec), for an
+    fp32 or a 16-bit output gradient."""
     need = -(-C // 128)
-    return f"layernorm_bwd_fused_{next(nv for nv in LN_FUSED_NV if nv >= need)}"
+    return f"layernorm_bwd_fused_{'h16_' if h16_dout else ''}{next(nv for nv in LN_FUSED_NV if nv >= need)}"
 
 
 def ln_fused_rows(N: int) -> int:
@@ -196,6 +201,8 @@ class CupyBackend(Backend):
             *lead, V = shape
             return (*lead, -(-V // VOCAB_PAD) * VOCAB_PAD), self.half
         if name in H16_BUFFERS:
+            return shape, self.half
+        if name in H16_LN_SIDES and _ln_vec(shape[-1]):
             return shape, self.half
         return shape, dtype
 
@@ -354,8 +361,14 @@ class CupyBackend(Backend):
         C = x.shape[-1]
         N = x.size // C
         vec = "_vec" if _ln_vec(C) else ""
-        self.kernel("layernorm", f"add_layernorm_fwd{vec}_h16" if is_16bit(out) else f"add_layernorm_fwd{vec}")(
-            (blocks(N, 8),), (256,), (x, f, res, g, b, out, mean, rstd, np.int32(N), np.int32(C), np.float32(eps)))
+        if is_16bit(f):  # the 16-bit modes' branch output (plan_buffer: only where the vec kernels apply)
+            if not (vec and is_16bit(out)):
+                raise ValueError(f"a 16-bit branch needs C % 4 == 0, C <= {4 * 32 * LN_MAXV} and a 16-bit output")
+            name = "add_h16_layernorm_fwd_vec_h16"
+        else:
+            name = f"add_layernorm_fwd{vec}_h16" if is_16bit(out) else f"add_layernorm_fwd{vec}"
+        self.kernel("layernorm", name)((blocks(N, 8),), (256,), (x, f, res, g, b, out, mean, rstd, np.int32(N), np.int32(C),
+                                                                 np.float32(eps)))
 
     def layernorm_bwd(self, dout, x, mean, rstd, g, dx, dg, db, branch=None) -> None:
         """dx += the input gradient (one warp per row); dγ and dβ += their gradients (per-chunk column
@@ -368,8 +381,10 @@ class CupyBackend(Backend):
         rows = ln_fused_rows(N) if _ln_vec(C) else LN_ROWS
         chunks = (N + rows - 1) // rows
         partial = self.scratch("ln_partial", (chunks, 2 * C), cp.float32)
+        if is_16bit(dout) and not _ln_vec(C):
+            raise ValueError(f"a 16-bit LayerNorm output gradient needs C % 4 == 0 and C <= {4 * 32 * LN_MAXV}")
         if _ln_vec(C):  # one pass: dx and the blocks' partial sums of dγ, dβ (dout and x read once)
-            self.kernel("layernorm", _ln_fused(C))((chunks,), (256,), (dout, x, mean, rstd, g, dx, copy, partial,
+            self.kernel("layernorm", _ln_fused(C, is_16bit(dout)))((chunks,), (256,), (dout, x, mean, rstd, g, dx, copy, partial,
                                                                         np.int32(N), np.int32(C), np.int32(rows)))
         else:
             self.kernel("layernorm", "layernorm_bwd_dx")((blocks(N, 8),), (256,), (dout, x, mean, rstd, g, dx, copy,
@@ -536,7 +551,7 @@ class CupyBackend(Backend):
     def residual_add_bwd(self, dout, df) -> None:
         """df = dout: the residual branch's gradient, cast to 16 bits when df is (the operand of its
         matrix products). The engine gets this fused into layernorm_bwd(branch=...)."""
-        if is_16bit(df):
+        if is_16bit(df) and not is_16bit(dout):
             self.kernel("elementwise", "cast_h16")((blocks(df.size),), (256,), (dout, df, np.int64(df.size)))
         else:
             df[...] = dout
