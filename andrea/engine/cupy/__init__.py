@@ -11,7 +11,8 @@ Precision (one per backend object):
 - "bf16": fp32 master weights, gradients, m and v, and an fp32 residual stream; every activation
   that feeds a matrix product (LayerNorm outputs, q/k/v, attention output, MLP hidden and GELU
   output, logits and their gradient) is stored in bf16 by the kernel that produces it, so no pass
-  casts operands. A bf16 copy of the weights is refreshed by the AdamW kernel. Attention is the
+  casts operands; so are the branch a product adds to the residual stream and each LayerNorm's
+  output gradient (where the vectorised LayerNorm kernels apply). A bf16 copy of the weights is refreshed by the AdamW kernel. Attention is the
   fused tensor-core flash kernel (kernels/attention_mma.cu); q, k, v live in one [B, T, 3, H, D]
   buffer written by one strided-batched GEMM. Matrix products accumulate in fp32 and write fp32
   straight into the gradients (beta = 1).
@@ -371,9 +372,10 @@ class CupyBackend(Backend):
                                                                  np.float32(eps)))
 
     def layernorm_bwd(self, dout, x, mean, rstd, g, dx, dg, db, branch=None) -> None:
-        """dx += the input gradient (one warp per row); dγ and dβ += their gradients (per-chunk column
-        partials, then one ordered sum); with `branch`, the updated dx is also written there (in the
-        same kernel when it is 16-bit)."""
+        """dx += the input gradient; dγ and dβ += their gradients (per-block partials, then one ordered
+        sum). Where the vectorised kernels apply, one pass does both (dout fp32 or 16-bit); elsewhere a
+        warp-per-row kernel and a column-partials kernel. With `branch`, the updated dx is also written
+        there (in the same kernel when it is 16-bit)."""
         C = x.shape[-1]
         N = x.size // C
         fused_copy = branch is not None and is_16bit(branch)
@@ -392,7 +394,8 @@ class CupyBackend(Backend):
             self.kernel("layernorm", "layernorm_bwd_params")((blocks(C, 128), chunks), (128,),
                                                              (dout, x, mean, rstd, partial, np.int32(N), np.int32(C),
                                                               np.int32(LN_ROWS)))
-        self.kernel("layernorm", "ln_partials_final")((blocks(2 * C, 32),), (32, 8), (partial, dg, db, np.int32(chunks), np.int32(C)))
+        self.kernel("layernorm", "ln_partials_final")((blocks(2 * C, 32),), (32, 8),
+                                                      (partial, dg, db, np.int32(chunks), np.int32(C)))
         if branch is not None and not fused_copy:
             branch[...] = dx
 
