@@ -48,47 +48,12 @@ __device__ __forceinline__ unsigned pack(float lo, float hi) {
     return *reinterpret_cast<unsigned*>(&v);
 }
 
-// 32-bit word holding elements (row, col) and (row, col + 1) of a h16 tile with leading dim ld
-__device__ __forceinline__ unsigned word(const h16* s, int ld, int row, int col) {
-    return *reinterpret_cast<const unsigned*>(s + row * ld + col);
-}
-
-// A fragment (16 x 16, row-major source) at rows r0.., cols c0..
-__device__ __forceinline__ void load_a(unsigned a[4], const h16* s, int ld, int r0, int c0, int g, int t) {
-    a[0] = word(s, ld, r0 + g, c0 + 2 * t);
-    a[1] = word(s, ld, r0 + g + 8, c0 + 2 * t);
-    a[2] = word(s, ld, r0 + g, c0 + 8 + 2 * t);
-    a[3] = word(s, ld, r0 + g + 8, c0 + 8 + 2 * t);
-}
-
 // Accumulators of score tiles 2j and 2j+1 (16 x 8 each) as the A fragment of a 16 x 16 chunk.
 __device__ __forceinline__ void acc_to_a(unsigned a[4], const float lo[4], const float hi[4]) {
     a[0] = pack(lo[0], lo[1]);
     a[1] = pack(lo[2], lo[3]);
     a[2] = pack(hi[0], hi[1]);
     a[3] = pack(hi[2], hi[3]);
-}
-
-// rows [r0, r0 + TILE) of a [*, D] view (row stride sT) into a row-major tile; rows >= T are zero.
-__device__ __forceinline__ void load_rows(h16* s, const h16* src, long sT, int r0, int T) {
-    const int per_row = D / 8;  // 16-byte chunks
-    for (int e = threadIdx.x; e < TILE * per_row; e += WARPS * 32) {
-        int r = e / per_row, c = (e % per_row) * 8;
-        uint4 val = make_uint4(0, 0, 0, 0);
-        if (r0 + r < T) val = *reinterpret_cast<const uint4*>(src + (r0 + r) * sT + c);
-        *reinterpret_cast<uint4*>(s + r * LDR + c) = val;
-    }
-}
-
-// scores of this warp's 16 rows against a 64-wide tile: s = A · tileᵀ, A given as fragments
-__device__ __forceinline__ void scores(float s[NT][4], const unsigned a[KD][4], const h16* tile, int g, int t) {
-#pragma unroll
-    for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-    for (int kc = 0; kc < KD; kc++)
-#pragma unroll
-        for (int n = 0; n < NT; n++)
-            mma(s[n], a[kc], word(tile, LDR, n * 8 + g, kc * 16 + 2 * t), word(tile, LDR, n * 8 + g, kc * 16 + 8 + 2 * t));
 }
 
 // Four 8 x 8 h16 matrices from shared memory, transposed on the way (ldmatrix .trans): with lane
@@ -165,9 +130,8 @@ extern "C" __global__ void flash_delta(const h16* __restrict__ dy, const h16* __
 // tensor cores work on the current one (global-memory latency hidden even at two or three blocks
 // per SM); the block's own rows (q and dy, or k and v) go straight from global memory into their
 // fragment registers; B fragments of the score products come through ldmatrix, exponentials from
-// ex2.approx, and masks are evaluated on edge tiles only. (load_rows, load_a and scores above load
-// and read tiles synchronously: the first version of these kernels, kept for comparison outside
-// the package, builds on them.)
+// ex2.approx, and masks are evaluated on edge tiles only. (The first version of these kernels,
+// with synchronous tile loads, is kept for comparison in dev/cuda/attention_mma_sync.cu.)
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     unsigned addr;
@@ -189,8 +153,9 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-// Scores as in scores(), with the B fragments of two n8 tiles fetched by one ldmatrix (x4): a
-// quarter of the shared-memory instructions of four 32-bit reads per product.
+// Scores of this warp's 16 rows against a tile (s = A · tileᵀ, A given as fragments), the B
+// fragments of two n8 tiles fetched by one ldmatrix (x4): a quarter of the shared-memory
+// instructions of four 32-bit reads per product.
 __device__ __forceinline__ void ldsm_x4(unsigned r[4], const h16* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

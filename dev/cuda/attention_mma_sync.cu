@@ -4,8 +4,46 @@
 // commit 9fdabf6). The same schedule, tiles loaded with plain 16-byte loads and a __syncthreads
 // around each; the scores' B fragments read as 32-bit words; exp2f; masks on every tile. Built on
 // the __device__ helpers of attention_mma.cu, included here (compile with -I andrea/kernels and
-// -DHEAD_DIM=<D>, as dev/cuda/attention_mma.py does).
+// -DHEAD_DIM=<D>, as dev/cuda/attention_mma.py does), and on the synchronous tile helpers below.
 #include "attention_mma.cu"
+
+// ---- the synchronous tile helpers (production's kernels no longer use them)
+
+// 32-bit word holding elements (row, col) and (row, col + 1) of a h16 tile with leading dim ld
+__device__ __forceinline__ unsigned word(const h16* s, int ld, int row, int col) {
+    return *reinterpret_cast<const unsigned*>(s + row * ld + col);
+}
+
+// A fragment (16 x 16, row-major source) at rows r0.., cols c0..
+__device__ __forceinline__ void load_a(unsigned a[4], const h16* s, int ld, int r0, int c0, int g, int t) {
+    a[0] = word(s, ld, r0 + g, c0 + 2 * t);
+    a[1] = word(s, ld, r0 + g + 8, c0 + 2 * t);
+    a[2] = word(s, ld, r0 + g, c0 + 8 + 2 * t);
+    a[3] = word(s, ld, r0 + g + 8, c0 + 8 + 2 * t);
+}
+
+// rows [r0, r0 + TILE) of a [*, D] view (row stride sT) into a row-major tile; rows >= T are zero.
+__device__ __forceinline__ void load_rows(h16* s, const h16* src, long sT, int r0, int T) {
+    const int per_row = D / 8;  // 16-byte chunks
+    for (int e = threadIdx.x; e < TILE * per_row; e += WARPS * 32) {
+        int r = e / per_row, c = (e % per_row) * 8;
+        uint4 val = make_uint4(0, 0, 0, 0);
+        if (r0 + r < T) val = *reinterpret_cast<const uint4*>(src + (r0 + r) * sT + c);
+        *reinterpret_cast<uint4*>(s + r * LDR + c) = val;
+    }
+}
+
+// scores of this warp's 16 rows against a 64-wide tile: s = A · tileᵀ, A given as fragments
+__device__ __forceinline__ void scores(float s[NT][4], const unsigned a[KD][4], const h16* tile, int g, int t) {
+#pragma unroll
+    for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int kc = 0; kc < KD; kc++)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+            mma(s[n], a[kc], word(tile, LDR, n * 8 + g, kc * 16 + 2 * t), word(tile, LDR, n * 8 + g, kc * 16 + 8 + 2 * t));
+}
+
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 flash_fwd_sync(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __restrict__ v, h16* __restrict__ y,
