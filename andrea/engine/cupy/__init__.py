@@ -12,9 +12,10 @@ Precision (one per backend object):
   that feeds a matrix product (LayerNorm outputs, q/k/v, attention output, MLP hidden and GELU
   output, logits and their gradient) is stored in bf16 by the kernel that produces it, so no pass
   casts operands; so are the branch a product adds to the residual stream and each LayerNorm's
-  output gradient (where the vectorised LayerNorm kernels apply). A bf16 copy of the weights is refreshed by the AdamW kernel. Attention is the
-  fused tensor-core flash kernel (kernels/attention_mma.cu); q, k, v live in one [B, T, 3, H, D]
-  buffer written by one strided-batched GEMM. Matrix products accumulate in fp32 and write fp32
+  output gradient (where the vectorised LayerNorm kernels apply). A bf16 copy of the weights is
+  refreshed by the AdamW kernel. Attention is the fused tensor-core flash kernel
+  (kernels/attention_mma.cu); q, k, v live in one [B, T, 3, H, D] buffer written by one
+  strided-batched GEMM. Matrix products accumulate in fp32 and write fp32
   straight into the gradients (beta = 1).
 - "fp16": the same with fp16 for bf16 (the kernels are compiled with -DANDREA_FP16), and the
   loss scaled (set_loss_scale) so that small gradients survive fp16's range; the optimizer step
