@@ -44,7 +44,8 @@ class InferenceModel:
     engine's weights) it reads that array in place, so it sees every update and never writes it.
     `precision` auto: bf16 on the GPU (the matrix products read a 16-bit copy of the weights, made
     again at every reset), fp32 on the CPU. `graphs`: replay the one-token step as a CUDA graph
-    (16-bit GPU paths)."""
+    (16-bit GPU paths). A model trained in fp8 generates in bf16 (fp8 is a recipe for the training
+    products; generation reads the 16-bit weight copy, at one row per step)."""
 
     def __init__(self, cfg: ModelConfig, weights, backend: str = "numpy", precision: str = "auto", graphs: bool = True):
         if weights.size != n_params(cfg):
@@ -52,6 +53,8 @@ class InferenceModel:
         self.cfg = cfg
         self.backend = backend
         _, self.precision, _ = resolve_backend(backend, precision)
+        if self.precision == "fp8":
+            self.precision = "bf16"
         self.be = make_backend(backend, self.precision)
         self.w = self.be.xp.asarray(weights, dtype=np.float32)  # no copy when it is already there, in fp32
         self.W = Weights(cfg, self.w)

@@ -565,6 +565,11 @@ class Trainer:
         """Loss on the fixed held-out set, recorded; best.bin follows the best validation loss."""
         r = evaluate(self.engine, self.eval_set, self.eval_batches)
         rec = {"kind": "eval", "step": self.step, **r}
+        if self.precision == "fp8":  # what the fp8 casts lost so far: saturated or flushed to zero
+            c = self.engine.be.fp8_counts()
+            rec["fp8"] = {k: c[k] for k in ("values", "overflow", "underflow")}
+            log.info("fp8 casts by step %d: %d values, %d overflowed (%.2e), %d underflowed (%.2e)", self.step, c["values"],
+                     c["overflow"], c["overflow"] / max(c["values"], 1), c["underflow"], c["underflow"] / max(c["values"], 1))
         self._log_record(rec)
         self.last_eval = rec
         per = ", ".join(f"{k} {v['bpb']:.3f}" for k, v in r["sources"].items() if v["bpb"] is not None)

@@ -60,7 +60,7 @@ PEAK_TRACKER = PeakTracker()
 
 
 class Ours:
-    """Our engine at one precision: fp32, bf16 or fp16 (CUDA graphs), or bf16-eager (no graphs)."""
+    """Our engine at one precision: fp32, bf16, fp16 or fp8 (CUDA graphs), or bf16-eager (no graphs)."""
 
     def __init__(self, cfg, B, T, precision, warmup):
         import cupy as cp
@@ -150,7 +150,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="rounds, the runners taking turns; the median counts")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--precisions", nargs="+", default=["bf16", "fp16", "bf16-eager", "fp32"],
-                    help="bf16 / fp16 (CUDA graphs), bf16-eager (no graphs), fp32")
+                    help="bf16 / fp16 / fp8 (CUDA graphs), bf16-eager (no graphs), fp32")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -190,15 +190,16 @@ def main() -> None:
                 torch.cuda.empty_cache()
 
     print()
-    print("| model | B×T | PyTorch tok/s (MFU, GiB) | ours bf16 tok/s (MFU, GiB) | ours fp16 | bf16 no graphs | fp32 | bf16 / PyTorch |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | B×T | PyTorch tok/s (MFU, GiB) | ours bf16 tok/s (MFU, GiB) | ours fp8 tok/s (MFU, GiB) | ours fp16 | "
+          "bf16 no graphs | fp32 | bf16 / PyTorch | fp8 / PyTorch |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        t, b = r.get("torch"), r.get("ours_bf16")
+        t, b, f8 = r.get("torch"), r.get("ours_bf16"), r.get("ours_fp8")
         cell = lambda x: f"{x['tok_s']:,.0f} ({x['mfu']:.1%}, {x['peak_gib']:.2f})" if x else "—"  # noqa: E731
         plain = lambda x: f"{x['tok_s']:,.0f}" if x else "—"  # noqa: E731
-        ratio = f"{b['tok_s'] / t['tok_s']:.2f}" if (t and b) else "—"
-        print(f"| {r['model']} | {r['B']}×{r['T']} | {cell(t)} | {cell(b)} | {plain(r.get('ours_fp16'))} | "
-              f"{plain(r.get('ours_bf16-eager'))} | {plain(r.get('ours_fp32'))} | {ratio} |")
+        ratio = lambda x: f"{x['tok_s'] / t['tok_s']:.2f}" if (t and x) else "—"  # noqa: E731
+        print(f"| {r['model']} | {r['B']}×{r['T']} | {cell(t)} | {cell(b)} | {cell(f8)} | {plain(r.get('ours_fp16'))} | "
+              f"{plain(r.get('ours_bf16-eager'))} | {plain(r.get('ours_fp32'))} | {ratio(b)} | {ratio(f8)} |")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=2))
 

@@ -49,9 +49,10 @@ def test_delayed_scales_lag_one_tensor_and_count_what_saturates_or_vanishes():
 
 def test_simulated_fp8_training_follows_fp32():
     """ANDREA's recipe on a small model memorising one batch: 40 steps of AdamW in fp8 end within
-    2 % of fp32's loss (measured 1.3 %; the issue's gate, 1.5 % of validation loss after 2,000 steps
-    of ANDREA-120M, is for the GPU path); its first gradients are fp32's to the formats' precision
-    (e5m2 gradients: 2 mantissa bits)."""
+    3 % of fp32's loss (measured 2.2 % with W_Q, W_K, W_V cast as one tensor, as the GPU's one q/k/v
+    product and Transformer Engine's fused QKV weight read them; 1.3 % with a scale each; the
+    issue's gate, 1.5 % of validation loss after 2,000 steps of ANDREA-120M, is for the GPU path);
+    its first gradients are fp32's to the formats' precision (e5m2 gradients: 2 mantissa bits)."""
     cfg = ModelConfig(vocab_size=64, d_model=32, n_head=2, n_layer=2, context=16)
     x = np.random.default_rng(0).integers(0, 64, (4, 17))
     oc = OptimConfig(lr=3e-3, warmup_steps=1)
@@ -69,13 +70,15 @@ def test_simulated_fp8_training_follows_fp32():
     g8, l8, e8 = runs["fp8"]
     assert np.linalg.norm(g8 - g32) < 0.1 * np.linalg.norm(g32)
     assert not np.array_equal(g8, g32)  # the casts happened
-    assert l8[0] == pytest.approx(l32[0], rel=1e-3) and l8[-1] == pytest.approx(l32[-1], rel=0.02)
+    assert l8[0] == pytest.approx(l32[0], rel=1e-3) and l8[-1] == pytest.approx(l32[-1], rel=0.03)
     assert l8[-1] < l8[0] - 1.0
     counts = e8.be.fp8_counts()
     assert counts["values"] > 0 and counts["overflow"] < 1e-3 * counts["values"]
 
 
-def test_fp8_is_not_offered_to_training_runs():
+def test_fp8_training_runs_need_the_gpu():
+    """The NumPy backend only simulates fp8 (the reference); a run that asks for fp8 on the CPU is
+    told it needs the CuPy backend."""
     from andrea.engine import resolve_backend
 
     with pytest.raises(ValueError, match="precision 'fp8' needs the CuPy GPU backend"):

@@ -112,6 +112,9 @@ class Backend(abc.ABC):
         """Free what the backend keeps between calls (scratch, weight copies); the engine that owns
         it must not train on after this."""
 
+    def begin_pass(self) -> None:
+        """Called by the engine before each forward pass (e.g. the fp8 mode's delayed scales move on)."""
+
     # ------------------------------------------------------------------ embedding
     @abc.abstractmethod
     def embed_fwd(self, tokens, wte, wpe, out) -> None:

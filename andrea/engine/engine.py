@@ -172,7 +172,7 @@ class Engine:
         self.be.register_weights(self.w, head=self.W.head)  # e.g. a bf16 copy that AdamW keeps fresh
         self.buckets = self._gradient_buckets()
         # CUDA graphs: the 16-bit GPU paths replay forward + backward as one captured graph
-        self.graphs = self.be.can_capture and precision in ("bf16", "fp16") and \
+        self.graphs = self.be.can_capture and precision in ("bf16", "fp16", "fp8") and \
             os.environ.get("ANDREA_CUDA_GRAPHS", "1") != "0"
         self._captured = {}  # reduce (bool) -> the captured pass
         # fp16 loss scaling (decision): start at 2^15, the largest at which the classifier's scaled
@@ -246,6 +246,7 @@ class Engine:
         self.backward(reduce=reduce)
 
     def _forward(self):
+        self.be.begin_pass()
         return model.forward(self.cfg, self.be, self.W, self.A, self.tokens, self.targets)
 
     def backward(self, dloss: float = 1.0, reduce: bool = False) -> None:

@@ -317,7 +317,7 @@ class NumpyBackend(Backend):
     (float64 too, for gradient checks: the dtype is the buffers'). Precision "fp8" simulates the
     fp8 recipe of andrea/fp8.py: the operands of the q/k/v, output and MLP products rounded to
     e4m3 (weights, activations) or e5m2 (gradients) at delayed per-tensor scales, the rest fp32 (the
-    reference for a GPU fp8 path; the trainer does not offer it)."""
+    reference for the CuPy backend's fp8 mode; training runs take fp8 on the GPU only)."""
 
     name = "numpy"
     precisions = ("fp32", "fp8")
@@ -367,12 +367,14 @@ class NumpyBackend(Backend):
         """Values cast to fp8 so far, and how many overflowed (saturated) or underflowed (to zero)."""
         return self.fp8.counts.as_dict()
 
+    # W_Q, W_K, W_V are one tensor (one site, one scale), as the GPU's one product of width 3d reads them
     def _fp8_attn_qkv_fwd(self, x, wq, wk, wv, qkv, n_head):
-        attn_qkv_fwd(self._q(x, "qkv.x", wq), self._q(wq, "w", wq), self._q(wk, "w", wk), self._q(wv, "w", wv), qkv, n_head)
+        wq8, wk8, wv8 = np.split(self._q(np.concatenate([wq, wk, wv], axis=1), "w", wq), 3, axis=1)
+        attn_qkv_fwd(self._q(x, "qkv.x", wq), wq8, wk8, wv8, qkv, n_head)
 
     def _fp8_attn_qkv_bwd(self, dqkv, x, wq, wk, wv, dx, dwq, dwk, dwv):
-        attn_qkv_bwd(self._q(dqkv, "qkv.dy", wq, "e5m2"), self._again(x, "qkv.x", wq), self._again(wq, "w", wq),
-                     self._again(wk, "w", wk), self._again(wv, "w", wv), dx, dwq, dwk, dwv)
+        wq8, wk8, wv8 = np.split(self._again(np.concatenate([wq, wk, wv], axis=1), "w", wq), 3, axis=1)
+        attn_qkv_bwd(self._q(dqkv, "qkv.dy", wq, "e5m2"), self._again(x, "qkv.x", wq), wq8, wk8, wv8, dx, dwq, dwk, dwv)
 
     def _fp8_attn_out_fwd(self, y, wo, out):
         attn_out_fwd(self._q(y, "out.x", wo), self._q(wo, "w", wo), out)

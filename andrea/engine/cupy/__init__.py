@@ -20,6 +20,10 @@ Precision (one per backend object):
 - "fp16": the same with fp16 for bf16 (the kernels are compiled with -DANDREA_FP16), and the
   loss scaled (set_loss_scale) so that small gradients survive fp16's range; the optimizer step
   unscales (andrea/optim.py: dynamic loss scaling).
+- "fp8": bf16, with the q/k/v, attention-output and MLP products in fp8 (e4m3 weights and
+  activations, e5m2 gradients, delayed per-tensor scales; fp8.py, the recipe of andrea/fp8.py);
+  the output head stays bf16. The per-tensor amaxes are taken with atomics (a maximum: still
+  deterministic).
 Every reduction runs in a fixed order (no atomics), so results are deterministic.
 
 Modules: kernels (compiling and caching the CUDA sources), gemm (cuBLAS on the backend's own
@@ -35,6 +39,7 @@ import numpy as np
 
 from andrea.engine.backend import Backend
 from andrea.engine.cupy import attention, decode
+from andrea.engine.cupy.fp8 import Fp8, check_shapes
 from andrea.engine.cupy.gemm import Cublas
 from andrea.engine.cupy.graphs import CapturedPass
 from andrea.engine.cupy.kernels import blocks, kernel
@@ -102,7 +107,7 @@ class CupyBackend(Backend):
     """The kernels and buffers of one engine on an NVIDIA GPU, in one precision."""
 
     name = "cupy"
-    precisions = ("fp32", "bf16", "fp16")
+    precisions = ("fp32", "bf16", "fp16", "fp8")
     can_capture = True
     plans_tokens = True
     index_dtype = np.int32
@@ -112,8 +117,8 @@ class CupyBackend(Backend):
 
     def __init__(self, precision: str = "fp32"):
         super().__init__(precision)
-        if precision == "bf16" and BF16 is None:
-            raise RuntimeError("bf16 needs ml_dtypes (pip install ml_dtypes) with CuPy >= 14")
+        if precision in ("bf16", "fp8") and BF16 is None:
+            raise RuntimeError(f"{precision} needs ml_dtypes (pip install ml_dtypes) with CuPy >= 14")
         self.defines = defines(precision)
         self.weights = Weights(precision)
         self._scratch: dict = {}  # (key, shape, dtype) -> buffer the kernels need besides the engine's
@@ -128,6 +133,7 @@ class CupyBackend(Backend):
         self._prefill_lse = None  # generation: the flash kernel's log-sum-exp for a prompt (grown as needed)
         self._events = [cp.cuda.Event(disable_timing=True) for _ in range(64)]
         self._event_i = 0
+        self.fp8 = Fp8(self) if precision == "fp8" else None  # the fp8 products' scales, histories, counts
 
     @property
     def recomputes_gelu(self) -> bool:
@@ -168,7 +174,8 @@ class CupyBackend(Backend):
     def graph_buffers(self) -> tuple:
         """The device buffers a captured pass reads and writes, for it to hold while it lives."""
         return (list(self._scratch.values()), self.weights.mirror, list(self._embed_plans.values()),
-                self._loss_scale_buffer(), [c.workspace for c in self._cublas.values()])
+                self._loss_scale_buffer(), [c.workspace for c in self._cublas.values()],
+                None if self.fp8 is None else self.fp8.buffers())
 
     def _operand(self, x, weight: bool = False):
         return self.weights.operand(x, weight)
@@ -324,6 +331,20 @@ class CupyBackend(Backend):
         for blas in self._cublas.values():
             blas.close()
         self._cublas.clear()
+        if self.fp8 is not None:
+            self.fp8.release()
+
+    def begin_pass(self) -> None:
+        """fp8: each site's amaxes of the last pass join its history, and its scale follows (on the device)."""
+        if self.fp8 is not None:
+            self.fp8.begin_pass()
+
+    def fp8_counts(self) -> dict:
+        """fp8: values cast so far, and how many overflowed (saturated) or underflowed (to zero), in all
+        and by role (Fp8.counts_dict; a host sync)."""
+        if self.fp8 is None:
+            raise ValueError(f"fp8 counts: this backend computes in {self.precision}")
+        return self.fp8.counts_dict()
 
     # ------------------------------------------------------------------ embedding
     def embed_fwd(self, tokens, wte, wpe, out) -> None:
@@ -402,6 +423,11 @@ class CupyBackend(Backend):
 
     # ------------------------------------------------------------------ attention
     def attn_qkv_fwd(self, x, wq, wk, wv, qkv, n_head) -> None:
+        if self.fp8 is not None:  # one product of width 3d: x·[W_Q W_K W_V], the three weights one fp8 tensor
+            B, T, _, H, D = qkv.shape
+            check_shapes(B * T, H * D)
+            self.fp8.linear_fwd(x.reshape(-1, H * D), (wq, wk, wv), qkv.reshape(B * T, 3 * H * D), "qkv")
+            return
         if is_16bit(qkv):  # one strided-batched GEMM: q, k, v = x·W_Q, x·W_K, x·W_V into [B·T, 3, d]
             B, T, _, H, D = qkv.shape
             d = H * D
@@ -421,6 +447,12 @@ class CupyBackend(Backend):
             qkv[i] = self._mm(x2, w).reshape(B, T, n_head, D).transpose(0, 2, 1, 3)
 
     def attn_qkv_bwd(self, dqkv, x, wq, wk, wv, dx, dwq, dwk, dwv) -> None:
+        if self.fp8 is not None:
+            B, T, _, H, D = dqkv.shape
+            d = H * D
+            self.fp8.linear_bwd(dqkv.reshape(B * T, 3 * d), x.reshape(-1, d), (wq, wk, wv), dx.reshape(-1, d),
+                                (dwq, dwk, dwv), "qkv")
+            return
         if is_16bit(dqkv):
             B, T, _, H, D = dqkv.shape
             d = H * D
@@ -508,10 +540,17 @@ class CupyBackend(Backend):
 
     def attn_out_fwd(self, y, wo, out) -> None:
         d = y.shape[-1]
+        if self.fp8 is not None:
+            check_shapes(y.size // d, d)
+            self.fp8.linear_fwd(y.reshape(-1, d), (wo,), out.reshape(-1, out.shape[-1]), "out")
+            return
         self.gemm(self._operand(y.reshape(-1, d)), self._operand(wo, weight=True), out.reshape(-1, out.shape[-1]))
 
     def attn_out_bwd(self, dout, y, wo, dy, dwo) -> None:
         d = y.shape[-1]
+        if self.fp8 is not None:
+            self.fp8.linear_bwd(dout.reshape(-1, dout.shape[-1]), y.reshape(-1, d), (wo,), dy.reshape(-1, d), (dwo,), "out")
+            return
         g = self._operand(dout.reshape(-1, dout.shape[-1]))
         self.gemm(g, self._operand(wo, weight=True), dy.reshape(-1, d), tb=True)
         self.gemm(self._operand(y.reshape(-1, d)), g, dwo, ta=True, accumulate=True)
@@ -528,6 +567,9 @@ class CupyBackend(Backend):
     def mlp_fwd(self, x, w1, w2, h, a, out) -> None:
         d = x.shape[-1]
         M = h.shape[-1]
+        if self.fp8 is not None:  # a = gelu(h) goes straight from h into the second product's fp8 operand
+            self.fp8.mlp_fwd(x.reshape(-1, d), w1, w2, h.reshape(-1, M), out.reshape(-1, d))
+            return
         self.gemm(self._operand(x.reshape(-1, d)), self._operand(w1, weight=True), h.reshape(-1, M))
         self.gelu(h, a)
         self.gemm(self._operand(a.reshape(-1, M)), self._operand(w2, weight=True), out.reshape(-1, d))
@@ -538,6 +580,9 @@ class CupyBackend(Backend):
         fast = is_16bit(h)
         g = self._operand(dout.reshape(-1, d))
         da = self.scratch("mlp_da", (g.shape[0], M), h.dtype if fast else cp.float32)
+        if self.fp8 is not None:
+            self.fp8.mlp_bwd(g, x.reshape(-1, d), h, a, w1, w2, dx.reshape(-1, d), dw1, dw2, da)
+            return
         self.gemm(g, self._operand(w2, weight=True), da, tb=True)
         if fast and da.size % 8 == 0:  # a was not kept: recomputed by the pass that applies gelu'(h)
             self.kernel("elementwise", "gelu_bwd_recompute_h16x8")((blocks(da.size // 8),), (256,),

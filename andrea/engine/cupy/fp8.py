@@ -1,0 +1,343 @@
+"""The fp8 mode of the CuPy backend: the q/k/v, attention-output and MLP products in 8 bits.
+
+The recipe is andrea/fp8.py's (its NumPy simulation is the reference): e4m3 for weights and
+activations, e5m2 for gradients, per-tensor power-of-two scales from the amaxes of each site's
+last 16 casts (delayed scaling), fp32 accumulation, fp32 master weights and Adam state; everything
+else runs as in bf16 (the embeddings, LayerNorms, attention, the output head and the loss).
+
+Hopper's fp8 tensor cores take both operands with the reduction dimension contiguous ("TN"), so
+each product reads its operands in the layout it needs, made by the cast kernels
+(kernels/fp8.cu) in the same pass as the cast:
+
+  forward   y = x·W      x [m, k] as cast;                 W as Wᵀ [n, k] (cast once per pass)
+  input     dx = dy·Wᵀ   dy [m, n] as cast (e5m2);         W [k, n] as cast
+  weight    dW += xᵀ·dy  xᵀ [k, m]: x cast again;          dyᵀ [n, m] (e5m2, with dy's cast)
+
+The backward pass casts the saved 16-bit activations again at the scale the forward used, which
+gives the forward's 8-bit values bit for bit (the reference's `requantize`), instead of keeping
+8-bit transposed copies of every layer's inputs. Scales, amax histories and the counts of
+overflows and underflows live on the device (fp8_update moves each pass's amaxes into the
+histories before its first cast), so a pass captured as a CUDA graph replays all of it. The
+products run through cuBLASLt (called with ctypes, like cuBLAS in gemm.py), which reads the
+inverse scales from the device.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import cupy as cp
+import numpy as np
+
+HISTORY = 16  # as kernels/fp8.cu FP8_HISTORY and andrea/fp8.py's default
+MAX_SITES = 4096  # device arrays allocated once (a graph holds them); a 480M model uses 16·12 + 16
+FORMATS = {"e4m3": 448.0, "e5m2": 57344.0}
+_CUDA_R_32F, _CUDA_R_16BF, _CUDA_R_8F_E4M3, _CUDA_R_8F_E5M2, _COMPUTE_32F = 0, 14, 28, 29, 68
+_TYPE = {"e4m3": _CUDA_R_8F_E4M3, "e5m2": _CUDA_R_8F_E5M2}
+# cublasLt.h (CUDA 12 and 13)
+_DESC_TRANSA, _DESC_TRANSB, _DESC_A_SCALE, _DESC_B_SCALE, _DESC_FAST_ACCUM = 3, 4, 17, 18, 25
+_PREF_MAX_WORKSPACE = 1
+_OP_N, _OP_T = 0, 1
+_HEURISTIC_BYTES = 256  # cublasLtMatmulHeuristicResult_t is 96 bytes; its algo (64 bytes) comes first
+WORKSPACE_BYTES = 32 << 20
+_ONE = np.ones(1, dtype=np.float32)
+_ZERO = np.zeros(1, dtype=np.float32)
+
+
+def check_shapes(rows: int, *cols: int) -> None:
+    """fp8 products need every dimension a multiple of 16 (cuBLASLt's fp8 kernels: 16-byte aligned rows)."""
+    bad = [n for n in (rows, *cols) if n % 16]
+    if bad:
+        raise ValueError(f"precision fp8 needs B·T and the model's widths to be multiples of 16; got {bad} "
+                         f"(B·T = {rows}, widths {list(cols)}): use bf16 for this shape")
+
+
+@functools.lru_cache(maxsize=None)
+def _library() -> ctypes.CDLL:
+    """The libcublasLt next to the libcublas CuPy loaded."""
+    cp.cuda.device.get_cublas_handle()
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "/libcublasLt.so" in line}
+    if not paths:
+        raise RuntimeError("libcublasLt is not loaded in this process (it comes with libcublas)")
+    lib = ctypes.CDLL(paths.pop())
+    vp, i32, u64, i64, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_int64, ctypes.c_size_t
+    lib.cublasLtCreate.argtypes = [ctypes.POINTER(vp)]
+    lib.cublasLtDestroy.argtypes = [vp]
+    lib.cublasLtMatmulDescCreate.argtypes = [ctypes.POINTER(vp), i32, i32]
+    lib.cublasLtMatmulDescSetAttribute.argtypes = [vp, i32, vp, sz]
+    lib.cublasLtMatrixLayoutCreate.argtypes = [ctypes.POINTER(vp), i32, u64, u64, i64]
+    lib.cublasLtMatmulPreferenceCreate.argtypes = [ctypes.POINTER(vp)]
+    lib.cublasLtMatmulPreferenceSetAttribute.argtypes = [vp, i32, vp, sz]
+    lib.cublasLtMatmulAlgoGetHeuristic.argtypes = [vp, vp, vp, vp, vp, vp, vp, i32, vp, ctypes.POINTER(i32)]
+    lib.cublasLtMatmul.argtypes = [vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, sz, vp]
+    return lib
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"{what} failed with cuBLAS status {status}")
+
+
+class Lt:
+    """A cuBLASLt handle, its workspace, and a plan (descriptors and the heuristic's algorithm) per shape."""
+
+    def __init__(self):
+        self.lib = lib = _library()
+        self.handle = ctypes.c_void_p()
+        _check(lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
+        self.workspace = cp.empty(WORKSPACE_BYTES, dtype=cp.uint8)
+        self.plans: dict = {}
+
+    def _plan(self, m, n, k, ta, tb, tc, fast):
+        key = (m, n, k, ta, tb, tc, fast)
+        plan = self.plans.get(key)
+        if plan is not None:
+            return plan
+        lib = self.lib
+        desc = ctypes.c_void_p()
+        _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _CUDA_R_32F), "cublasLtMatmulDescCreate")
+        for attr, value in ((_DESC_TRANSA, _OP_T), (_DESC_TRANSB, _OP_N)):
+            v = ctypes.c_int32(value)
+            _check(lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(v), 4), "cublasLtMatmulDescSetAttribute")
+        f = ctypes.c_int8(1 if fast else 0)
+        _check(lib.cublasLtMatmulDescSetAttribute(desc, _DESC_FAST_ACCUM, ctypes.byref(f), 1), "set FAST_ACCUM")
+        # column-major: D [n, m] = A_ltᵀ · B_lt, A_lt = the second operand stored [n, k] (k contiguous),
+        # B_lt = the first stored [m, k]
+        layouts = []
+        for dtype, rows, cols in ((tb, k, n), (ta, k, m), (tc, n, m)):
+            lay = ctypes.c_void_p()
+            _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), dtype, rows, cols, rows), "cublasLtMatrixLayoutCreate")
+            layouts.append(lay)
+        pref = ctypes.c_void_p()
+        _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
+        ws = ctypes.c_uint64(WORKSPACE_BYTES)
+        _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE, ctypes.byref(ws), 8), "set workspace")
+        result = (ctypes.c_ubyte * _HEURISTIC_BYTES)()
+        count = ctypes.c_int32(0)
+        la, lb, lc = layouts
+        _check(lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, la, lb, lc, lc, pref, 1, ctypes.byref(result),
+                                                  ctypes.byref(count)), "cublasLtMatmulAlgoGetHeuristic")
+        if count.value < 1:
+            raise RuntimeError(f"cuBLASLt has no fp8 algorithm for m={m} n={n} k={k} (types {ta}, {tb} -> {tc})")
+        plan = self.plans[key] = (desc, la, lb, lc, pref, result)
+        return plan
+
+    def matmul(self, a, a_inv, ta: str, bt, b_inv, tb: str, c, accumulate: bool = False, fast: bool = False) -> None:
+        """Row-major c [m, n] (bf16 or fp32) = (a · btᵀ) · a_inv · b_inv, or += with `accumulate`:
+        a [m, k] and bt [n, k] fp8 (formats ta, tb), both k-contiguous; a_inv, b_inv device
+        pointers to the operands' inverse scales. `fast`: fp8 accumulation without cuBLASLt's
+        periodic promotion to fp32 (the forward products, as Transformer Engine does)."""
+        m, k = a.shape
+        n = bt.shape[0]
+        if bt.shape[1] != k or c.shape != (m, n):
+            raise ValueError(f"fp8 matmul shapes: a {a.shape}, bt {bt.shape}, c {c.shape}")
+        tc = _CUDA_R_32F if c.dtype == np.float32 else _CUDA_R_16BF
+        desc, la, lb, lc, _, algo = self._plan(m, n, k, _TYPE[ta], _TYPE[tb], tc, fast)
+        lib = self.lib
+        for attr, ptr in ((_DESC_A_SCALE, b_inv), (_DESC_B_SCALE, a_inv)):
+            p = ctypes.c_void_p(ptr)
+            _check(lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(p), 8), "set scale pointer")
+        _check(lib.cublasLtMatmul(
+            self.handle, desc, _ONE.ctypes.data, bt.data.ptr, la, a.data.ptr, lb,
+            (_ONE if accumulate else _ZERO).ctypes.data, c.data.ptr, lc, c.data.ptr, lc,
+            ctypes.addressof(algo), self.workspace.data.ptr, WORKSPACE_BYTES, cp.cuda.get_current_stream().ptr,
+        ), "cublasLtMatmul")
+
+    def close(self) -> None:
+        if self.handle:
+            _check(self.lib.cublasLtDestroy(self.handle), "cublasLtDestroy")
+            self.handle = ctypes.c_void_p()
+        self.workspace = None
+
+
+class Fp8:
+    """One backend's fp8 state (sites, scales, histories, counts on the device) and its products."""
+
+    def __init__(self, backend):
+        self.be = backend
+        self.amax_now = cp.full(MAX_SITES, -1.0, dtype=cp.float32)
+        self.hist = cp.zeros((MAX_SITES, HISTORY), dtype=cp.float32)
+        self.scale = cp.ones(MAX_SITES, dtype=cp.float32)
+        self.inv = cp.ones(MAX_SITES, dtype=cp.float32)
+        self.fmax = cp.ones(MAX_SITES, dtype=cp.float32)
+        self.counts = cp.zeros((MAX_SITES, 3), dtype=cp.uint64)
+        self.sites: dict = {}  # (role, weight pointer) -> index
+        self.primed: set = set()  # sites cast at least once (their scale has something to go on)
+        self.weights: dict = {}  # first weight's pointer -> (Wᵀ [n, k], W [k, n]) e4m3 copies
+        self.lt = None
+
+    def buffers(self) -> list:
+        """What a captured pass reads and writes besides the backend's scratch."""
+        return [self.amax_now, self.hist, self.scale, self.inv, self.fmax, self.counts,
+                list(self.weights.values()), None if self.lt is None else self.lt.workspace]
+
+    def release(self) -> None:
+        self.weights.clear()
+        if self.lt is not None:
+            self.lt.close()
+            self.lt = None
+
+    # ------------------------------------------------------------------ scales and casts
+    def _site(self, role: str, w, fmt: str) -> int:
+        key = (role, w.data.ptr, fmt)
+        i = self.sites.get(key)
+        if i is None:
+            i = self.sites[key] = len(self.sites)
+            if i >= MAX_SITES:
+                raise RuntimeError(f"more than {MAX_SITES} fp8 sites")
+            self.fmax[i] = FORMATS[fmt]
+        return i
+
+    def begin_pass(self) -> None:
+        """Each site's amaxes since the last call join its history; scales from the histories."""
+        n = len(self.sites)
+        if n:
+            self.be.kernel("fp8", "fp8_update")(((n + 127) // 128,), (128,), (self.amax_now, self.hist, self.scale, self.inv,
+                                                                      self.fmax, np.int32(n)))
+
+    def cast(self, x, site: int, fmt: str, q=None, qt=None, record: bool = True, gelu: bool = False) -> None:
+        """x [rows, cols] (fp32 or bf16, unit column stride) cast at the site's scale into q [rows, cols]
+        and/or qt [cols, rows] (uint8 views, unit column stride). `record`: x's amax joins the site's
+        history and the cast is counted (a forward cast, or a gradient's); without it x is cast
+        again at the scale of the site's latest cast (the backward reading the forward's operand).
+        `gelu`: x is h, and a = gelu(h) in 16 bits is cast."""
+        rows, cols = x.shape
+        fn = self._cast_fn(x, fmt, gelu)
+        grid = ((cols + 63) // 64, (rows + 63) // 64)
+        ld = x.strides[0] // x.itemsize
+
+        def launch(q_, qt_, rec, cnt):
+            fn(grid, (256,), (x, np.int64(ld), q_ if q_ is not None else 0, np.int64(0 if q_ is None else q_.strides[0]),
+                              qt_ if qt_ is not None else 0, np.int64(0 if qt_ is None else qt_.strides[0]),
+                              np.int32(rows), np.int32(cols), np.int32(site), self.scale, self.amax_now, self.counts,
+                              np.int32(rec), np.int32(cnt)))
+
+        if record and site not in self.primed:
+            self.prime(site, [x], fmt, gelu)
+        elif site not in self.primed:
+            raise RuntimeError("an fp8 operand is cast again before its first cast")
+        launch(q, qt, int(record), int(record))
+
+    def _cast_fn(self, x, fmt: str, gelu: bool):
+        src = "f32" if x.dtype == np.float32 else "h16"
+        return self.be.kernel("fp8", f"fp8_cast_{src}_{fmt}" + ("_gelu" if gelu else ""))
+
+    def prime(self, site: int, xs, fmt: str, gelu: bool = False) -> None:
+        """A site's first cast has no history: its scale comes from the amax of the tensors xs (the
+        parts of one tensor), as in the reference. Runs on the eager warm-up pass, before any capture."""
+        for x in xs:
+            rows, cols = x.shape
+            self._cast_fn(x, fmt, gelu)(((cols + 63) // 64, (rows + 63) // 64), (256,), (
+                x, np.int64(x.strides[0] // x.itemsize), 0, np.int64(0), 0, np.int64(0), np.int32(rows), np.int32(cols),
+                np.int32(site), self.scale, self.amax_now, self.counts, np.int32(1), np.int32(0)))
+        self.be.kernel("fp8", "fp8_scale_from_now")((1,), (1,), (self.amax_now, self.scale, self.inv, self.fmax, np.int32(site)))
+        self.primed.add(site)
+
+    def _weights(self, ws, role: str = "w"):
+        """The e4m3 copies of the weights ws (each [k, n_i], side by side: one tensor, one scale):
+        Wᵀ [Σn_i, k] for the forward and W [k, Σn_i] for the input gradient, cast once per pass."""
+        site = self._site(role, ws[0], "e4m3")
+        key = ws[0].data.ptr
+        k = ws[0].shape[0]
+        n = sum(w.shape[1] for w in ws)
+        if key not in self.weights:
+            self.weights[key] = (cp.empty((n, k), dtype=cp.uint8), cp.empty((k, n), dtype=cp.uint8))
+        wt, wp = self.weights[key]
+        return site, wt, wp
+
+    def cast_weights(self, ws) -> tuple:
+        site, wt, wp = self._weights(ws)
+        if site not in self.primed:
+            self.prime(site, ws, "e4m3")
+        at = 0
+        for w in ws:
+            ni = w.shape[1]
+            self.cast(w, site, "e4m3", q=wp[:, at:at + ni], qt=wt[at:at + ni])
+            at += ni
+        return site, wt, wp
+
+    def _lt(self) -> Lt:
+        if self.lt is None:
+            self.lt = Lt()
+        return self.lt
+
+    def mm(self, a, sa: int, fa: str, bt, sb: int, fb: str, c, accumulate=False, fast=False) -> None:
+        inv = self.inv.data.ptr
+        self._lt().matmul(a, inv + 4 * sa, fa, bt, inv + 4 * sb, fb, c, accumulate, fast)
+
+    def _u8(self, key: str, shape) -> cp.ndarray:
+        return self.be.scratch("fp8_" + key, tuple(shape), cp.uint8)
+
+    # ------------------------------------------------------------------ the products
+    def linear_fwd(self, x2, ws, out2, role: str, gelu: bool = False) -> None:
+        """out2 [m, Σn] = x2 · [ws side by side] with x2 [m, k] cast to e4m3 (`gelu`: x2 is h, a = gelu(h) is cast)."""
+        m, k = x2.shape
+        sx = self._site(role + ".x", ws[0], "e4m3")
+        xq = self._u8(f"x{k}", (m, k))
+        self.cast(x2, sx, "e4m3", q=xq, gelu=gelu)
+        sw, wt, _ = self.cast_weights(ws)
+        self.mm(xq, sx, "e4m3", wt, sw, "e4m3", out2, fast=True)
+
+    def linear_bwd(self, g2, x2, ws, dx2, dws, role: str) -> None:
+        """dx2 = g2 · Wᵀ (overwritten) and dws[i] += x2ᵀ · g2[:, block i], g2 [m, Σn] cast to e5m2 and
+        x2 [m, k] cast again at its forward scale."""
+        m, n = g2.shape
+        k = x2.shape[1]
+        sg = self._site(role + ".dy", ws[0], "e5m2")
+        gq, gt = self._u8(f"g{n}", (m, n)), self._u8(f"gt{n}", (n, m))
+        self.cast(g2, sg, "e5m2", q=gq, qt=gt)
+        sw, _, wp = self._weights(ws)
+        self.mm(gq, sg, "e5m2", wp, sw, "e4m3", dx2)
+        sx = self._site(role + ".x", ws[0], "e4m3")
+        xt = self._u8(f"xt{k}", (k, m))
+        self.cast(x2, sx, "e4m3", qt=xt, record=False)
+        at = 0
+        for dw in dws:
+            ni = dw.shape[1]
+            self.mm(xt, sx, "e4m3", gt[at:at + ni], sg, "e5m2", dw, accumulate=True)
+            at += ni
+
+    def mlp_fwd(self, x2, w1, w2, h2, out2) -> None:
+        check_shapes(x2.shape[0], x2.shape[1], h2.shape[1])
+        self.linear_fwd(x2, (w1,), h2, "mlp1")
+        self.linear_fwd(h2, (w2,), out2, "mlp2", gelu=True)  # sites keyed by w2: a = gelu(h) is its input
+
+    def mlp_bwd(self, g2, x2, h, a, w1, w2, dx2, dw1, dw2, da) -> None:
+        """da: a [m, M] 16-bit scratch for a's gradient, then h's (gelu' applied in place)."""
+        m, M = da.shape
+        sg = self._site("mlp2.dy", w2, "e5m2")
+        d = g2.shape[1]
+        gq, gt = self._u8(f"g{d}", (m, d)), self._u8(f"gt{d}", (d, m))
+        self.cast(g2, sg, "e5m2", q=gq, qt=gt)
+        sw2, _, w2p = self._weights((w2,))
+        self.mm(gq, sg, "e5m2", w2p, sw2, "e4m3", da)
+        self.be.kernel("elementwise", "gelu_bwd_recompute_h16x8")(((da.size // 8 + 255) // 256,), (256,),
+                                                                 (h, da, a, np.int64(da.size // 8)))
+        sa = self._site("mlp2.x", w2, "e4m3")
+        at = self._u8(f"xt{M}", (M, m))
+        self.cast(a.reshape(m, M), sa, "e4m3", qt=at, record=False)
+        self.mm(at, sa, "e4m3", gt, sg, "e5m2", dw2, accumulate=True)
+        self.linear_bwd(da, x2, (w1,), dx2, (dw1,), "mlp1")
+
+    def counts_dict(self) -> dict:
+        """Values cast so far, and how many overflowed (saturated) or underflowed (to zero), over all
+        sites; per role too ("qkv.x", "mlp1.dy", "w", ...)."""
+        c = cp.asnumpy(self.counts[:len(self.sites)]).astype(np.int64)
+        total = c.sum(axis=0) if len(c) else np.zeros(3, np.int64)
+        roles: dict = {}
+        for (role, _, _), i in self.sites.items():
+            r = roles.setdefault(role, np.zeros(3, np.int64))
+            r += c[i]
+        out = {"values": int(total[0]), "overflow": int(total[1]), "underflow": int(total[2])}
+        out["by_role"] = {r: {"values": int(v[0]), "overflow": int(v[1]), "underflow": int(v[2])} for r, v in sorted(roles.items())}
+        return out
+
+    def scales(self) -> dict:
+        """Each site's current scale (role, format) -> list over layers in the order they were first cast."""
+        s = cp.asnumpy(self.scale[:len(self.sites)])
+        out: dict = {}
+        for (role, _, fmt), i in self.sites.items():
+            out.setdefault(f"{role}:{fmt}", []).append(float(s[i]))
+        return out

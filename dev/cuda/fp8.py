@@ -1,0 +1,160 @@
+"""The fp8 mode's kernels (andrea/kernels/fp8.cu), checked against andrea/fp8.py and timed.
+
+    python3 dev/cuda/fp8.py [--quick]
+
+fp8_cast     a matrix cast to e4m3 or e5m2 at a scale: its bytes, its transpose's bytes, the amax
+             recorded and the overflow/underflow counts, all exactly as andrea/fp8.py casts
+             (ml_dtypes rounds to nearest even after the reference clips to ±max). The inputs of
+             the model's products: the LayerNorm output (bf16 -> e4m3), a gradient (bf16 -> e5m2,
+             and its transpose), the weights (fp32 -> e4m3 and the transpose), and a = gelu(h)
+             (bf16 h -> gelu in bf16 -> e4m3), whose reference is the host cast of the `a` that the
+             backward pass recomputes (gelu_bwd_recompute_h16x8): the two casts must agree bit for bit
+fp8_update   the delayed scales: each site's amax joins its history (the oldest leaves), the scale is
+             the largest power of two that keeps the history's largest amax within the format
+             (andrea/fp8.py DelayedScale), and a site's first scale from its own amax
+"""
+
+from __future__ import annotations
+
+import common
+import numpy as np
+
+from andrea.fp8 import DelayedScale, formats
+
+SRC = "fp8.cu"
+V = common.Version
+BF = ("bf16",)
+VERSIONS = [
+    V("fp8_cast", "x bf16 -> e4m3", ("fp8_cast_h16_e4m3",), SRC, BF),
+    V("fp8_cast", "dy bf16 -> e5m2 + transpose", ("fp8_cast_h16_e5m2",), SRC, BF),
+    V("fp8_cast", "W fp32 -> e4m3 + transpose", ("fp8_cast_f32_e4m3",), SRC, BF),
+    V("fp8_cast", "gelu(h) bf16 -> e4m3", ("fp8_cast_h16_e4m3_gelu", "gelu_bwd_recompute_h16x8"), SRC, BF),
+    V("fp8_update", "update + first scale", ("fp8_update", "fp8_scale_from_now"), SRC, BF),
+]
+HISTORY = 16
+
+
+def cast_reference(x, scale, fmt):
+    """(bytes, overflows, underflows) of x·scale in the format, as andrea/fp8.py casts."""
+    f = formats()[fmt]
+    x32 = np.asarray(x, np.float32)
+    scaled = x32 * np.float32(scale)
+    over = int((np.abs(scaled) > f.max).sum())
+    q = np.clip(scaled, -f.max, f.max).astype(f.dtype)
+    under = int(((q.astype(np.float32) == 0) & (x32 != 0)).sum())
+    return q.view(np.uint8), over, under
+
+
+def scale_reference(history, fmt, amax_now=None):
+    """The scale andrea/fp8.py's DelayedScale takes from a history (a first cast: from its own amax)."""
+    ds = DelayedScale(formats()[fmt], HISTORY)
+    ds.amaxes = [float(a) for a in history if a > 0]
+    return ds.scale(amax_now if amax_now is not None else 0.0)
+
+
+REFERENCES = {"fp8_cast": cast_reference, "fp8_update": scale_reference}
+EDGE = [common.Shape("edge B=3 T=24 C=40", 3, 24, 40, 2, 301)]  # rows, cols not multiples of the 64 x 64 tiles
+
+
+def run_cast(cp, report, shape, rng, reps):
+    N, C = shape.B * shape.T, shape.C
+    cases = [  # (version, rows, cols, input, format, plain, transposed)
+        (VERSIONS[0], N, C, "bf16", "e4m3", True, False),
+        (VERSIONS[1], N, 3 * C, "bf16", "e5m2", True, True),
+        (VERSIONS[2], C, 4 * C, "fp32", "e4m3", True, True),
+        (VERSIONS[3], N, 4 * C, "bf16", "e4m3", True, False),
+    ]
+    for ver, rows, cols, src, fmt, plain, trans in cases:
+        esz = 4 if src == "fp32" else 2
+        x = rng.standard_normal((rows, cols)) * (0.02 if src == "fp32" else 1.0)
+        amax_typ = float(np.abs(x).max())
+        x.flat[5] = 50 * amax_typ  # saturates at the scale of the typical values
+        x.flat[7] = 1e-30  # underflows
+        x.flat[9] = 0.0
+        fmax = formats()[fmt].max
+        scale = scale_reference([amax_typ], fmt)
+        if src == "bf16":
+            bits = common.to_h16(x, "bf16")
+            xv = common.from_h16(bits, "bf16").astype(np.float32)
+            d_x = cp.asarray(bits)
+        else:
+            xv = x.astype(np.float32)
+            d_x = cp.asarray(xv)
+        k = common.build(cp, ver, "bf16")
+        gelu = ver.name.startswith("gelu")
+        d_q = cp.zeros((rows, cols), cp.uint8) if plain else None
+        d_qt = cp.zeros((cols, rows), cp.uint8) if trans else None
+        d_scale = cp.full(1, scale, cp.float32)
+        d_amax = cp.full(1, -1.0, cp.float32)
+        d_counts = cp.zeros(3, cp.uint64)
+        grid = ((cols + 63) // 64, (rows + 63) // 64)
+        args = (d_x, np.int64(cols), 0 if d_q is None else d_q, np.int64(cols), 0 if d_qt is None else d_qt,
+                np.int64(rows), np.int32(rows), np.int32(cols),
+                np.int32(0), d_scale, d_amax, d_counts, np.int32(1), np.int32(1))
+        run = lambda k=k, ver=ver, grid=grid, args=args: k[ver.kernels[0]](grid, (256,), args)  # noqa: E731
+
+        def case(run=run, xv=xv, d_x=d_x, d_q=d_q, d_qt=d_qt, d_amax=d_amax, d_counts=d_counts, fmt=fmt, scale=scale,
+                 gelu=gelu, k=k, rows=rows, cols=cols, ver=ver, esz=esz):
+            run()
+            want_x = xv
+            if gelu:  # the backward's a = gelu(h), recomputed in bf16 by production's kernel
+                d_a, d_da = cp.zeros_like(d_x), cp.zeros_like(d_x)
+                n8 = rows * cols // 8
+                k[ver.kernels[1]]((common.blocks(n8),), (256,), (d_x, d_da, d_a, np.int64(n8)))
+                want_x = common.from_h16(d_a.get(), "bf16").astype(np.float32).reshape(rows, cols)
+            want, over, under = cast_reference(want_x, scale, fmt)
+            err = common.exact(np.array([float(d_amax.get()[0])]), np.array([float(np.abs(want_x).max())]), what="amax")
+            if d_q is not None:
+                err = err.worst(common.exact(d_q.get(), want, what="bytes"))
+            if d_qt is not None:
+                err = err.worst(common.exact(d_qt.get(), np.ascontiguousarray(want.T), what="transposed bytes"))
+            err = err.worst(common.exact(d_counts.get().astype(np.int64), np.array([rows * cols, over, under]),
+                                         what="counts (values, overflow, underflow)"))
+            ms = common.bench(cp, run, reps)
+            nbytes = rows * cols * (esz + (d_q is not None) + (d_qt is not None))
+            return err, ms, common.gbps(nbytes, ms)
+
+        report.attempt(ver.op, ver.name, "bf16", shape, case, ver.production)
+
+
+def run_update(cp, report, shape, rng, reps):
+    if shape is not EDGE[0]:
+        return  # one size: the sites of a model (16 per layer)
+    ver = VERSIONS[4]
+    k = common.build(cp, ver, "bf16")
+    n = 1000
+    fmts = ["e4m3" if i % 3 else "e5m2" for i in range(n)]
+    fmax = np.array([formats()[f].max for f in fmts], np.float32)
+    hist = (np.abs(rng.standard_normal((n, HISTORY))) * 10.0 ** rng.integers(-6, 3, (n, 1))).astype(np.float32)
+    hist[:50, :-3] = 0  # young sites: a few amaxes so far
+    now = np.abs(rng.standard_normal(n)).astype(np.float32) * 3
+    now[::7] = -1  # not cast since the last update
+    want_hist = hist.copy()
+    cast = now >= 0
+    want_hist[cast] = np.concatenate([hist[cast, 1:], now[cast, None]], axis=1)
+    want_scale = np.array([scale_reference(want_hist[i], fmts[i]) for i in range(n)], np.float32)
+    d = {name: cp.asarray(a) for name, a in (("now", now), ("hist", hist), ("fmax", fmax))}
+    d_scale, d_inv = cp.zeros(n, cp.float32), cp.zeros(n, cp.float32)
+
+    def case():
+        k["fp8_update"](((n + 127) // 128,), (128,), (d["now"], d["hist"], d_scale, d_inv, d["fmax"], np.int32(n)))
+        err = common.exact(d["hist"].get(), want_hist, what="history")
+        err = err.worst(common.exact(d_scale.get(), want_scale, what="scale"))
+        err = err.worst(common.exact(d_inv.get(), (1 / want_scale).astype(np.float32), what="1/scale"))
+        err = err.worst(common.exact(d["now"].get(), np.full(n, -1, np.float32), what="amax_now reset"))
+        # a first cast: the scale from its own amax
+        first = cp.asarray(np.array([0.37], np.float32))
+        one_scale, one_inv = cp.zeros(1, cp.float32), cp.zeros(1, cp.float32)
+        k["fp8_scale_from_now"]((1,), (1,), (first, one_scale, one_inv, cp.asarray(np.float32([448.0])), np.int32(0)))
+        err = err.worst(common.exact(one_scale.get(), np.float32([scale_reference([], "e4m3", 0.37)]), what="first scale"))
+        return err, None, ""
+
+    report.attempt(ver.op, ver.name, "bf16", shape, case, ver.production)
+
+
+def main(argv=None) -> int:
+    return common.run_script(__doc__, "fp8", EDGE, [run_cast, run_update], argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
