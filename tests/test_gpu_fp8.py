@@ -18,6 +18,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes", reason="fp8 needs ml_dtypes")
 
 if HAVE_GPU:
     from andrea.engine.cupy import BF16, CupyBackend
+    from andrea.engine.cupy.kernels import blocks
 from andrea.engine import Engine  # noqa: E402
 from andrea.fp8 import FP8Sites  # noqa: E402
 from andrea.model import ModelConfig  # noqa: E402
@@ -63,21 +64,33 @@ def test_casts_and_delayed_scales_follow_the_reference():
     assert got == want and want["overflow"] > 0 and want["underflow"] > 0
 
 
-def test_gelu_cast_is_the_backward_recompute_bit_for_bit():
-    """The forward casts a = gelu(h) straight from h; the backward recomputes a in bf16 and casts it
-    again at the same scale: the dW2 product must read exactly the forward's operand."""
+def test_gelu_casts_forward_and_backward_agree():
+    """The forward casts a = gelu(h) straight from h; the backward's one pass over h and a's gradient
+    (fp8_gelu_bwd_cast) casts a again at the same scale, transposed, for dW2: exactly the forward's
+    operand. Its other output, h's gradient in e5m2 (and transposed), is the bf16 path's
+    da·gelu'(h) to e5m2's precision."""
     be = CupyBackend("fp8")
     f = be.fp8
-    h = cp.asarray((np.random.default_rng(1).standard_normal((64, 256)) * 2).astype(BF16))
+    rng = np.random.default_rng(1)
+    rows, cols = 64, 256
+    h = cp.asarray((rng.standard_normal((rows, cols)) * 2).astype(BF16))
+    g = cp.asarray(rng.standard_normal((rows, cols)).astype(BF16))
     anchor = cp.zeros(1, cp.float32)
-    site = f._site("mlp2.x", anchor, "e4m3")
-    q = cp.zeros((64, 256), cp.uint8)
-    f.cast(h, site, "e4m3", q=q, gelu=True)
-    a, da = cp.zeros_like(h), cp.zeros_like(h)
-    be.kernel("elementwise", "gelu_bwd_recompute_h16x8")((8,), (256,), (h, da, a, np.int64(h.size // 8)))
-    qt = cp.zeros((256, 64), cp.uint8)
-    f.cast(a, site, "e4m3", qt=qt, record=False)
-    assert np.array_equal(q.get().T, qt.get())
+    sa, sd = f._site("mlp2.x", anchor, "e4m3"), f._site("mlp1.dy", anchor, "e5m2")
+    q = cp.zeros((rows, cols), cp.uint8)
+    f.cast(h, sa, "e4m3", q=q, gelu=True)
+    f.scale[sd] = 2.0  # dh's scale as a delayed scale would have it
+    dq, dqt, aqt = cp.zeros((rows, cols), cp.uint8), cp.zeros((cols, rows), cp.uint8), cp.zeros((cols, rows), cp.uint8)
+    be.kernel("fp8", "fp8_gelu_bwd_cast")((cols // 64, rows // 64), (256,), (
+        g, h, np.int32(rows), np.int32(cols), dq, dqt, np.int32(sd), aqt, np.int32(sa), f.scale, f.amax_now, f.counts,
+        np.int32(1), np.int32(1)))
+    assert np.array_equal(q.get().T, aqt.get())
+    assert np.array_equal(dq.get().T, dqt.get())
+    a, dh = cp.zeros_like(h), g.copy()  # the bf16 path: dh in bf16 (a recomputed beside it)
+    be.kernel("elementwise", "gelu_bwd_recompute_h16x8")((blocks(h.size // 8),), (256,), (h, dh, a, np.int64(h.size // 8)))
+    want = dh.get().astype(np.float32)
+    assert rel(unscaled(dq, "e5m2", 2.0), want) < 0.1  # e5m2: 2 mantissa bits, ≤ 12.5 % per value
+    assert float(f.amax_now[sd]) == pytest.approx(float(np.abs(want).max()), rel=2.0**-7)
 
 
 @pytest.mark.parametrize("fast", [False, True])
@@ -90,15 +103,19 @@ def test_fp8_matmul_matches_numpy(fast):
     m, n, k = 96, 80, 160
     a = (rng.standard_normal((m, k)) * 20).astype(E4M3)
     bt = (rng.standard_normal((n, k)) * 1000).astype(E5M2)
-    inv = cp.asarray(np.array([2.0**-5, 2.0**-10], np.float32))
+    inv = cp.asarray(np.array([2.0**-5, 0, 0, 0, 2.0**-10], np.float32))  # 16-byte aligned scales
     want = (a.astype(np.float64) * 2.0**-5) @ (bt.astype(np.float64) * 2.0**-10).T
     d_a, d_bt = cp.asarray(a.view(np.uint8)), cp.asarray(bt.view(np.uint8))
     c = cp.zeros((m, n), BF16)
-    lt.matmul(d_a, inv.data.ptr, "e4m3", d_bt, inv.data.ptr + 4, "e5m2", c, fast=fast)
-    assert rel(c.get().astype(np.float32), want) < 2.0**-7
+    lt.matmul(d_a, inv.data.ptr, "e4m3", d_bt, inv.data.ptr + 16, "e5m2", c, fast=fast)
+    err16 = rel(c.get().astype(np.float32), want)
+    assert err16 < 2.0**-7, err16
     acc = cp.full((m, n), 3.0, cp.float32)
-    lt.matmul(d_a, inv.data.ptr, "e4m3", d_bt, inv.data.ptr + 4, "e5m2", acc, accumulate=True, fast=fast)
-    assert rel(acc.get(), want + 3.0) < (1e-3 if fast else 1e-5)
+    lt.matmul(d_a, inv.data.ptr, "e4m3", d_bt, inv.data.ptr + 16, "e5m2", acc, accumulate=True, fast=fast)
+    # Hopper's fp8 MMA keeps fewer than fp32's 24 bits in its accumulator between cuBLASLt's
+    # promotions to fp32 (fast accumulation: none); a wrong scale or layout would be off by O(1)
+    err32 = rel(acc.get(), want + 3.0)
+    assert err32 < (2e-3 if fast else 2e-4), err32
 
 
 CFG = ModelConfig(vocab_size=64, d_model=64, n_head=2, n_layer=2, context=32)
@@ -129,7 +146,7 @@ def test_fp8_gradients_follow_the_numpy_reference():
 
 
 def test_fp8_training_follows_bf16_and_replays_as_a_graph():
-    """40 steps on one batch: fp8 ends within 3 % of bf16's loss (the reference's bound, test_fp8.py);
+    """40 steps on one batch (measured: fp8 follows bf16 to within 0.004 nats at the end, from 4.2 to 0.11);
     the captured pass gives the eager pass's losses bit for bit (amaxes are maxima: no order
     dependence); the counts say what was cast and that almost nothing saturated."""
     tokens, targets = batch(np.random.default_rng(4))
@@ -142,7 +159,11 @@ def test_fp8_training_follows_bf16_and_replays_as_a_graph():
         runs[name] = ([train_step(e, [b], i, oc).loss for i in range(40)], e)
     l16, l8, l8e = runs["bf16"][0], runs["fp8"][0], runs["fp8 eager"][0]
     assert l8 == l8e
-    assert l8[-1] == pytest.approx(l16[-1], rel=0.03) and l8[-1] < l8[0] - 1.0
+    # the curves agree step by step (absolute nats: near the end the losses are ~0.1, where a
+    # relative bound would say little); a broken scale or product would leave them at once
+    gap = max(abs(x - y) for x, y in zip(l8, l16))
+    assert gap < 0.1 and abs(l8[-1] - l16[-1]) < 0.01, (gap, l8[-1], l16[-1])
+    assert l8[-1] < l8[0] - 3.0
     counts = runs["fp8"][1].be.fp8_counts()
     assert counts["values"] > 0 and counts["overflow"] < 1e-3 * counts["values"]
     assert set(counts["by_role"]) == {"w", "qkv.x", "qkv.dy", "out.x", "out.dy", "mlp1.x", "mlp1.dy", "mlp2.x", "mlp2.dy"}

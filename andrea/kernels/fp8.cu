@@ -3,7 +3,7 @@
 // A "site" is one tensor role of one product (the activations entering layer 3's q/k/v product, the
 // gradient leaving its MLP, ...). Each has, on the device: amax_now (the largest magnitude cast
 // since the last update; -1: none), a history of the last FP8_HISTORY amaxes, its scale s (a power
-// of two: x·s is cast, the product multiplies by inv = 1/s) and counts (values, overflows,
+// of two: x·s is cast, the product multiplies by inv = 1/s, kept 16 bytes apart) and counts (values, overflows,
 // underflows). fp8_update runs once per pass, before its first cast: it moves each site's
 // amax_now into its history and sets the scale from the history's largest (delayed scaling), all
 // on the device, so a captured pass replays it.
@@ -18,6 +18,7 @@
 #include "elementwise.cu"
 
 #define FP8_HISTORY 16
+#define FP8_INV_STRIDE 4  // inv[site * 4]: cuBLASLt refuses scale pointers that are not 16-byte aligned
 #define FP8_E4M3 0
 #define FP8_E5M2 1
 
@@ -51,18 +52,94 @@ __device__ __forceinline__ float gelu_h16(float x) {  // as gelu_fwd_h16x8 and g
     return from_h16(to_h16(0.5f * x * (1.f + tanh_approx(GELU_C * (x + 0.044715f * x * x * x)))));
 }
 
+// what a block's casts saw: the largest magnitude, values, overflows, underflows
+struct CastStats {
+    float amax = 0.f;
+    unsigned values = 0, over = 0, under = 0;
+};
+
+// eight values times s to fp8 (packed), counted into st
+template <int FMT>
+__device__ __forceinline__ uint2 cast8(const float v[8], float s, CastStats& st, bool count) {
+    unsigned short b[4];
+#pragma unroll
+    for (int k = 0; k < 8; k++) st.amax = fmaxf(st.amax, fabsf(v[k]));
+#pragma unroll
+    for (int k = 0; k < 4; k++) b[k] = cvt2<FMT>(v[2 * k] * s, v[2 * k + 1] * s);
+    if (count) {
+        st.values += 8;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const unsigned char byte = (b[k / 2] >> (8 * (k % 2))) & 0xFF;
+            st.over += fabsf(v[k] * s) > Fp8Max<FMT>::value;
+            st.under += v[k] != 0.f && (byte & 0x7F) == 0;
+        }
+    }
+    return make_uint2(b[0] | ((unsigned)b[1] << 16), b[2] | ((unsigned)b[3] << 16));
+}
+
+// a 64 x 64 tile of bytes (tile[r][c]: input row r, column c) to qt [cols, rows] (row stride ldqt)
+__device__ __forceinline__ void store_transposed(const unsigned char (*tile)[64 + 8], unsigned char* __restrict__ qt,
+                                                 long ldqt, int row0, int col0, int rows, int cols) {
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int c = threadIdx.x + 256 * i, j = c / 8, r8 = (c % 8) * 8;  // output row col0 + j, input rows r8..r8+7
+        if (col0 + j < cols && row0 + r8 < rows) {
+            unsigned lo = 0, hi = 0;
+#pragma unroll
+            for (int k = 0; k < 4; k++) lo |= (unsigned)tile[r8 + k][j] << (8 * k);
+#pragma unroll
+            for (int k = 0; k < 4; k++) hi |= (unsigned)tile[r8 + 4 + k][j] << (8 * k);
+            *reinterpret_cast<uint2*>(qt + (long)(col0 + j) * ldqt + row0 + r8) = make_uint2(lo, hi);
+        }
+    }
+}
+
+// the block's stats into the site's amax_now (record) and counts (count); every thread calls it
+__device__ __forceinline__ void block_record(CastStats st, int site, float* __restrict__ amax_now,
+                                             unsigned long long* __restrict__ counts, int record, int count) {
+    __shared__ float wmax[8];
+    __shared__ unsigned wcnt[8][3];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int o = 16; o > 0; o >>= 1) {
+        st.amax = fmaxf(st.amax, __shfl_xor_sync(0xffffffff, st.amax, o));
+        st.values += __shfl_xor_sync(0xffffffff, st.values, o);
+        st.over += __shfl_xor_sync(0xffffffff, st.over, o);
+        st.under += __shfl_xor_sync(0xffffffff, st.under, o);
+    }
+    if (lane == 0) {
+        wmax[warp] = st.amax;
+        wcnt[warp][0] = st.values;
+        wcnt[warp][1] = st.over;
+        wcnt[warp][2] = st.under;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < 8; w++) {
+            st.amax = fmaxf(st.amax, wmax[w]);
+            st.values += wcnt[w][0];
+            st.over += wcnt[w][1];
+            st.under += wcnt[w][2];
+        }
+        // magnitudes are >= 0, so their bit patterns order as ints; amax_now starts at -1.0f (negative)
+        if (record) atomicMax(reinterpret_cast<int*>(amax_now + site), __float_as_int(st.amax));
+        if (count) {
+            atomicAdd(counts + 3 * site, (unsigned long long)st.values);
+            if (st.over) atomicAdd(counts + 3 * site + 1, (unsigned long long)st.over);
+            if (st.under) atomicAdd(counts + 3 * site + 2, (unsigned long long)st.under);
+        }
+    }
+}
+
 template <typename In, int FMT, bool GELU>
 __device__ void cast_tile(const In* __restrict__ x, long ldx, unsigned char* __restrict__ q, long ldq,
                           unsigned char* __restrict__ qt, long ldqt, int rows, int cols, int site,
                           const float* __restrict__ scale, float* __restrict__ amax_now,
                           unsigned long long* __restrict__ counts, int record, int count) {
     __shared__ unsigned char tile[64][64 + 8];
-    __shared__ float wmax[8];
-    __shared__ unsigned wcnt[8][3];
-    const float s = scale[site], fmax = Fp8Max<FMT>::value;
+    const float s = scale[site];
     const int row0 = blockIdx.y * 64, col0 = blockIdx.x * 64;
-    float m = 0.f;
-    unsigned n_val = 0, n_over = 0, n_under = 0;
+    CastStats st;
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int c = threadIdx.x + 256 * i, r = c / 8, cc = (c % 8) * 8;
@@ -70,73 +147,20 @@ __device__ void cast_tile(const In* __restrict__ x, long ldx, unsigned char* __r
         if (row < rows && col < cols) {
             float v[8];
             load8<In>(x + (long)row * ldx + col, v);
-            unsigned short b[4];
+            if (GELU) {
 #pragma unroll
-            for (int k = 0; k < 8; k++) {
-                if (GELU) v[k] = gelu_h16(v[k]);
-                m = fmaxf(m, fabsf(v[k]));
+                for (int k = 0; k < 8; k++) v[k] = gelu_h16(v[k]);
             }
-#pragma unroll
-            for (int k = 0; k < 4; k++) b[k] = cvt2<FMT>(v[2 * k] * s, v[2 * k + 1] * s);
-            if (count) {
-                n_val += 8;
-#pragma unroll
-                for (int k = 0; k < 8; k++) {
-                    const unsigned char byte = (b[k / 2] >> (8 * (k % 2))) & 0xFF;
-                    n_over += fabsf(v[k] * s) > fmax;
-                    n_under += v[k] != 0.f && (byte & 0x7F) == 0;
-                }
-            }
-            const uint2 packed = make_uint2(b[0] | ((unsigned)b[1] << 16), b[2] | ((unsigned)b[3] << 16));
+            const uint2 packed = cast8<FMT>(v, s, st, count);
             if (q) *reinterpret_cast<uint2*>(q + (long)row * ldq + col) = packed;
             if (qt) *reinterpret_cast<uint2*>(&tile[r][cc]) = packed;
         }
     }
     if (qt) {
         __syncthreads();
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int c = threadIdx.x + 256 * i, j = c / 8, r8 = (c % 8) * 8;  // output row col0 + j, input rows r8..r8+7
-            if (col0 + j < cols && row0 + r8 < rows) {
-                unsigned lo = 0, hi = 0;
-#pragma unroll
-                for (int k = 0; k < 4; k++) lo |= (unsigned)tile[r8 + k][j] << (8 * k);
-#pragma unroll
-                for (int k = 0; k < 4; k++) hi |= (unsigned)tile[r8 + 4 + k][j] << (8 * k);
-                *reinterpret_cast<uint2*>(qt + (long)(col0 + j) * ldqt + row0 + r8) = make_uint2(lo, hi);
-            }
-        }
+        store_transposed(tile, qt, ldqt, row0, col0, rows, cols);
     }
-    if (!record && !count) return;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    for (int o = 16; o > 0; o >>= 1) {
-        m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
-        n_val += __shfl_xor_sync(0xffffffff, n_val, o);
-        n_over += __shfl_xor_sync(0xffffffff, n_over, o);
-        n_under += __shfl_xor_sync(0xffffffff, n_under, o);
-    }
-    if (lane == 0) {
-        wmax[warp] = m;
-        wcnt[warp][0] = n_val;
-        wcnt[warp][1] = n_over;
-        wcnt[warp][2] = n_under;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < 8; w++) {
-            m = fmaxf(m, wmax[w]);
-            n_val += wcnt[w][0];
-            n_over += wcnt[w][1];
-            n_under += wcnt[w][2];
-        }
-        // magnitudes are >= 0, so their bit patterns order as ints; amax_now starts at -1.0f (negative)
-        if (record) atomicMax(reinterpret_cast<int*>(amax_now + site), __float_as_int(m));
-        if (count) {
-            atomicAdd(counts + 3 * site, (unsigned long long)n_val);
-            if (n_over) atomicAdd(counts + 3 * site + 1, (unsigned long long)n_over);
-            if (n_under) atomicAdd(counts + 3 * site + 2, (unsigned long long)n_under);
-        }
-    }
+    if (record || count) block_record(st, site, amax_now, counts, record, count);
 }
 
 #define FP8_CAST(name, In, FMT, GELU)                                                                          \
@@ -150,6 +174,49 @@ FP8_CAST(fp8_cast_f32_e4m3, float, FP8_E4M3, false)
 FP8_CAST(fp8_cast_h16_e4m3, h16, FP8_E4M3, false)
 FP8_CAST(fp8_cast_h16_e5m2, h16, FP8_E5M2, false)
 FP8_CAST(fp8_cast_h16_e4m3_gelu, h16, FP8_E4M3, true)
+
+// The fp8 MLP backward's one pass over h and da (a's gradient, [rows, cols] contiguous, 16-bit):
+// dh = da·gelu'(h) cast to e5m2 into dq and its transpose dqt (site_d: recorded and counted, as
+// any gradient's cast), and a = gelu(h) in 16 bits, the forward's operand, cast again to e4m3 at
+// its site's scale into aqt, transposed (the dW2 product's operand; neither recorded nor counted).
+// dh goes to fp8 from fp32, never stored in 16 bits. Null outputs are skipped (a first cast
+// records the amax alone).
+extern "C" __global__ void __launch_bounds__(256) fp8_gelu_bwd_cast(
+    const h16* __restrict__ da, const h16* __restrict__ h, int rows, int cols, unsigned char* __restrict__ dq,
+    unsigned char* __restrict__ dqt, int site_d, unsigned char* __restrict__ aqt, int site_a,
+    const float* __restrict__ scale, float* __restrict__ amax_now, unsigned long long* __restrict__ counts,
+    int record, int count) {
+    __shared__ unsigned char tile_d[64][64 + 8], tile_a[64][64 + 8];
+    const float sd = scale[site_d], sa = scale[site_a];
+    const int row0 = blockIdx.y * 64, col0 = blockIdx.x * 64;
+    CastStats st, unused;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int c = threadIdx.x + 256 * i, r = c / 8, cc = (c % 8) * 8;
+        const int row = row0 + r, col = col0 + cc;
+        if (row < rows && col < cols) {
+            float g[8], x[8], a[8];
+            load8<h16>(da + (long)row * cols + col, g);
+            load8<h16>(h + (long)row * cols + col, x);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {  // as gelu_bwd_recompute_h16x8
+                const float u = x[k] * x[k];
+                const float t = tanh_approx(GELU_C * (x[k] + 0.044715f * x[k] * x[k] * x[k]));
+                a[k] = from_h16(to_h16(0.5f * x[k] * (1.f + t)));
+                g[k] *= 0.5f * (1.f + t) + 0.5f * x[k] * (1.f - t * t) * GELU_C * (1.f + 3.f * 0.044715f * u);
+            }
+            const uint2 pd = cast8<FP8_E5M2>(g, sd, st, count);
+            const uint2 pa = cast8<FP8_E4M3>(a, sa, unused, false);
+            if (dq) *reinterpret_cast<uint2*>(dq + (long)row * cols + col) = pd;
+            *reinterpret_cast<uint2*>(&tile_d[r][cc]) = pd;
+            *reinterpret_cast<uint2*>(&tile_a[r][cc]) = pa;
+        }
+    }
+    __syncthreads();
+    if (dqt) store_transposed(tile_d, dqt, rows, row0, col0, rows, cols);
+    if (aqt) store_transposed(tile_a, aqt, rows, row0, col0, rows, cols);
+    if (record || count) block_record(st, site_d, amax_now, counts, record, count);
+}
 
 // the scale from an amax (a power of two: amax·s <= max < amax·2s); 1 when there is nothing to go on
 __device__ __forceinline__ float scale_for(float amax, float fmax) {
@@ -174,7 +241,7 @@ extern "C" __global__ void fp8_update(float* __restrict__ amax_now, float* __res
     for (int i = 0; i < FP8_HISTORY; i++) m = fmaxf(m, h[i]);
     const float sc = scale_for(m, fmax[s]);
     scale[s] = sc;
-    inv[s] = 1.f / sc;
+    inv[FP8_INV_STRIDE * s] = 1.f / sc;
 }
 
 // a site's first cast, which has no history yet: the scale from its own amax (just recorded by a
@@ -183,5 +250,5 @@ extern "C" __global__ void fp8_scale_from_now(const float* __restrict__ amax_now
                                               float* __restrict__ inv, const float* __restrict__ fmax, int site) {
     const float sc = scale_for(amax_now[site], fmax[site]);
     scale[site] = sc;
-    inv[site] = 1.f / sc;
+    inv[FP8_INV_STRIDE * site] = 1.f / sc;
 }

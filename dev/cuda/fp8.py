@@ -9,6 +9,8 @@ fp8_cast     a matrix cast to e4m3 or e5m2 at a scale: its bytes, its transpose'
              and its transpose), the weights (fp32 -> e4m3 and the transpose), and a = gelu(h)
              (bf16 h -> gelu in bf16 -> e4m3), whose reference is the host cast of the `a` that the
              backward pass recomputes (gelu_bwd_recompute_h16x8): the two casts must agree bit for bit
+             and the MLP backward's one pass over h and a's gradient (fp8_gelu_bwd_cast): h's
+             gradient to e5m2 and transposed, a again to e4m3 transposed (run_gelu_bwd)
 fp8_update   the delayed scales: each site's amax joins its history (the oldest leaves), the scale is
              the largest power of two that keeps the history's largest amax within the format
              (andrea/fp8.py DelayedScale), and a site's first scale from its own amax
@@ -30,6 +32,8 @@ VERSIONS = [
     V("fp8_cast", "W fp32 -> e4m3 + transpose", ("fp8_cast_f32_e4m3",), SRC, BF),
     V("fp8_cast", "gelu(h) bf16 -> e4m3", ("fp8_cast_h16_e4m3_gelu", "gelu_bwd_recompute_h16x8"), SRC, BF),
     V("fp8_update", "update + first scale", ("fp8_update", "fp8_scale_from_now"), SRC, BF),
+    V("fp8_cast", "gelu bwd: dh -> e5m2 + transpose, a -> e4m3 transpose", ("fp8_gelu_bwd_cast", "gelu_bwd_recompute_h16x8"),
+      SRC, BF),
 ]
 HISTORY = 16
 
@@ -117,6 +121,42 @@ def run_cast(cp, report, shape, rng, reps):
         report.attempt(ver.op, ver.name, "bf16", shape, case, ver.production)
 
 
+def run_gelu_bwd(cp, report, shape, rng, reps):
+    """The MLP backward's one pass: dh = da·gelu'(h) to e5m2 (and transposed), a = gelu(h) to e4m3
+    transposed. a's bytes: exactly the host cast of the a that gelu_bwd_recompute_h16x8 computes
+    (the forward cast's values, fp8_cast's gelu version); dh: the bf16 path's dh (the same kernel)
+    to within one e5m2 rounding (2^-3 relative) and bf16's, since dh goes to fp8 from fp32."""
+    ver = VERSIONS[5]
+    rows, cols = shape.B * shape.T, 4 * shape.C
+    k = common.build(cp, ver, "bf16")
+    h = cp.asarray(common.to_h16(rng.standard_normal((rows, cols)) * 1.5, "bf16"))
+    g = cp.asarray(common.to_h16(rng.standard_normal((rows, cols)) * 1e-3, "bf16"))
+    a, dh = cp.zeros_like(h), g.copy()
+    n8 = rows * cols // 8
+    k[ver.kernels[1]]((common.blocks(n8),), (256,), (h, dh, a, np.int64(n8)))
+    a_ref = common.from_h16(a.get(), "bf16").astype(np.float32)
+    dh_ref = common.from_h16(dh.get(), "bf16").astype(np.float64)
+    s_a, s_d = scale_reference([float(np.abs(a_ref).max())], "e4m3"), scale_reference([float(np.abs(dh_ref).max())], "e5m2")
+    scale = cp.asarray(np.array([s_d, s_a], np.float32))
+    amax, counts = cp.full(2, -1.0, cp.float32), cp.zeros(6, cp.uint64)
+    dq, dqt, aqt = cp.zeros((rows, cols), cp.uint8), cp.zeros((cols, rows), cp.uint8), cp.zeros((cols, rows), cp.uint8)
+    args = (g, h, np.int32(rows), np.int32(cols), dq, dqt, np.int32(0), aqt, np.int32(1), scale, amax, counts,
+            np.int32(1), np.int32(1))
+    run = lambda: k[ver.kernels[0]](((cols + 63) // 64, (rows + 63) // 64), (256,), args)  # noqa: E731
+
+    def case():
+        run()
+        want_a, _, _ = cast_reference(a_ref, s_a, "e4m3")
+        err = common.exact(aqt.get(), np.ascontiguousarray(want_a.T), what="a, transposed")
+        err = err.worst(common.exact(dqt.get(), np.ascontiguousarray(dq.get().T), what="dh transposed"))
+        got = dq.get().view(formats()["e5m2"].dtype).astype(np.float64) / s_d
+        err = err.worst(common.compare(got, dh_ref, rtol=2.0**-3 + 2.0**-7, atol=2.0**-17 / s_d, what="dh"))
+        ms = common.bench(cp, run, reps)
+        return err, ms, common.gbps(rows * cols * (2 + 2 + 3), ms)
+
+    report.attempt(ver.op, ver.name, "bf16", shape, case, ver.production)
+
+
 def run_update(cp, report, shape, rng, reps):
     if shape is not EDGE[0]:
         return  # one size: the sites of a model (16 per layer)
@@ -134,17 +174,17 @@ def run_update(cp, report, shape, rng, reps):
     want_hist[cast] = np.concatenate([hist[cast, 1:], now[cast, None]], axis=1)
     want_scale = np.array([scale_reference(want_hist[i], fmts[i]) for i in range(n)], np.float32)
     d = {name: cp.asarray(a) for name, a in (("now", now), ("hist", hist), ("fmax", fmax))}
-    d_scale, d_inv = cp.zeros(n, cp.float32), cp.zeros(n, cp.float32)
+    d_scale, d_inv = cp.zeros(n, cp.float32), cp.zeros((n, 4), cp.float32)  # inv 16 bytes apart (FP8_INV_STRIDE)
 
     def case():
         k["fp8_update"](((n + 127) // 128,), (128,), (d["now"], d["hist"], d_scale, d_inv, d["fmax"], np.int32(n)))
         err = common.exact(d["hist"].get(), want_hist, what="history")
         err = err.worst(common.exact(d_scale.get(), want_scale, what="scale"))
-        err = err.worst(common.exact(d_inv.get(), (1 / want_scale).astype(np.float32), what="1/scale"))
+        err = err.worst(common.exact(d_inv.get()[:, 0], (1 / want_scale).astype(np.float32), what="1/scale"))
         err = err.worst(common.exact(d["now"].get(), np.full(n, -1, np.float32), what="amax_now reset"))
         # a first cast: the scale from its own amax
         first = cp.asarray(np.array([0.37], np.float32))
-        one_scale, one_inv = cp.zeros(1, cp.float32), cp.zeros(1, cp.float32)
+        one_scale, one_inv = cp.zeros(1, cp.float32), cp.zeros(4, cp.float32)
         k["fp8_scale_from_now"]((1,), (1,), (first, one_scale, one_inv, cp.asarray(np.float32([448.0])), np.int32(0)))
         err = err.worst(common.exact(one_scale.get(), np.float32([scale_reference([], "e4m3", 0.37)]), what="first scale"))
         return err, None, ""
@@ -153,7 +193,7 @@ def run_update(cp, report, shape, rng, reps):
 
 
 def main(argv=None) -> int:
-    return common.run_script(__doc__, "fp8", EDGE, [run_cast, run_update], argv)
+    return common.run_script(__doc__, "fp8", EDGE, [run_cast, run_gelu_bwd, run_update], argv)
 
 
 if __name__ == "__main__":

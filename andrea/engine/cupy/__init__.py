@@ -581,7 +581,7 @@ class CupyBackend(Backend):
         g = self._operand(dout.reshape(-1, d))
         da = self.scratch("mlp_da", (g.shape[0], M), h.dtype if fast else cp.float32)
         if self.fp8 is not None:
-            self.fp8.mlp_bwd(g, x.reshape(-1, d), h, a, w1, w2, dx.reshape(-1, d), dw1, dw2, da)
+            self.fp8.mlp_bwd(g, x.reshape(-1, d), h, w1, w2, dx.reshape(-1, d), dw1, dw2, da)
             return
         self.gemm(g, self._operand(w2, weight=True), da, tb=True)
         if fast and da.size % 8 == 0:  # a was not kept: recomputed by the pass that applies gelu'(h)

@@ -15,7 +15,9 @@ each product reads its operands in the layout it needs, made by the cast kernels
 
 The backward pass casts the saved 16-bit activations again at the scale the forward used, which
 gives the forward's 8-bit values bit for bit (the reference's `requantize`), instead of keeping
-8-bit transposed copies of every layer's inputs. Scales, amax histories and the counts of
+8-bit transposed copies of every layer's inputs. The MLP's GELU is fused into casts both ways:
+the forward casts a = gelu(h) straight from h (a is never stored), and one backward pass over h
+and a's gradient writes h's gradient in e5m2 (and transposed) and a again, transposed, for dW2. Scales, amax histories and the counts of
 overflows and underflows live on the device (fp8_update moves each pass's amaxes into the
 histories before its first cast), so a pass captured as a CUDA graph replays all of it. The
 products run through cuBLASLt (called with ctypes, like cuBLAS in gemm.py), which reads the
@@ -33,13 +35,16 @@ import numpy as np
 HISTORY = 16  # as kernels/fp8.cu FP8_HISTORY and andrea/fp8.py's default
 MAX_SITES = 4096  # device arrays allocated once (a graph holds them); a 480M model uses 16·12 + 16
 FORMATS = {"e4m3": 448.0, "e5m2": 57344.0}
+INV_STRIDE = 4  # kernels/fp8.cu FP8_INV_STRIDE
 _CUDA_R_32F, _CUDA_R_16BF, _CUDA_R_8F_E4M3, _CUDA_R_8F_E5M2, _COMPUTE_32F = 0, 14, 28, 29, 68
 _TYPE = {"e4m3": _CUDA_R_8F_E4M3, "e5m2": _CUDA_R_8F_E5M2}
 # cublasLt.h (CUDA 12 and 13)
 _DESC_TRANSA, _DESC_TRANSB, _DESC_A_SCALE, _DESC_B_SCALE, _DESC_FAST_ACCUM = 3, 4, 17, 18, 25
 _PREF_MAX_WORKSPACE = 1
 _OP_N, _OP_T = 0, 1
-_HEURISTIC_BYTES = 256  # cublasLtMatmulHeuristicResult_t is 96 bytes; its algo (64 bytes) comes first
+_HEURISTIC_BYTES = 96  # sizeof(cublasLtMatmulHeuristicResult_t); its algo (64 bytes) comes first
+_RESULT_STRIDE = _HEURISTIC_BYTES
+_ALGOS = 8  # heuristic results asked for
 WORKSPACE_BYTES = 32 << 20
 _ONE = np.ones(1, dtype=np.float32)
 _ZERO = np.zeros(1, dtype=np.float32)
@@ -90,7 +95,7 @@ class Lt:
         self.workspace = cp.empty(WORKSPACE_BYTES, dtype=cp.uint8)
         self.plans: dict = {}
 
-    def _plan(self, m, n, k, ta, tb, tc, fast):
+    def _plan(self, m, n, k, ta, tb, tc, fast, scales):
         key = (m, n, k, ta, tb, tc, fast)
         plan = self.plans.get(key)
         if plan is not None:
@@ -98,6 +103,7 @@ class Lt:
         lib = self.lib
         desc = ctypes.c_void_p()
         _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _CUDA_R_32F), "cublasLtMatmulDescCreate")
+        self._set_scales(desc, scales)  # before the heuristic: an algorithm chosen without scales may not take them
         for attr, value in ((_DESC_TRANSA, _OP_T), (_DESC_TRANSB, _OP_N)):
             v = ctypes.c_int32(value)
             _check(lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(v), 4), "cublasLtMatmulDescSetAttribute")
@@ -114,15 +120,21 @@ class Lt:
         _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
         ws = ctypes.c_uint64(WORKSPACE_BYTES)
         _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE, ctypes.byref(ws), 8), "set workspace")
-        result = (ctypes.c_ubyte * _HEURISTIC_BYTES)()
+        results = (ctypes.c_ubyte * (_HEURISTIC_BYTES * _ALGOS))()
         count = ctypes.c_int32(0)
         la, lb, lc = layouts
-        _check(lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, la, lb, lc, lc, pref, 1, ctypes.byref(result),
+        _check(lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, la, lb, lc, lc, pref, _ALGOS, ctypes.byref(results),
                                                   ctypes.byref(count)), "cublasLtMatmulAlgoGetHeuristic")
         if count.value < 1:
             raise RuntimeError(f"cuBLASLt has no fp8 algorithm for m={m} n={n} k={k} (types {ta}, {tb} -> {tc})")
-        plan = self.plans[key] = (desc, la, lb, lc, pref, result)
+        algos = [ctypes.addressof(results) + i * _RESULT_STRIDE for i in range(count.value)]
+        plan = self.plans[key] = [desc, la, lb, lc, pref, results, algos]
         return plan
+
+    def _set_scales(self, desc, scales) -> None:
+        for attr, ptr in zip((_DESC_A_SCALE, _DESC_B_SCALE), scales):
+            p = ctypes.c_void_p(ptr)
+            _check(self.lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(p), 8), "set scale pointer")
 
     def matmul(self, a, a_inv, ta: str, bt, b_inv, tb: str, c, accumulate: bool = False, fast: bool = False) -> None:
         """Row-major c [m, n] (bf16 or fp32) = (a · btᵀ) · a_inv · b_inv, or += with `accumulate`:
@@ -134,16 +146,19 @@ class Lt:
         if bt.shape[1] != k or c.shape != (m, n):
             raise ValueError(f"fp8 matmul shapes: a {a.shape}, bt {bt.shape}, c {c.shape}")
         tc = _CUDA_R_32F if c.dtype == np.float32 else _CUDA_R_16BF
-        desc, la, lb, lc, _, algo = self._plan(m, n, k, _TYPE[ta], _TYPE[tb], tc, fast)
-        lib = self.lib
-        for attr, ptr in ((_DESC_A_SCALE, b_inv), (_DESC_B_SCALE, a_inv)):
-            p = ctypes.c_void_p(ptr)
-            _check(lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(p), 8), "set scale pointer")
-        _check(lib.cublasLtMatmul(
-            self.handle, desc, _ONE.ctypes.data, bt.data.ptr, la, a.data.ptr, lb,
-            (_ONE if accumulate else _ZERO).ctypes.data, c.data.ptr, lc, c.data.ptr, lc,
-            ctypes.addressof(algo), self.workspace.data.ptr, WORKSPACE_BYTES, cp.cuda.get_current_stream().ptr,
-        ), "cublasLtMatmul")
+        plan = self._plan(m, n, k, _TYPE[ta], _TYPE[tb], tc, fast, (b_inv, a_inv))
+        desc, la, lb, lc, _, _, algos = plan
+        self._set_scales(desc, (b_inv, a_inv))
+        status = None
+        for i, algo in enumerate(algos):  # the heuristic's first that runs (the rest are dropped once one has)
+            status = self.lib.cublasLtMatmul(
+                self.handle, desc, _ONE.ctypes.data, bt.data.ptr, la, a.data.ptr, lb,
+                (_ONE if accumulate else _ZERO).ctypes.data, c.data.ptr, lc, c.data.ptr, lc,
+                algo, self.workspace.data.ptr, WORKSPACE_BYTES, cp.cuda.get_current_stream().ptr)
+            if status == 0:
+                plan[6] = algos[i:i + 1]
+                return
+        _check(status, f"cublasLtMatmul (m={m} n={n} k={k}, {ta} x {tb}, {len(algos)} algorithms tried)")
 
     def close(self) -> None:
         if self.handle:
@@ -160,7 +175,7 @@ class Fp8:
         self.amax_now = cp.full(MAX_SITES, -1.0, dtype=cp.float32)
         self.hist = cp.zeros((MAX_SITES, HISTORY), dtype=cp.float32)
         self.scale = cp.ones(MAX_SITES, dtype=cp.float32)
-        self.inv = cp.ones(MAX_SITES, dtype=cp.float32)
+        self.inv = cp.ones((MAX_SITES, INV_STRIDE), dtype=cp.float32)  # inv[site, 0]: 16-byte aligned, as cuBLASLt needs
         self.fmax = cp.ones(MAX_SITES, dtype=cp.float32)
         self.counts = cp.zeros((MAX_SITES, 3), dtype=cp.uint64)
         self.sites: dict = {}  # (role, weight pointer) -> index
@@ -265,7 +280,7 @@ class Fp8:
 
     def mm(self, a, sa: int, fa: str, bt, sb: int, fb: str, c, accumulate=False, fast=False) -> None:
         inv = self.inv.data.ptr
-        self._lt().matmul(a, inv + 4 * sa, fa, bt, inv + 4 * sb, fb, c, accumulate, fast)
+        self._lt().matmul(a, inv + 4 * INV_STRIDE * sa, fa, bt, inv + 4 * INV_STRIDE * sb, fb, c, accumulate, fast)
 
     def _u8(self, key: str, shape) -> cp.ndarray:
         return self.be.scratch("fp8_" + key, tuple(shape), cp.uint8)
@@ -284,10 +299,14 @@ class Fp8:
         """dx2 = g2 · Wᵀ (overwritten) and dws[i] += x2ᵀ · g2[:, block i], g2 [m, Σn] cast to e5m2 and
         x2 [m, k] cast again at its forward scale."""
         m, n = g2.shape
-        k = x2.shape[1]
         sg = self._site(role + ".dy", ws[0], "e5m2")
         gq, gt = self._u8(f"g{n}", (m, n)), self._u8(f"gt{n}", (n, m))
         self.cast(g2, sg, "e5m2", q=gq, qt=gt)
+        self._linear_bwd_cast(gq, gt, sg, x2, ws, dx2, dws, role)
+
+    def _linear_bwd_cast(self, gq, gt, sg, x2, ws, dx2, dws, role: str) -> None:
+        """linear_bwd from the gradient already cast: gq [m, Σn] and its transpose gt, site sg."""
+        m, k = x2.shape
         sw, _, wp = self._weights(ws)
         self.mm(gq, sg, "e5m2", wp, sw, "e4m3", dx2)
         sx = self._site(role + ".x", ws[0], "e4m3")
@@ -304,22 +323,34 @@ class Fp8:
         self.linear_fwd(x2, (w1,), h2, "mlp1")
         self.linear_fwd(h2, (w2,), out2, "mlp2", gelu=True)  # sites keyed by w2: a = gelu(h) is its input
 
-    def mlp_bwd(self, g2, x2, h, a, w1, w2, dx2, dw1, dw2, da) -> None:
-        """da: a [m, M] 16-bit scratch for a's gradient, then h's (gelu' applied in place)."""
+    def mlp_bwd(self, g2, x2, h, w1, w2, dx2, dw1, dw2, da) -> None:
+        """da: a [m, M] 16-bit scratch for a's gradient. One pass over h and da (fp8_gelu_bwd_cast)
+        casts h's gradient to e5m2 (and its transpose) and a = gelu(h) again for dW2, so neither
+        h's gradient nor a is ever stored in 16 bits."""
         m, M = da.shape
-        sg = self._site("mlp2.dy", w2, "e5m2")
         d = g2.shape[1]
+        sg = self._site("mlp2.dy", w2, "e5m2")
         gq, gt = self._u8(f"g{d}", (m, d)), self._u8(f"gt{d}", (d, m))
         self.cast(g2, sg, "e5m2", q=gq, qt=gt)
         sw2, _, w2p = self._weights((w2,))
         self.mm(gq, sg, "e5m2", w2p, sw2, "e4m3", da)
-        self.be.kernel("elementwise", "gelu_bwd_recompute_h16x8")(((da.size // 8 + 255) // 256,), (256,),
-                                                                 (h, da, a, np.int64(da.size // 8)))
         sa = self._site("mlp2.x", w2, "e4m3")
-        at = self._u8(f"xt{M}", (M, m))
-        self.cast(a.reshape(m, M), sa, "e4m3", qt=at, record=False)
-        self.mm(at, sa, "e4m3", gt, sg, "e5m2", dw2, accumulate=True)
-        self.linear_bwd(da, x2, (w1,), dx2, (dw1,), "mlp1")
+        sd = self._site("mlp1.dy", w1, "e5m2")
+        dq, dqt, aqt = self._u8(f"g{M}", (m, M)), self._u8(f"gt{M}", (M, m)), self._u8(f"xt{M}", (M, m))
+        fn = self.be.kernel("fp8", "fp8_gelu_bwd_cast")
+        grid = ((M + 63) // 64, (m + 63) // 64)
+
+        def launch(outs, record, count):
+            fn(grid, (256,), (da, h, np.int32(m), np.int32(M), *outs[:2], np.int32(sd), outs[2], np.int32(sa),
+                              self.scale, self.amax_now, self.counts, np.int32(record), np.int32(count)))
+
+        if sd not in self.primed:  # h's gradient's first cast: its scale from its own amax
+            launch((0, 0, 0), 1, 0)
+            self.be.kernel("fp8", "fp8_scale_from_now")((1,), (1,), (self.amax_now, self.scale, self.inv, self.fmax, np.int32(sd)))
+            self.primed.add(sd)
+        launch((dq, dqt, aqt), 1, 1)
+        self.mm(aqt, sa, "e4m3", gt, sg, "e5m2", dw2, accumulate=True)
+        self._linear_bwd_cast(dq, dqt, sd, x2, (w1,), dx2, (dw1,), "mlp1")
 
     def counts_dict(self) -> dict:
         """Values cast so far, and how many overflowed (saturated) or underflowed (to zero), over all
