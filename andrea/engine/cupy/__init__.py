@@ -334,6 +334,10 @@ class CupyBackend(Backend):
         if self.fp8 is not None:
             self.fp8.release()
 
+    def _fp8(self, product: str) -> bool:
+        """Does this product ("qkv", "out", "mlp") run in fp8?"""
+        return self.fp8 is not None and product in self.fp8.products
+
     def begin_pass(self) -> None:
         """fp8: each site's amaxes of the last pass join its history, and its scale follows (on the device)."""
         if self.fp8 is not None:
@@ -423,7 +427,7 @@ class CupyBackend(Backend):
 
     # ------------------------------------------------------------------ attention
     def attn_qkv_fwd(self, x, wq, wk, wv, qkv, n_head) -> None:
-        if self.fp8 is not None:  # one product of width 3d: x·[W_Q W_K W_V], the three weights one fp8 tensor
+        if self._fp8("qkv"):  # one product of width 3d: x·[W_Q W_K W_V], the three weights one fp8 tensor
             B, T, _, H, D = qkv.shape
             check_shapes(B * T, H * D)
             self.fp8.linear_fwd(x.reshape(-1, H * D), (wq, wk, wv), qkv.reshape(B * T, 3 * H * D), "qkv")
@@ -447,7 +451,7 @@ class CupyBackend(Backend):
             qkv[i] = self._mm(x2, w).reshape(B, T, n_head, D).transpose(0, 2, 1, 3)
 
     def attn_qkv_bwd(self, dqkv, x, wq, wk, wv, dx, dwq, dwk, dwv) -> None:
-        if self.fp8 is not None:
+        if self._fp8("qkv"):
             B, T, _, H, D = dqkv.shape
             d = H * D
             self.fp8.linear_bwd(dqkv.reshape(B * T, 3 * d), x.reshape(-1, d), (wq, wk, wv), dx.reshape(-1, d),
@@ -540,7 +544,7 @@ class CupyBackend(Backend):
 
     def attn_out_fwd(self, y, wo, out) -> None:
         d = y.shape[-1]
-        if self.fp8 is not None:
+        if self._fp8("out"):
             check_shapes(y.size // d, d)
             self.fp8.linear_fwd(y.reshape(-1, d), (wo,), out.reshape(-1, out.shape[-1]), "out")
             return
@@ -548,7 +552,7 @@ class CupyBackend(Backend):
 
     def attn_out_bwd(self, dout, y, wo, dy, dwo) -> None:
         d = y.shape[-1]
-        if self.fp8 is not None:
+        if self._fp8("out"):
             self.fp8.linear_bwd(dout.reshape(-1, dout.shape[-1]), y.reshape(-1, d), (wo,), dy.reshape(-1, d), (dwo,), "out")
             return
         g = self._operand(dout.reshape(-1, dout.shape[-1]))
@@ -567,7 +571,7 @@ class CupyBackend(Backend):
     def mlp_fwd(self, x, w1, w2, h, a, out) -> None:
         d = x.shape[-1]
         M = h.shape[-1]
-        if self.fp8 is not None:  # a = gelu(h) goes straight from h into the second product's fp8 operand
+        if self._fp8("mlp"):  # a = gelu(h) goes straight from h into the second product's fp8 operand
             self.fp8.mlp_fwd(x.reshape(-1, d), w1, w2, h.reshape(-1, M), out.reshape(-1, d))
             return
         self.gemm(self._operand(x.reshape(-1, d)), self._operand(w1, weight=True), h.reshape(-1, M))
@@ -580,7 +584,7 @@ class CupyBackend(Backend):
         fast = is_16bit(h)
         g = self._operand(dout.reshape(-1, d))
         da = self.scratch("mlp_da", (g.shape[0], M), h.dtype if fast else cp.float32)
-        if self.fp8 is not None:
+        if self._fp8("mlp"):
             self.fp8.mlp_bwd(g, x.reshape(-1, d), h, w1, w2, dx.reshape(-1, d), dw1, dw2, da)
             return
         self.gemm(g, self._operand(w2, weight=True), da, tb=True)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 
 import cupy as cp
 import numpy as np
@@ -36,6 +37,18 @@ HISTORY = 16  # as kernels/fp8.cu FP8_HISTORY and andrea/fp8.py's default
 MAX_SITES = 4096  # device arrays allocated once (a graph holds them); a 480M model uses 16·12 + 16
 FORMATS = {"e4m3": 448.0, "e5m2": 57344.0}
 INV_STRIDE = 4  # kernels/fp8.cu FP8_INV_STRIDE
+# the products that run in fp8 (ANDREA_FP8_PRODUCTS, comma-separated, picks a subset: for measuring
+# what each gains; the others run as in bf16)
+ALL_PRODUCTS = ("qkv", "out", "mlp")
+
+
+def products_from_env() -> frozenset:
+    names = os.environ.get("ANDREA_FP8_PRODUCTS", ",".join(ALL_PRODUCTS))
+    chosen = frozenset(n.strip() for n in names.split(",") if n.strip())
+    unknown = chosen - set(ALL_PRODUCTS)
+    if unknown:
+        raise ValueError(f"ANDREA_FP8_PRODUCTS: unknown products {sorted(unknown)}; choose from {', '.join(ALL_PRODUCTS)}")
+    return chosen
 _CUDA_R_32F, _CUDA_R_16BF, _CUDA_R_8F_E4M3, _CUDA_R_8F_E5M2, _COMPUTE_32F = 0, 14, 28, 29, 68
 _TYPE = {"e4m3": _CUDA_R_8F_E4M3, "e5m2": _CUDA_R_8F_E5M2}
 # cublasLt.h (CUDA 12 and 13)
@@ -182,6 +195,7 @@ class Fp8:
         self.primed: set = set()  # sites cast at least once (their scale has something to go on)
         self.weights: dict = {}  # first weight's pointer -> (Wᵀ [n, k], W [k, n]) e4m3 copies
         self.lt = None
+        self.products = products_from_env()
 
     def buffers(self) -> list:
         """What a captured pass reads and writes besides the backend's scratch."""
