@@ -176,3 +176,17 @@ def test_fp8_refuses_shapes_the_products_cannot_take():
     x = np.zeros((1, 9), np.int64)
     with pytest.raises(ValueError, match="multiples of 16"):
         e.forward(x, x)
+
+
+def test_the_fp8_products_can_be_chosen(monkeypatch):
+    """ANDREA_FP8_PRODUCTS (for measuring what each product gains): the others run as in bf16 and
+    cast nothing; an unknown name is refused, naming the choices."""
+    monkeypatch.setenv("ANDREA_FP8_PRODUCTS", "mlp")
+    e = Engine(CFG, 4, 32, backend="cupy", precision="fp8", seed=1)
+    e.graphs = False
+    e.forward_backward(*batch(np.random.default_rng(5)))
+    assert e.be.fp8.products == {"mlp"}
+    assert set(e.be.fp8_counts()["by_role"]) == {"w", "mlp1.x", "mlp1.dy", "mlp2.x", "mlp2.dy"}
+    monkeypatch.setenv("ANDREA_FP8_PRODUCTS", "mlp,attention")
+    with pytest.raises(ValueError, match="unknown products.*qkv, out, mlp"):
+        CupyBackend("fp8")
