@@ -158,7 +158,7 @@ def heldout_report(cfg, weights: np.ndarray, token_bytes: np.ndarray, shards: di
     """The audit's held-out loss for every source that has held-out documents: nats/token,
     bits/byte and perplexity. Windows of `seq_len` run on the engine of the resolved backend (the
     GPU when there is one: in the precision the model was trained in, or bf16 if that was fp32 on
-    the CPU; on the CPU in fp32); a source whose held-out text is shorter than one window is scored
+    the CPU or fp8; on the CPU in fp32); a source whose held-out text is shorter than one window is scored
     whole by the generation model (andrea/sampling.py) on the same backend."""
     from andrea.engine import Engine, resolve_backend
     from andrea.sampling import InferenceModel

@@ -26,7 +26,9 @@ step, so what is written is exactly that step).
 Signals: SIGTERM (and SIGINT, Ctrl-C) finishes the current step, writes a checkpoint and exits 0;
 SIGUSR1 writes a checkpoint and carries on. A run started again resumes from the newest intact
 checkpoint and its state (a damaged newest one is reported and skipped) and follows the same
-trajectory bit for bit (same backend and precision).
+trajectory bit for bit (same backend and precision; fp8 excepted: its delayed scales are not in
+the checkpoint, so after a resume each tensor's first scale comes from its own amax again, and its
+cast counts start again from zero).
 """
 
 from __future__ import annotations
@@ -565,7 +567,7 @@ class Trainer:
         """Loss on the fixed held-out set, recorded; best.bin follows the best validation loss."""
         r = evaluate(self.engine, self.eval_set, self.eval_batches)
         rec = {"kind": "eval", "step": self.step, **r}
-        if self.precision == "fp8":  # what the fp8 casts lost so far: saturated or flushed to zero
+        if self.precision == "fp8":  # what this rank's fp8 casts lost so far (since the run started or resumed)
             c = self.engine.be.fp8_counts()
             rec["fp8"] = {k: c[k] for k in ("values", "overflow", "underflow")}
             log.info("fp8 casts by step %d: %d values, %d overflowed (%.2e), %d underflowed (%.2e)", self.step, c["values"],

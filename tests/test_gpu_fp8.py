@@ -170,12 +170,39 @@ def test_fp8_training_follows_bf16_and_replays_as_a_graph():
 
 
 def test_fp8_refuses_shapes_the_products_cannot_take():
-    e = Engine(ModelConfig(vocab_size=64, d_model=64, n_head=2, n_layer=1, context=32), 1, 9, backend="cupy",
+    """B·T = 9: told when the engine is built (not at the first product), with the shape and the way out."""
+    with pytest.raises(ValueError, match=r"multiples of 16.*B·T = 9.*use bf16"):
+        Engine(ModelConfig(vocab_size=64, d_model=64, n_head=2, n_layer=1, context=32), 1, 9, backend="cupy",
                precision="fp8", seed=0)
-    e.graphs = False
-    x = np.zeros((1, 9), np.int64)
-    with pytest.raises(ValueError, match="multiples of 16"):
-        e.forward(x, x)
+
+
+def test_fp8_with_mlp_width_equal_to_d_model():
+    """mlp_ratio 1 (M = d): h's gradient and dout's casts must not share scratch (dW2 reads the latter
+    after the former is written). fp8 gradients against bf16's on the same weights and batch."""
+    cfg = ModelConfig(vocab_size=64, d_model=64, n_head=2, n_layer=1, context=32, mlp_ratio=1)
+    tokens, targets = batch(np.random.default_rng(6))
+    grads = {}
+    for precision in ("bf16", "fp8"):
+        e = Engine(cfg, 4, 32, backend="cupy", precision=precision, seed=2)
+        e.graphs = False
+        e.zero_grads()
+        e.forward_backward(tokens, targets)
+        grads[precision] = np.asarray(e.host(e.g), np.float64)
+    assert rel(grads["fp8"], grads["bf16"]) < 0.1
+
+
+def test_a_non_finite_amax_is_not_recorded():
+    """As the reference (DelayedScale.record): an amax of inf (a step that overflowed, which the
+    optimizer skips) leaves the history alone, so the next scales still come from the finite ones."""
+    be = CupyBackend("fp8")
+    f = be.fp8
+    site = f._site("t", cp.zeros(1, cp.float32), "e4m3")
+    f.cast(cp.asarray(np.full((16, 16), 2.0, np.float32).astype(BF16)), site, "e4m3", q=cp.zeros((16, 16), cp.uint8))
+    f.begin_pass()
+    scale = float(f.scale[site])
+    f.amax_now[site] = np.inf
+    f.begin_pass()
+    assert float(f.scale[site]) == scale == 128.0  # 2 * 128 <= 448 < 2 * 256
 
 
 def test_the_fp8_products_can_be_chosen(monkeypatch):

@@ -233,8 +233,10 @@ extern "C" __global__ void fp8_update(float* __restrict__ amax_now, float* __res
     float* h = hist + (long)s * FP8_HISTORY;
     const float a = amax_now[s];
     if (a >= 0.f) {
-        for (int i = 0; i + 1 < FP8_HISTORY; i++) h[i] = h[i + 1];
-        h[FP8_HISTORY - 1] = a;
+        if (!isinf(a)) {  // as the reference: a non-finite amax (a step that overflowed) is not recorded
+            for (int i = 0; i + 1 < FP8_HISTORY; i++) h[i] = h[i + 1];
+            h[FP8_HISTORY - 1] = a;
+        }
         amax_now[s] = -1.f;
     }
     float m = 0.f;

@@ -22,9 +22,10 @@ Precision (one per backend object):
   unscales (andrea/optim.py: dynamic loss scaling).
 - "fp8": bf16, with the q/k/v, attention-output and MLP products in fp8 (e4m3 weights and
   activations, e5m2 gradients, delayed per-tensor scales; fp8.py, the recipe of andrea/fp8.py);
-  the output head stays bf16. The per-tensor amaxes are taken with atomics (a maximum: still
-  deterministic).
-Every reduction runs in a fixed order (no atomics), so results are deterministic.
+  the output head stays bf16.
+Every reduction runs in a fixed order (no atomics), so results are deterministic; the fp8 casts'
+amaxes and counts are the exception that proves it: atomic maxima and integer sums, whose results
+do not depend on the order.
 
 Modules: kernels (compiling and caching the CUDA sources), gemm (cuBLAS on the backend's own
 handle), weights (dtypes, the 16-bit weight copy, operand casting), attention (the two flash
@@ -203,6 +204,12 @@ class CupyBackend(Backend):
         multiple of VOCAB_PAD entries (aligned shapes for the tensor-core GEMMs)."""
         if self.precision == "fp32":
             return shape, dtype
+        if self.fp8 is not None and name == "qkv":  # the fp8 products' shapes, checked when the engine is built
+            *_, B, H, T, D = shape
+            check_shapes(B * T, H * D)
+        if self.fp8 is not None and name == "mlp_h":
+            *_, B, T, M = shape
+            check_shapes(B * T, M)
         if name in ("qkv", "d_qkv"):  # [..., 3, B, H, T, D] -> [..., B, T, 3, H, D]
             *lead, three, B, H, T, D = shape
             return (*lead, B, T, three, H, D), self.half

@@ -34,7 +34,7 @@ import cupy as cp
 import numpy as np
 
 HISTORY = 16  # as kernels/fp8.cu FP8_HISTORY and andrea/fp8.py's default
-MAX_SITES = 4096  # device arrays allocated once (a graph holds them); a 480M model uses 16·12 + 16
+MAX_SITES = 4096  # device arrays allocated once (a graph holds them); a 480M model uses 16 layers x 12
 FORMATS = {"e4m3": 448.0, "e5m2": 57344.0}
 INV_STRIDE = 4  # kernels/fp8.cu FP8_INV_STRIDE
 # the products that run in fp8 (ANDREA_FP8_PRODUCTS, comma-separated, picks a subset: for measuring
@@ -54,6 +54,7 @@ _TYPE = {"e4m3": _CUDA_R_8F_E4M3, "e5m2": _CUDA_R_8F_E5M2}
 # cublasLt.h (CUDA 12 and 13)
 _DESC_TRANSA, _DESC_TRANSB, _DESC_A_SCALE, _DESC_B_SCALE, _DESC_FAST_ACCUM = 3, 4, 17, 18, 25
 _PREF_MAX_WORKSPACE = 1
+_PREF_MIN_ALIGNMENT = (5, 6, 7, 8)  # CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES
 _OP_N, _OP_T = 0, 1
 _HEURISTIC_BYTES = 96  # sizeof(cublasLtMatmulHeuristicResult_t); its algo (64 bytes) comes first
 _RESULT_STRIDE = _HEURISTIC_BYTES
@@ -93,9 +94,30 @@ def _library() -> ctypes.CDLL:
     return lib
 
 
+def _not_capturing() -> None:
+    """A site's first cast must run eagerly: captured, its scale would come from the tensor's own
+    amax at every replay instead of the history. CapturedPass's eager warm-up sees every site first."""
+    if cp.cuda.get_current_stream().is_capturing():
+        raise RuntimeError("an fp8 site is cast for the first time while a CUDA graph is captured; "
+                           "run the pass eagerly once first")
+
+
+def require_fp8_gpu() -> None:
+    """fp8 products need an fp8 GPU: compute capability 8.9 (Ada) or 9.0 (Hopper) and up."""
+    cc = cp.cuda.Device().compute_capability  # "90", "89", "100"
+    if int(cc) < 89:
+        raise RuntimeError(f"precision fp8 needs an fp8 GPU (compute capability 8.9 or higher: Ada, Hopper); "
+                           f"this one is {cc[:-1]}.{cc[-1]}: use bf16")
+
+
 def _check(status: int, what: str) -> None:
     if status != 0:
         raise RuntimeError(f"{what} failed with cuBLAS status {status}")
+
+
+def _alignment(ptr: int) -> int:
+    """The largest power of two up to 256 that divides a pointer."""
+    return min(256, ptr & -ptr) if ptr else 256
 
 
 class Lt:
@@ -108,8 +130,8 @@ class Lt:
         self.workspace = cp.empty(WORKSPACE_BYTES, dtype=cp.uint8)
         self.plans: dict = {}
 
-    def _plan(self, m, n, k, ta, tb, tc, fast, scales):
-        key = (m, n, k, ta, tb, tc, fast)
+    def _plan(self, m, n, k, ta, tb, tc, fast, scales, align):
+        key = (m, n, k, ta, tb, tc, fast, align)
         plan = self.plans.get(key)
         if plan is not None:
             return plan
@@ -133,6 +155,9 @@ class Lt:
         _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
         ws = ctypes.c_uint64(WORKSPACE_BYTES)
         _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE, ctypes.byref(ws), 8), "set workspace")
+        for attr, value in zip(_PREF_MIN_ALIGNMENT, align):  # the operands' own alignment (default: 256 bytes)
+            v = ctypes.c_uint32(value)
+            _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(v), 4), "set alignment")
         results = (ctypes.c_ubyte * (_HEURISTIC_BYTES * _ALGOS))()
         count = ctypes.c_int32(0)
         la, lb, lc = layouts
@@ -159,7 +184,10 @@ class Lt:
         if bt.shape[1] != k or c.shape != (m, n):
             raise ValueError(f"fp8 matmul shapes: a {a.shape}, bt {bt.shape}, c {c.shape}")
         tc = _CUDA_R_32F if c.dtype == np.float32 else _CUDA_R_16BF
-        plan = self._plan(m, n, k, _TYPE[ta], _TYPE[tb], tc, fast, (b_inv, a_inv))
+        # cuBLASLt's A is our bt, its B our a; C and D are c (a plan per alignment: fp32 gradient views
+        # into the flat buffer may sit only 16 bytes apart from a 256-byte boundary)
+        align = tuple(_alignment(x.data.ptr) for x in (bt, a, c, c))
+        plan = self._plan(m, n, k, _TYPE[ta], _TYPE[tb], tc, fast, (b_inv, a_inv), align)
         desc, la, lb, lc, _, _, algos = plan
         self._set_scales(desc, (b_inv, a_inv))
         status = None
@@ -184,6 +212,7 @@ class Fp8:
     """One backend's fp8 state (sites, scales, histories, counts on the device) and its products."""
 
     def __init__(self, backend):
+        require_fp8_gpu()
         self.be = backend
         self.amax_now = cp.full(MAX_SITES, -1.0, dtype=cp.float32)
         self.hist = cp.zeros((MAX_SITES, HISTORY), dtype=cp.float32)
@@ -227,7 +256,7 @@ class Fp8:
                                                                       self.fmax, np.int32(n)))
 
     def cast(self, x, site: int, fmt: str, q=None, qt=None, record: bool = True, gelu: bool = False) -> None:
-        """x [rows, cols] (fp32 or bf16, unit column stride) cast at the site's scale into q [rows, cols]
+        """x [rows, cols] (bf16; fp32 for e4m3 weights; unit column stride) cast at the site's scale into q [rows, cols]
         and/or qt [cols, rows] (uint8 views, unit column stride). `record`: x's amax joins the site's
         history and the cast is counted (a forward cast, or a gradient's); without it x is cast
         again at the scale of the site's latest cast (the backward reading the forward's operand).
@@ -256,6 +285,7 @@ class Fp8:
     def prime(self, site: int, xs, fmt: str, gelu: bool = False) -> None:
         """A site's first cast has no history: its scale comes from the amax of the tensors xs (the
         parts of one tensor), as in the reference. Runs on the eager warm-up pass, before any capture."""
+        _not_capturing()
         for x in xs:
             rows, cols = x.shape
             self._cast_fn(x, fmt, gelu)(((cols + 63) // 64, (rows + 63) // 64), (256,), (
@@ -350,7 +380,8 @@ class Fp8:
         self.mm(gq, sg, "e5m2", w2p, sw2, "e4m3", da)
         sa = self._site("mlp2.x", w2, "e4m3")
         sd = self._site("mlp1.dy", w1, "e5m2")
-        dq, dqt, aqt = self._u8(f"g{M}", (m, M)), self._u8(f"gt{M}", (M, m)), self._u8(f"xt{M}", (M, m))
+        # their own names: with M = d, g{M}/gt{M} would be the dout casts above, still to be read
+        dq, dqt, aqt = self._u8(f"dh{M}", (m, M)), self._u8(f"dht{M}", (M, m)), self._u8(f"at{M}", (M, m))
         fn = self.be.kernel("fp8", "fp8_gelu_bwd_cast")
         grid = ((M + 63) // 64, (m + 63) // 64)
 
@@ -359,6 +390,7 @@ class Fp8:
                               self.scale, self.amax_now, self.counts, np.int32(record), np.int32(count)))
 
         if sd not in self.primed:  # h's gradient's first cast: its scale from its own amax
+            _not_capturing()
             launch((0, 0, 0), 1, 0)
             self.be.kernel("fp8", "fp8_scale_from_now")((1,), (1,), (self.amax_now, self.scale, self.inv, self.fmax, np.int32(sd)))
             self.primed.add(sd)
