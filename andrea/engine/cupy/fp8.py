@@ -17,11 +17,12 @@ The backward pass casts the saved 16-bit activations again at the scale the forw
 gives the forward's 8-bit values bit for bit (the reference's `requantize`), instead of keeping
 8-bit transposed copies of every layer's inputs. The MLP's GELU is fused into casts both ways:
 the forward casts a = gelu(h) straight from h (a is never stored), and one backward pass over h
-and a's gradient writes h's gradient in e5m2 (and transposed) and a again, transposed, for dW2. Scales, amax histories and the counts of
-overflows and underflows live on the device (fp8_update moves each pass's amaxes into the
-histories before its first cast), so a pass captured as a CUDA graph replays all of it. The
-products run through cuBLASLt (called with ctypes, like cuBLAS in gemm.py), which reads the
-inverse scales from the device.
+and a's gradient writes h's gradient in e5m2 (and transposed) and a again, transposed, for dW2.
+
+Scales, amax histories and the counts of overflows and underflows live on the device (fp8_update
+moves each pass's amaxes into the histories before its first cast), so a pass captured as a CUDA
+graph replays all of it. The products run through cuBLASLt (called with ctypes, like cuBLAS in
+gemm.py), which reads the inverse scales from the device.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def products_from_env() -> frozenset:
     if unknown:
         raise ValueError(f"ANDREA_FP8_PRODUCTS: unknown products {sorted(unknown)}; choose from {', '.join(ALL_PRODUCTS)}")
     return chosen
+
+
 _CUDA_R_32F, _CUDA_R_16BF, _CUDA_R_8F_E4M3, _CUDA_R_8F_E5M2, _COMPUTE_32F = 0, 14, 28, 29, 68
 _TYPE = {"e4m3": _CUDA_R_8F_E4M3, "e5m2": _CUDA_R_8F_E5M2}
 # cublasLt.h (CUDA 12 and 13)
@@ -57,7 +60,6 @@ _PREF_MAX_WORKSPACE = 1
 _PREF_MIN_ALIGNMENT = (5, 6, 7, 8)  # CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES
 _OP_N, _OP_T = 0, 1
 _HEURISTIC_BYTES = 96  # sizeof(cublasLtMatmulHeuristicResult_t); its algo (64 bytes) comes first
-_RESULT_STRIDE = _HEURISTIC_BYTES
 _ALGOS = 8  # heuristic results asked for
 WORKSPACE_BYTES = 32 << 20
 _ONE = np.ones(1, dtype=np.float32)
@@ -165,7 +167,7 @@ class Lt:
                                                   ctypes.byref(count)), "cublasLtMatmulAlgoGetHeuristic")
         if count.value < 1:
             raise RuntimeError(f"cuBLASLt has no fp8 algorithm for m={m} n={n} k={k} (types {ta}, {tb} -> {tc})")
-        algos = [ctypes.addressof(results) + i * _RESULT_STRIDE for i in range(count.value)]
+        algos = [ctypes.addressof(results) + i * _HEURISTIC_BYTES for i in range(count.value)]
         plan = self.plans[key] = [desc, la, lb, lc, pref, results, algos]
         return plan
 
