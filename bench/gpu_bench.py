@@ -152,6 +152,7 @@ def main() -> None:
     ap.add_argument("--precisions", nargs="+", default=["bf16", "fp16", "bf16-eager", "fp32"],
                     help="bf16 / fp16 / fp8 (CUDA graphs), bf16-eager (no graphs), fp32")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--no-ours", action="store_true", help="PyTorch alone (e.g. its largest batch, without our pool beside it)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     import cupy as cp
@@ -165,7 +166,7 @@ def main() -> None:
             runners = {}
             if not args.no_torch:
                 runners["torch"] = Torch(cfg, B, args.seq, args.warmup)
-            for prec in args.precisions:
+            for prec in [] if args.no_ours else args.precisions:
                 runners[f"ours_{prec}"] = Ours(cfg, B, args.seq, prec, args.warmup)
             med, all_times = timed_rounds(runners, args.steps, args.rounds)
             row = {"model": name, "params": n_params(cfg), "B": B, "T": args.seq}
