@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The training engine's kernels and speed on the GPU, in phases that fit device calls:
 #
-#   bash bench/gpu_engine.sh check [SCRIPT ...]   dev/cuda scripts (default: attention_mma layernorm elementwise) at the
+#   bash bench/gpu_engine.sh check [SCRIPT ...]   dev/cuda scripts (default: attention_mma layernorm elementwise fp8) at the
 #                                                 model shapes, every version against NumPy and timed; then the GPU
 #                                                 backend's tests
 #   bash bench/gpu_engine.sh compare BEFORE.tar [gpu_bench.py arguments]
@@ -26,13 +26,13 @@ fi
 case "${1:-}" in
 check)
   scripts=("${@:2}")
-  [ ${#scripts[@]} -gt 0 ] || scripts=(attention_mma layernorm elementwise)
+  [ ${#scripts[@]} -gt 0 ] || scripts=(attention_mma layernorm elementwise fp8)
   status=0
   for s in "${scripts[@]}"; do
     python3 "dev/cuda/$s.py" > "$OUT/dev-$s.log" 2>&1 || status=1
     grep -E "FAIL|failed|Error" "$OUT/dev-$s.log" | head -5 || true
   done
-  python3 -m pytest tests/test_gpu_backend.py tests/test_sampling_gpu.py tests/test_dev_cuda.py -q -p no:cacheprovider -rs 2>&1 | tee "$OUT/gpu-tests.log" | tail -5
+  python3 -m pytest tests/test_gpu_backend.py tests/test_gpu_fp8.py tests/test_sampling_gpu.py tests/test_dev_cuda.py -q -p no:cacheprovider -rs 2>&1 | tee "$OUT/gpu-tests.log" | tail -5
   exit $status
   ;;
 compare)
