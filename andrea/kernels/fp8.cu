@@ -9,7 +9,8 @@
 // on the device, so a captured pass replays it.
 //
 // fp8_cast_<in>_<fmt> casts a [rows, cols] matrix (row stride ldx, cols and rows multiples of 8)
-// in tiles of 64 x 64: into q [rows, cols] (row stride ldq) and/or its transpose qt [cols, rows]
+// in tiles of 64 x 64, FP8_TILES of them side by side per block (grid: cols / (64 FP8_TILES) by
+// rows / 64, rounded up): into q [rows, cols] (row stride ldq) and/or its transpose qt [cols, rows]
 // (row stride ldqt), either may be null. Rounding is to nearest even with saturation to ±max
 // (cvt.rn.satfinite), as the reference clips then rounds. `record`: the tile's amax joins
 // amax_now; `count`: values, overflows (|x·s| > max) and underflows (x ≠ 0 cast to 0) are counted.
@@ -18,6 +19,7 @@
 #include "elementwise.cu"
 
 #define FP8_HISTORY 16
+#define FP8_TILES 4  // 64 x 64 tiles per block, along the columns: the block's reduction and atomics amortised
 #define FP8_INV_STRIDE 4  // inv[site * 4]: cuBLASLt refuses scale pointers that are not 16-byte aligned
 #define FP8_E4M3 0
 #define FP8_E5M2 1
@@ -138,27 +140,32 @@ __device__ void cast_tile(const In* __restrict__ x, long ldx, unsigned char* __r
                           unsigned long long* __restrict__ counts, int record, int count) {
     __shared__ unsigned char tile[64][64 + 8];
     const float s = scale[site];
-    const int row0 = blockIdx.y * 64, col0 = blockIdx.x * 64;
+    const int row0 = blockIdx.y * 64;
     CastStats st;
+    for (int ct = 0; ct < FP8_TILES; ct++) {  // block-uniform: every thread reaches the barriers
+        const int col0 = (blockIdx.x * FP8_TILES + ct) * 64;
+        if (col0 >= cols) break;
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int c = threadIdx.x + 256 * i, r = c / 8, cc = (c % 8) * 8;
-        const int row = row0 + r, col = col0 + cc;
-        if (row < rows && col < cols) {
-            float v[8];
-            load8<In>(x + (long)row * ldx + col, v);
-            if (GELU) {
+        for (int i = 0; i < 2; i++) {
+            const int c = threadIdx.x + 256 * i, r = c / 8, cc = (c % 8) * 8;
+            const int row = row0 + r, col = col0 + cc;
+            if (row < rows && col < cols) {
+                float v[8];
+                load8<In>(x + (long)row * ldx + col, v);
+                if (GELU) {
 #pragma unroll
-                for (int k = 0; k < 8; k++) v[k] = gelu_h16(v[k]);
+                    for (int k = 0; k < 8; k++) v[k] = gelu_h16(v[k]);
+                }
+                const uint2 packed = cast8<FMT>(v, s, st, count);
+                if (q) *reinterpret_cast<uint2*>(q + (long)row * ldq + col) = packed;
+                if (qt) *reinterpret_cast<uint2*>(&tile[r][cc]) = packed;
             }
-            const uint2 packed = cast8<FMT>(v, s, st, count);
-            if (q) *reinterpret_cast<uint2*>(q + (long)row * ldq + col) = packed;
-            if (qt) *reinterpret_cast<uint2*>(&tile[r][cc]) = packed;
         }
-    }
-    if (qt) {
-        __syncthreads();
-        store_transposed(tile, qt, ldqt, row0, col0, rows, cols);
+        if (qt) {
+            __syncthreads();
+            store_transposed(tile, qt, ldqt, row0, col0, rows, cols);
+            __syncthreads();  // the tile is written again by the next column tile
+        }
     }
     if (record || count) block_record(st, site, amax_now, counts, record, count);
 }

@@ -38,6 +38,7 @@ HISTORY = 16  # as kernels/fp8.cu FP8_HISTORY and andrea/fp8.py's default
 MAX_SITES = 4096  # device arrays allocated once (a graph holds them); a 480M model uses 16 layers x 12
 FORMATS = {"e4m3": 448.0, "e5m2": 57344.0}
 INV_STRIDE = 4  # kernels/fp8.cu FP8_INV_STRIDE
+CAST_COLS = 4 * 64  # columns per block of the fp8_cast_* kernels (kernels/fp8.cu: FP8_TILES tiles of 64)
 # the products that run in fp8 (ANDREA_FP8_PRODUCTS, comma-separated, picks a subset: for measuring
 # what each gains; the others run as in bf16)
 ALL_PRODUCTS = ("qkv", "out", "mlp")
@@ -265,7 +266,7 @@ class Fp8:
         `gelu`: x is h, and a = gelu(h) in 16 bits is cast."""
         rows, cols = x.shape
         fn = self._cast_fn(x, fmt, gelu)
-        grid = ((cols + 63) // 64, (rows + 63) // 64)
+        grid = (-(-cols // CAST_COLS), -(-rows // 64))
         ld = x.strides[0] // x.itemsize
 
         def launch(q_, qt_, rec, cnt):
@@ -290,7 +291,7 @@ class Fp8:
         _not_capturing()
         for x in xs:
             rows, cols = x.shape
-            self._cast_fn(x, fmt, gelu)(((cols + 63) // 64, (rows + 63) // 64), (256,), (
+            self._cast_fn(x, fmt, gelu)((-(-cols // CAST_COLS), -(-rows // 64)), (256,), (
                 x, np.int64(x.strides[0] // x.itemsize), 0, np.int64(0), 0, np.int64(0), np.int32(rows), np.int32(cols),
                 np.int32(site), self.scale, self.amax_now, self.counts, np.int32(1), np.int32(0)))
         self.be.kernel("fp8", "fp8_scale_from_now")((1,), (1,), (self.amax_now, self.scale, self.inv, self.fmax, np.int32(site)))
