@@ -26,9 +26,8 @@ step, so what is written is exactly that step).
 Signals: SIGTERM (and SIGINT, Ctrl-C) finishes the current step, writes a checkpoint and exits 0;
 SIGUSR1 writes a checkpoint and carries on. A run started again resumes from the newest intact
 checkpoint and its state (a damaged newest one is reported and skipped) and follows the same
-trajectory bit for bit (same backend and precision; fp8 excepted: its delayed scales are not in
-the checkpoint, so after a resume each tensor's first scale comes from its own amax again, and its
-cast counts start again from zero).
+trajectory bit for bit (same backend and precision; fp8's delayed scales and cast counts travel
+in the state file too).
 """
 
 from __future__ import annotations
@@ -315,6 +314,7 @@ class Trainer:
             "precision": self.precision,
             "adam_t": self.engine.adam_t,
             "loss_scale": {"scale": self.engine.loss_scale, "good_steps": self.engine.scale_good_steps},
+            "precision_state": self.engine.be.precision_state(),  # fp8: the delayed scales (a host sync)
             "rng": copy.deepcopy(draw["rng"]),
             "bandit": bandit,
             "ema": self.ema,
@@ -452,6 +452,7 @@ class Trainer:
         if "loss_scale" in st:  # absent from state files written before fp16 existed
             self.engine.set_loss_scale(st["loss_scale"]["scale"])
             self.engine.scale_good_steps = st["loss_scale"]["good_steps"]
+        self.engine.be.load_precision_state(st.get("precision_state"))  # absent before fp8 existed
         self.step = st["step"]
         self.rng.bit_generator.state = st["rng"]
         self.bandit.load_state(st["bandit"])
@@ -567,7 +568,7 @@ class Trainer:
         """Loss on the fixed held-out set, recorded; best.bin follows the best validation loss."""
         r = evaluate(self.engine, self.eval_set, self.eval_batches)
         rec = {"kind": "eval", "step": self.step, **r}
-        if self.precision == "fp8":  # what this rank's fp8 casts lost so far (since the run started or resumed)
+        if self.precision == "fp8":  # what this rank's fp8 casts lost so far
             c = self.engine.be.fp8_counts()
             rec["fp8"] = {k: c[k] for k in ("values", "overflow", "underflow")}
             log.info("fp8 casts by step %d: %d values, %d overflowed (%.2e), %d underflowed (%.2e)", self.step, c["values"],

@@ -217,3 +217,32 @@ def test_the_fp8_products_can_be_chosen(monkeypatch):
     monkeypatch.setenv("ANDREA_FP8_PRODUCTS", "mlp,attention")
     with pytest.raises(ValueError, match="unknown products.*qkv, out, mlp"):
         CupyBackend("fp8")
+
+
+def test_a_resumed_fp8_run_continues_exactly():
+    """The delayed scales, the amaxes since the last update and the counts travel in a checkpoint's
+    state (JSON, as the trainer writes it): 3 steps, a new engine from the weights, Adam state and
+    that state, 3 more steps give an uninterrupted run's losses and counts bit for bit."""
+    import json
+
+    tokens, targets = batch(np.random.default_rng(7))
+    oc = OptimConfig(lr=3e-3, warmup_steps=1)
+
+    def engine():
+        e = Engine(CFG, 4, 32, backend="cupy", precision="fp8", seed=3)
+        return e, e.prepare(tokens, targets)
+
+    e, b = engine()
+    whole = [train_step(e, [b], i, oc).loss for i in range(6)]
+    want_counts = e.be.fp8_counts()
+    e1, b1 = engine()
+    first = [train_step(e1, [b1], i, oc).loss for i in range(3)]
+    saved = json.loads(json.dumps(e1.be.precision_state()))
+    assert len(saved["sites"]) == 12 * CFG.n_layer  # per layer, for q/k/v, output, MLP in, MLP out: w, x, dy
+    w, m, v = (e1.host(a) for a in (e1.w, e1.m, e1.v))
+    e2, b2 = engine()
+    e2.load_state(w, m, v, adam_t=e1.adam_t)
+    e2.be.load_precision_state(saved)
+    rest = [train_step(e2, [b2], i, oc).loss for i in range(3, 6)]
+    assert first + rest == whole
+    assert e2.be.fp8_counts() == want_counts

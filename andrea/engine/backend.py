@@ -115,6 +115,16 @@ class Backend(abc.ABC):
     def begin_pass(self) -> None:
         """Called by the engine before each forward pass (e.g. the fp8 mode's delayed scales move on)."""
 
+    def precision_state(self):
+        """State of the precision's own that a checkpoint must carry for a resumed run to continue
+        exactly (the fp8 mode's delayed scales), JSON-ready; None when there is none."""
+        return None
+
+    def load_precision_state(self, state) -> None:
+        """precision_state()'s value back (None: nothing to restore)."""
+        if state is not None:
+            raise ValueError(f"the {self.name} backend in {self.precision} keeps no precision state to restore")
+
     # ------------------------------------------------------------------ embedding
     @abc.abstractmethod
     def embed_fwd(self, tokens, wte, wpe, out) -> None:

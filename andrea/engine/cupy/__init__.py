@@ -350,6 +350,16 @@ class CupyBackend(Backend):
         if self.fp8 is not None:
             self.fp8.begin_pass()
 
+    def precision_state(self):
+        """fp8: the delayed scales' state (Fp8.state), for a checkpoint; None otherwise."""
+        return None if self.fp8 is None else self.fp8.state()
+
+    def load_precision_state(self, state) -> None:
+        if state is not None:
+            if self.fp8 is None:
+                raise ValueError(f"a checkpoint's fp8 state, but this backend computes in {self.precision}")
+            self.fp8.load_state(state)
+
     def fp8_counts(self) -> dict:
         """fp8: values cast so far, and how many overflowed (saturated) or underflowed (to zero), in all
         and by role (Fp8.counts_dict; a host sync)."""

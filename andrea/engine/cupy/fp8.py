@@ -401,6 +401,53 @@ class Fp8:
         self.mm(aqt, sa, "e4m3", gt, sg, "e5m2", dw2, accumulate=True)
         self._linear_bwd_cast(dq, dqt, sd, x2, (w1,), dx2, (dw1,), "mlp1")
 
+    # ------------------------------------------------------------------ checkpoints
+    def _base(self):
+        mirror = self.be.weights.mirror
+        return None if mirror is None else mirror.w
+
+    def state(self) -> dict:
+        """What a resumed run needs to continue exactly (JSON-ready, a host sync): each site (role,
+        format, and its weight's offset in the flat weight buffer: pointers change between
+        processes) with its history, the amax since the last update, its scale, whether its first
+        cast has run, and its counts. Sites of arrays outside the registered weights are left out."""
+        base = self._base()
+        if base is None or not self.sites:
+            return {"sites": []}
+        n = len(self.sites)
+        hist, now, scale, counts = (cp.asnumpy(a[:n]) for a in (self.hist, self.amax_now, self.scale, self.counts))
+        out = []
+        for (role, ptr, fmt), i in self.sites.items():
+            off = (ptr - base.data.ptr) // 4
+            if not 0 <= off < base.size:
+                continue
+            out.append({"role": role, "fmt": fmt, "offset": int(off), "hist": [float(x) for x in hist[i]],
+                        "amax_now": float(now[i]), "scale": float(scale[i]), "primed": i in self.primed,
+                        "counts": [int(c) for c in counts[i]]})
+        return {"history": HISTORY, "sites": out}
+
+    def load_state(self, state: dict) -> None:
+        """The sites of state() back, onto this backend's registered weights."""
+        base = self._base()
+        if base is None:
+            raise RuntimeError("fp8 state: register the weights first (the engine does)")
+        if state.get("sites") and state.get("history") != HISTORY:
+            raise ValueError(f"fp8 state with histories of {state.get('history')} amaxes; this build keeps {HISTORY}")
+        for site in state.get("sites", []):
+            if not 0 <= site["offset"] < base.size:
+                raise ValueError(f"fp8 state: site {site['role']} at offset {site['offset']} is outside the "
+                                 f"{base.size:,} weights of this model")
+            i = self._site(site["role"], base[site["offset"]:], site["fmt"])
+            self.hist[i] = cp.asarray(np.array(site["hist"], np.float32))
+            self.amax_now[i] = site["amax_now"]
+            self.scale[i] = site["scale"]
+            self.inv[i, 0] = 1.0 / site["scale"]
+            self.counts[i] = cp.asarray(np.array(site["counts"], np.uint64))
+            if site["primed"]:
+                self.primed.add(i)
+            else:
+                self.primed.discard(i)
+
     def counts_dict(self) -> dict:
         """Values cast so far, and how many overflowed (saturated) or underflowed (to zero), over all
         sites; per role too ("qkv.x", "mlp1.dy", "w", ...)."""
