@@ -224,7 +224,8 @@ class Trainer:
         counted), an AdamW update of copies of the weights and Adam state, a forward pass
         (validation's unit) and the snapshot a checkpoint takes. Gradients are discarded; weights,
         optimizer, data and random streams are untouched, so the warm-up cannot change the
-        trajectory."""
+        trajectory. (In fp8 its casts are the first of the scales' histories, as in every run from
+        step 0; a resumed run gets its checkpoint's histories back after the warm-up.)"""
         e = self.engine
         zeros = e.prepare(np.zeros((self.B, self.T), dtype=np.int64), np.zeros((self.B, self.T), dtype=np.int64))
         passes = []
@@ -452,7 +453,8 @@ class Trainer:
         if "loss_scale" in st:  # absent from state files written before fp16 existed
             self.engine.set_loss_scale(st["loss_scale"]["scale"])
             self.engine.scale_good_steps = st["loss_scale"]["good_steps"]
-        self.engine.be.load_precision_state(st.get("precision_state"))  # absent before fp8 existed
+        # fp8's delayed scales: restored after the warm-up passes (run()), whose casts would move them on
+        self._precision_state = st.get("precision_state")  # absent before fp8 existed
         self.step = st["step"]
         self.rng.bit_generator.state = st["rng"]
         self.bandit.load_state(st["bandit"])
@@ -668,6 +670,8 @@ class Trainer:
                     self.eval_batches = prepare_batches(self.engine, self.eval_set)  # once: the windows are fixed
             mem = self.engine.memory_plan()
             warm = self._warmup()
+            if resumed:
+                self.engine.be.load_precision_state(self._precision_state)
             est = self._estimate(warm)
             self.timing = {"estimate": est}
             plan.update({
