@@ -121,9 +121,8 @@ class Backend(abc.ABC):
         return None
 
     def load_precision_state(self, state) -> None:
-        """precision_state()'s value back (None: nothing to restore)."""
-        if state is not None:
-            raise ValueError(f"the {self.name} backend in {self.precision} keeps no precision state to restore")
+        """precision_state()'s value back. A state another precision wrote (a run resumed in another
+        precision) matters only to that precision and is ignored, as is None."""
 
     # ------------------------------------------------------------------ embedding
     @abc.abstractmethod
