@@ -259,41 +259,35 @@ class Fp8:
                                                                       self.fmax, np.int32(n)))
 
     def cast(self, x, site: int, fmt: str, q=None, qt=None, record: bool = True, gelu: bool = False) -> None:
-        """x [rows, cols] (bf16; fp32 for e4m3 weights; unit column stride) cast at the site's scale into q [rows, cols]
-        and/or qt [cols, rows] (uint8 views, unit column stride). `record`: x's amax joins the site's
-        history and the cast is counted (a forward cast, or a gradient's); without it x is cast
-        again at the scale of the site's latest cast (the backward reading the forward's operand).
-        `gelu`: x is h, and a = gelu(h) in 16 bits is cast."""
-        rows, cols = x.shape
-        fn = self._cast_fn(x, fmt, gelu)
-        grid = (-(-cols // CAST_COLS), -(-rows // 64))
-        ld = x.strides[0] // x.itemsize
-
-        def launch(q_, qt_, rec, cnt):
-            fn(grid, (256,), (x, np.int64(ld), q_ if q_ is not None else 0, np.int64(0 if q_ is None else q_.strides[0]),
-                              qt_ if qt_ is not None else 0, np.int64(0 if qt_ is None else qt_.strides[0]),
-                              np.int32(rows), np.int32(cols), np.int32(site), self.scale, self.amax_now, self.counts,
-                              np.int32(rec), np.int32(cnt)))
-
+        """x [rows, cols] (bf16; fp32 for e4m3 weights; unit column stride) cast at the site's scale
+        into q [rows, cols] and/or qt [cols, rows] (uint8 views, unit column stride). `record`: x's
+        amax joins the site's history and the cast is counted (a forward cast, or a gradient's);
+        without it x is cast again at the scale of the site's latest cast (the backward reading
+        the forward's operand). `gelu`: x is h, and a = gelu(h) in 16 bits is cast."""
         if record and site not in self.primed:
             self.prime(site, [x], fmt, gelu)
         elif site not in self.primed:
             raise RuntimeError("an fp8 operand is cast again before its first cast")
-        launch(q, qt, int(record), int(record))
+        self._launch_cast(x, site, fmt, gelu, q, qt, record, record)
 
-    def _cast_fn(self, x, fmt: str, gelu: bool):
+    def _launch_cast(self, x, site: int, fmt: str, gelu: bool, q, qt, record: bool, count: bool) -> None:
+        rows, cols = x.shape
         src = "f32" if x.dtype == np.float32 else "h16"
-        return self.be.kernel("fp8", f"fp8_cast_{src}_{fmt}" + ("_gelu" if gelu else ""))
+        fn = self.be.kernel("fp8", f"fp8_cast_{src}_{fmt}" + ("_gelu" if gelu else ""))
+        fn((-(-cols // CAST_COLS), -(-rows // 64)), (256,), (
+            x, np.int64(x.strides[0] // x.itemsize), 0 if q is None else q, np.int64(0 if q is None else q.strides[0]),
+            0 if qt is None else qt, np.int64(0 if qt is None else qt.strides[0]), np.int32(rows), np.int32(cols),
+            np.int32(site), self.scale, self.amax_now, self.counts, np.int32(record), np.int32(count)))
 
     def prime(self, site: int, xs, fmt: str, gelu: bool = False) -> None:
         """A site's first cast has no history: its scale comes from the amax of the tensors xs (the
         parts of one tensor), as in the reference. Runs on the eager warm-up pass, before any capture."""
         _not_capturing()
         for x in xs:
-            rows, cols = x.shape
-            self._cast_fn(x, fmt, gelu)((-(-cols // CAST_COLS), -(-rows // 64)), (256,), (
-                x, np.int64(x.strides[0] // x.itemsize), 0, np.int64(0), 0, np.int64(0), np.int32(rows), np.int32(cols),
-                np.int32(site), self.scale, self.amax_now, self.counts, np.int32(1), np.int32(0)))
+            self._launch_cast(x, site, fmt, gelu, None, None, True, False)  # the amax alone
+        self._scale_from_own_amax(site)
+
+    def _scale_from_own_amax(self, site: int) -> None:
         self.be.kernel("fp8", "fp8_scale_from_now")((1,), (1,), (self.amax_now, self.scale, self.inv, self.fmax, np.int32(site)))
         self.primed.add(site)
 
@@ -366,7 +360,6 @@ class Fp8:
             at += ni
 
     def mlp_fwd(self, x2, w1, w2, h2, out2) -> None:
-        check_shapes(x2.shape[0], x2.shape[1], h2.shape[1])
         self.linear_fwd(x2, (w1,), h2, "mlp1")
         self.linear_fwd(h2, (w2,), out2, "mlp2", gelu=True)  # sites keyed by w2: a = gelu(h) is its input
 
@@ -395,8 +388,7 @@ class Fp8:
         if sd not in self.primed:  # h's gradient's first cast: its scale from its own amax
             _not_capturing()
             launch((0, 0, 0), 1, 0)
-            self.be.kernel("fp8", "fp8_scale_from_now")((1,), (1,), (self.amax_now, self.scale, self.inv, self.fmax, np.int32(sd)))
-            self.primed.add(sd)
+            self._scale_from_own_amax(sd)
         launch((dq, dqt, aqt), 1, 1)
         self.mm(aqt, sa, "e4m3", gt, sg, "e5m2", dw2, accumulate=True)
         self._linear_bwd_cast(dq, dqt, sd, x2, (w1,), dx2, (dw1,), "mlp1")
