@@ -2,6 +2,7 @@
 `python3 -m pytest tests/test_gpu_backend.py`). Without CuPy or a GPU every test is skipped and
 says so; CI never has a GPU."""
 
+import json
 import math
 
 import numpy as np
@@ -303,6 +304,77 @@ def test_16bit_pairs_match_numpy(precision):
     for k in shapes:
         assert h(gb.weights.operand(W[k], weight=True)).tobytes() == h(W[k]).astype(bf).tobytes(), k
     assert not h(gb.weights.view(W["wte"], padded=True)[V:]).astype(np.float32).any()  # the padding stays zero
+
+
+def test_gemm_tuning_times_once_keeps_the_output_and_remembers(tmp_path, monkeypatch):
+    """A 16-bit product large enough to tune: its algorithms are timed into a scratch output (c and
+    what it accumulates come out as one call would leave them), the choice is written to the tuning
+    file, and a later process takes the file's choice; a file that does not parse is a warning."""
+    from andrea.engine.cupy import cublaslt
+
+    path = tmp_path / "tuning.json"
+    monkeypatch.setenv("ANDREA_GEMM_TUNING", str(path))
+    monkeypatch.setattr(cublaslt, "_TUNING", {})
+    m, k, n = 2048, 1024, 2048  # m·n·k = TUNE_MIN_WORK
+    assert m * n * k >= cublaslt.TUNE_MIN_WORK
+    a, b = round16(r(m, k, scale=0.1)), round16(r(k, n, scale=0.1))
+    c0 = r(m, n)
+    want = c0.astype(np.float64) + 0.5 * (a.astype(np.float64) @ b)
+    lt = cublaslt.Lt(tune=True)
+    c = g(c0)
+    lt.gemm(g(a).astype(BF16), g(b).astype(BF16), c, accumulate=True, alpha=0.5)
+    assert rel(h(c), want) < 1e-5  # fp32 output: the sum once, whatever the timing calls did
+    (plan,) = lt.plans.values()
+    assert plan.tunable and plan.chosen is not None
+    store = json.loads(path.read_text())
+    (section,) = store.values()
+    assert section == {plan.name: plan.chosen}
+    if len(plan.algos) > 1:  # a later process reads the file's choice instead of timing again
+        other = (plan.chosen + 1) % len(plan.algos)
+        path.write_text(json.dumps({s: {plan.name: other} for s in store}))
+        monkeypatch.setattr(cublaslt, "_TUNING", {})
+        lt2 = cublaslt.Lt(tune=True)
+        c2 = g(c0)
+        lt2.gemm(g(a).astype(BF16), g(b).astype(BF16), c2, accumulate=True, alpha=0.5)
+        assert next(iter(lt2.plans.values())).chosen == other
+        assert rel(h(c2), want) < 1e-5
+    path.write_text("{not json")
+    monkeypatch.setattr(cublaslt, "_TUNING", {})
+    with pytest.warns(UserWarning, match="unreadable GEMM tuning file"):
+        cublaslt.Lt(tune=True).gemm(g(a).astype(BF16), g(b).astype(BF16), g(c0), accumulate=True, alpha=0.5)
+    assert json.loads(path.read_text())  # rewritten whole
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mlp_gelu_epilogues_match_the_elementwise_passes(precision):
+    """The 16-bit MLP with GELU and GELU' applied by cuBLASLt as the products are written (the
+    default) gives what the products plus elementwise passes give: h, a, the output and every
+    gradient within the 16-bit rounding of the values in between (the epilogue applies GELU to the
+    fp32 accumulator, the pass to the rounded h), and both match NumPy."""
+    bf = CupyBackend(precision).half
+    x, gout = round16(r(B, T, d), bf), round16(r(B, T, d), bf)
+    w1, w2 = round16(r(d, M, scale=0.1), bf), round16(r(M, d, scale=0.1), bf)
+    hn, an, on = np.zeros((B, T, M), np.float32), np.zeros((B, T, M), np.float32), np.zeros((B, T, d), np.float32)
+    nb.mlp_fwd(x, w1, w2, hn, an, on)
+    dxn, dw1n, dw2n = np.zeros((B, T, d), np.float32), np.zeros((d, M), np.float32), np.zeros((M, d), np.float32)
+    nb.mlp_bwd(gout, x, hn, an, w1, w2, dxn, dw1n, dw2n)
+    got = {}
+    for epilogue in (True, False):
+        be = CupyBackend(precision)
+        be.gelu_epilogue = epilogue
+        hg, ag, og = cp.zeros((B, T, M), bf), cp.zeros((B, T, M), bf), cp.zeros((B, T, d), cp.float32)
+        be.mlp_fwd(g(x).astype(bf), g(w1), g(w2), hg, ag, og)
+        fwd = [h(v).astype(np.float32) for v in (hg, ag, og)]
+        dx, dw1, dw2 = cp.zeros((B, T, d), cp.float32), cp.zeros((d, M), cp.float32), cp.zeros((M, d), cp.float32)
+        be.mlp_bwd(g(gout).astype(bf), g(x).astype(bf), hg, ag, g(w1), g(w2), dx, dw1, dw2)
+        got[epilogue] = fwd + [h(v) for v in (dx, dw1, dw2)]
+        if epilogue:
+            assert be._lt, "the epilogue products ran through cuBLASLt"
+    ulp = 2.0 ** -8 if precision == "bf16" else 2.0 ** -11  # the 16-bit types' unit in the last place (relative)
+    names = ("h", "a", "out", "dx", "dw1", "dw2")
+    for name, lt_, pass_, want in zip(names, got[True], got[False], (hn, an, on, dxn, dw1n, dw2n)):
+        assert rel(lt_, pass_) < 2 * ulp, (name, rel(lt_, pass_))
+        assert rel(lt_, want) < 1e-2, (name, rel(lt_, want))
 
 
 def test_matmul_pairs_and_classifier():

@@ -35,11 +35,14 @@ so backends of different precisions work side by side in one process.
 
 from __future__ import annotations
 
+import os
+
 import cupy as cp
 import numpy as np
 
 from andrea.engine.backend import Backend
 from andrea.engine.cupy import attention, decode
+from andrea.engine.cupy.cublaslt import EPILOGUE_GELU_AUX, Lt
 from andrea.engine.cupy.fp8 import Fp8, check_shapes
 from andrea.engine.cupy.gemm import Cublas
 from andrea.engine.cupy.graphs import CapturedPass
@@ -125,6 +128,7 @@ class CupyBackend(Backend):
         self._scratch: dict = {}  # (key, shape, dtype) -> buffer the kernels need besides the engine's
         self._embed_plans: dict = {}  # (device token buffer, size) -> packed plan buffer, filled by upload_tokens
         self._cublas: dict = {}  # device -> Cublas (handle and workspace)
+        self._lt: dict = {}  # device -> Lt (cuBLASLt handle and workspace: fp8 and the epilogue products)
         self._loss_scale = None  # on the device, read by the classifier kernel (created on first use)
         self._loss_scale_now = 1.0
         # data parallelism: reductions of the gradients on a stream beside the backward pass
@@ -135,6 +139,7 @@ class CupyBackend(Backend):
         self._events = [cp.cuda.Event(disable_timing=True) for _ in range(64)]
         self._event_i = 0
         self.fp8 = Fp8(self) if precision == "fp8" else None  # the fp8 products' scales, histories, counts
+        self.gelu_epilogue = os.environ.get("ANDREA_GELU_EPILOGUE", "1") != "0"
 
     @property
     def recomputes_gelu(self) -> bool:
@@ -165,6 +170,12 @@ class CupyBackend(Backend):
             self._cublas[dev] = Cublas()
         return self._cublas[dev]
 
+    def lt(self) -> Lt:
+        dev = cp.cuda.runtime.getDevice()
+        if dev not in self._lt:
+            self._lt[dev] = Lt()
+        return self._lt[dev]
+
     def _loss_scale_buffer(self):
         """The loss scale on the device (read by the classifier kernel, so a captured graph follows
         changes of the scale without being captured again)."""
@@ -175,7 +186,7 @@ class CupyBackend(Backend):
     def graph_buffers(self) -> tuple:
         """The device buffers a captured pass reads and writes, for it to hold while it lives."""
         return (list(self._scratch.values()), self.weights.mirror, list(self._embed_plans.values()),
-                self._loss_scale_buffer(), [c.workspace for c in self._cublas.values()],
+                self._loss_scale_buffer(), [c.workspace for c in (*self._cublas.values(), *self._lt.values())],
                 None if self.fp8 is None else self.fp8.buffers())
 
     def _operand(self, x, weight: bool = False):
@@ -184,7 +195,11 @@ class CupyBackend(Backend):
     # ------------------------------------------------------------------ matrix products
     def gemm(self, a, b, c, ta: bool = False, tb: bool = False, accumulate: bool = False, alpha: float = 1.0) -> None:
         """c (row-major [m, n], fp32, bf16 or fp16) = alpha · op(a) · op(b), or += with `accumulate`,
-        through cublasGemmEx with fp32 accumulation (gemm.Cublas.gemm)."""
+        with fp32 accumulation: 16-bit operands through cuBLASLt with the fastest algorithm
+        (cublaslt.Lt.gemm), fp32 through cublasGemmEx (gemm.Cublas.gemm)."""
+        if is_16bit(a):
+            self.lt().gemm(a, b, c, ta, tb, accumulate, alpha)
+            return
         self._blas().gemm(a, b, c, ta, tb, accumulate, alpha)
 
     def bgemm(self, a, b, c, m, n, k, lda, ldb, ldc, sa, sb, sc, batch, ta=False, tb=False, accumulate=False) -> None:
@@ -335,9 +350,10 @@ class CupyBackend(Backend):
         self._scratch.clear()
         self.weights.clear()
         self._embed_plans.clear()
-        for blas in self._cublas.values():
+        for blas in (*self._cublas.values(), *self._lt.values()):
             blas.close()
         self._cublas.clear()
+        self._lt.clear()
         if self.fp8 is not None:
             self.fp8.release()
 
@@ -582,14 +598,24 @@ class CupyBackend(Backend):
         self.kernel("elementwise", "gelu_fwd_h16" if is_16bit(out) else "gelu_fwd")((blocks(h.size),), (256,),
                                                                                    (h, out, np.int64(h.size)))
 
+    def _gelu_epilogue(self, h) -> bool:
+        """The 16-bit MLP's GELU as the epilogue of its first product, which writes h and a = gelu(h)
+        (h's rows a multiple of 8 elements apart, as cuBLASLt needs; self.gelu_epilogue = False, or
+        ANDREA_GELU_EPILOGUE=0, runs it as an elementwise pass, for measuring)."""
+        return self.gelu_epilogue and is_16bit(h) and h.shape[-1] % 8 == 0
+
     def mlp_fwd(self, x, w1, w2, h, a, out) -> None:
         d = x.shape[-1]
         M = h.shape[-1]
         if self._fp8("mlp"):  # a = gelu(h) goes straight from h into the second product's fp8 operand
             self.fp8.mlp_fwd(x.reshape(-1, d), w1, w2, h.reshape(-1, M), out.reshape(-1, d))
             return
-        self.gemm(self._operand(x.reshape(-1, d)), self._operand(w1, weight=True), h.reshape(-1, M))
-        self.gelu(h, a)
+        x2, w1p = self._operand(x.reshape(-1, d)), self._operand(w1, weight=True)
+        if self._gelu_epilogue(h):  # one product writes h and a = gelu(h): no elementwise pass
+            self.lt().gemm(x2, w1p, a.reshape(-1, M), epilogue=EPILOGUE_GELU_AUX, aux=h.reshape(-1, M))
+        else:
+            self.gemm(x2, w1p, h.reshape(-1, M))
+            self.gelu(h, a)
         self.gemm(self._operand(a.reshape(-1, M)), self._operand(w2, weight=True), out.reshape(-1, d))
 
     def mlp_bwd(self, dout, x, h, a, w1, w2, dx, dw1, dw2) -> None:
@@ -601,8 +627,10 @@ class CupyBackend(Backend):
         if self._fp8("mlp"):
             self.fp8.mlp_bwd(g, x.reshape(-1, d), h, w1, w2, dx.reshape(-1, d), dw1, dw2, da)
             return
+        # a's gradient, then one pass applies gelu'(h) and recomputes a for dW2 (cuBLASLt's DGELU epilogue,
+        # reading h, was no faster: a must be recomputed anyway; bench/mlp_gemm_bench.py)
         self.gemm(g, self._operand(w2, weight=True), da, tb=True)
-        if fast and da.size % 8 == 0:  # a was not kept: recomputed by the pass that applies gelu'(h)
+        if fast and da.size % 8 == 0:
             self.kernel("elementwise", "gelu_bwd_recompute_h16x8")((blocks(da.size // 8),), (256,),
                                                                    (h, da, a, np.int64(da.size // 8)))
         else:

@@ -21,18 +21,18 @@ and a's gradient writes h's gradient in e5m2 (and transposed) and a again, trans
 
 Scales, amax histories and the counts of overflows and underflows live on the device (fp8_update
 moves each pass's amaxes into the histories before its first cast), so a pass captured as a CUDA
-graph replays all of it. The products run through cuBLASLt (called with ctypes, like cuBLAS in
-gemm.py), which reads the inverse scales from the device.
+graph replays all of it. The products run through cuBLASLt (cublaslt.py), which reads the inverse
+scales from the device.
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
 
 import cupy as cp
 import numpy as np
+
+from andrea.engine.cupy.cublaslt import Lt
 
 HISTORY = 16  # as kernels/fp8.cu FP8_HISTORY and andrea/fp8.py's default
 MAX_SITES = 4096  # device arrays allocated once (a graph holds them); a 480M model uses 16 layers x 12
@@ -53,48 +53,12 @@ def products_from_env() -> frozenset:
     return chosen
 
 
-_CUDA_R_32F, _CUDA_R_16BF, _CUDA_R_8F_E4M3, _CUDA_R_8F_E5M2, _COMPUTE_32F = 0, 14, 28, 29, 68
-_TYPE = {"e4m3": _CUDA_R_8F_E4M3, "e5m2": _CUDA_R_8F_E5M2}
-# cublasLt.h (CUDA 12 and 13)
-_DESC_TRANSA, _DESC_TRANSB, _DESC_A_SCALE, _DESC_B_SCALE, _DESC_FAST_ACCUM = 3, 4, 17, 18, 25
-_PREF_MAX_WORKSPACE = 1
-_PREF_MIN_ALIGNMENT = (5, 6, 7, 8)  # CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES
-_OP_N, _OP_T = 0, 1
-_HEURISTIC_BYTES = 96  # sizeof(cublasLtMatmulHeuristicResult_t); its algo (64 bytes) comes first
-_ALGOS = 8  # heuristic results asked for
-WORKSPACE_BYTES = 32 << 20
-_ONE = np.ones(1, dtype=np.float32)
-_ZERO = np.zeros(1, dtype=np.float32)
-
-
 def check_shapes(rows: int, *cols: int) -> None:
     """fp8 products need every dimension a multiple of 16 (cuBLASLt's fp8 kernels: 16-byte aligned rows)."""
     bad = [n for n in (rows, *cols) if n % 16]
     if bad:
         raise ValueError(f"precision fp8 needs B·T and the model's widths to be multiples of 16; got {bad} "
                          f"(B·T = {rows}, widths {list(cols)}): use bf16 for this shape")
-
-
-@functools.lru_cache(maxsize=None)
-def _library() -> ctypes.CDLL:
-    """The libcublasLt next to the libcublas CuPy loaded."""
-    cp.cuda.device.get_cublas_handle()
-    with open("/proc/self/maps") as maps:
-        paths = {line.split()[-1] for line in maps if "/libcublasLt.so" in line}
-    if not paths:
-        raise RuntimeError("libcublasLt is not loaded in this process (it comes with libcublas)")
-    lib = ctypes.CDLL(paths.pop())
-    vp, i32, u64, i64, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_int64, ctypes.c_size_t
-    lib.cublasLtCreate.argtypes = [ctypes.POINTER(vp)]
-    lib.cublasLtDestroy.argtypes = [vp]
-    lib.cublasLtMatmulDescCreate.argtypes = [ctypes.POINTER(vp), i32, i32]
-    lib.cublasLtMatmulDescSetAttribute.argtypes = [vp, i32, vp, sz]
-    lib.cublasLtMatrixLayoutCreate.argtypes = [ctypes.POINTER(vp), i32, u64, u64, i64]
-    lib.cublasLtMatmulPreferenceCreate.argtypes = [ctypes.POINTER(vp)]
-    lib.cublasLtMatmulPreferenceSetAttribute.argtypes = [vp, i32, vp, sz]
-    lib.cublasLtMatmulAlgoGetHeuristic.argtypes = [vp, vp, vp, vp, vp, vp, vp, i32, vp, ctypes.POINTER(i32)]
-    lib.cublasLtMatmul.argtypes = [vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, sz, vp]
-    return lib
 
 
 def _not_capturing() -> None:
@@ -113,104 +77,6 @@ def require_fp8_gpu() -> None:
                            f"this one is {cc[:-1]}.{cc[-1]}: use bf16")
 
 
-def _check(status: int, what: str) -> None:
-    if status != 0:
-        raise RuntimeError(f"{what} failed with cuBLAS status {status}")
-
-
-def _alignment(ptr: int) -> int:
-    """The largest power of two up to 256 that divides a pointer."""
-    return min(256, ptr & -ptr) if ptr else 256
-
-
-class Lt:
-    """A cuBLASLt handle, its workspace, and a plan (descriptors and the heuristic's algorithm) per shape."""
-
-    def __init__(self):
-        self.lib = lib = _library()
-        self.handle = ctypes.c_void_p()
-        _check(lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
-        self.workspace = cp.empty(WORKSPACE_BYTES, dtype=cp.uint8)
-        self.plans: dict = {}
-
-    def _plan(self, m, n, k, ta, tb, tc, fast, scales, align):
-        key = (m, n, k, ta, tb, tc, fast, align)
-        plan = self.plans.get(key)
-        if plan is not None:
-            return plan
-        lib = self.lib
-        desc = ctypes.c_void_p()
-        _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _CUDA_R_32F), "cublasLtMatmulDescCreate")
-        self._set_scales(desc, scales)  # before the heuristic: an algorithm chosen without scales may not take them
-        for attr, value in ((_DESC_TRANSA, _OP_T), (_DESC_TRANSB, _OP_N)):
-            v = ctypes.c_int32(value)
-            _check(lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(v), 4), "cublasLtMatmulDescSetAttribute")
-        f = ctypes.c_int8(1 if fast else 0)
-        _check(lib.cublasLtMatmulDescSetAttribute(desc, _DESC_FAST_ACCUM, ctypes.byref(f), 1), "set FAST_ACCUM")
-        # column-major: D [n, m] = A_ltᵀ · B_lt, A_lt = the second operand stored [n, k] (k contiguous),
-        # B_lt = the first stored [m, k]
-        layouts = []
-        for dtype, rows, cols in ((tb, k, n), (ta, k, m), (tc, n, m)):
-            lay = ctypes.c_void_p()
-            _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), dtype, rows, cols, rows), "cublasLtMatrixLayoutCreate")
-            layouts.append(lay)
-        pref = ctypes.c_void_p()
-        _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
-        ws = ctypes.c_uint64(WORKSPACE_BYTES)
-        _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE, ctypes.byref(ws), 8), "set workspace")
-        for attr, value in zip(_PREF_MIN_ALIGNMENT, align):  # the operands' own alignment (default: 256 bytes)
-            v = ctypes.c_uint32(value)
-            _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(v), 4), "set alignment")
-        results = (ctypes.c_ubyte * (_HEURISTIC_BYTES * _ALGOS))()
-        count = ctypes.c_int32(0)
-        la, lb, lc = layouts
-        _check(lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, la, lb, lc, lc, pref, _ALGOS, ctypes.byref(results),
-                                                  ctypes.byref(count)), "cublasLtMatmulAlgoGetHeuristic")
-        if count.value < 1:
-            raise RuntimeError(f"cuBLASLt has no fp8 algorithm for m={m} n={n} k={k} (types {ta}, {tb} -> {tc})")
-        algos = [ctypes.addressof(results) + i * _HEURISTIC_BYTES for i in range(count.value)]
-        plan = self.plans[key] = [desc, la, lb, lc, pref, results, algos]
-        return plan
-
-    def _set_scales(self, desc, scales) -> None:
-        for attr, ptr in zip((_DESC_A_SCALE, _DESC_B_SCALE), scales):
-            p = ctypes.c_void_p(ptr)
-            _check(self.lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(p), 8), "set scale pointer")
-
-    def matmul(self, a, a_inv, ta: str, bt, b_inv, tb: str, c, accumulate: bool = False, fast: bool = False) -> None:
-        """Row-major c [m, n] (bf16 or fp32) = (a · btᵀ) · a_inv · b_inv, or += with `accumulate`:
-        a [m, k] and bt [n, k] fp8 (formats ta, tb), both k-contiguous; a_inv, b_inv device
-        pointers to the operands' inverse scales. `fast`: fp8 accumulation without cuBLASLt's
-        periodic promotion to fp32 (the forward products, as Transformer Engine does)."""
-        m, k = a.shape
-        n = bt.shape[0]
-        if bt.shape[1] != k or c.shape != (m, n):
-            raise ValueError(f"fp8 matmul shapes: a {a.shape}, bt {bt.shape}, c {c.shape}")
-        tc = _CUDA_R_32F if c.dtype == np.float32 else _CUDA_R_16BF
-        # cuBLASLt's A is our bt, its B our a; C and D are c (a plan per alignment: fp32 gradient views
-        # into the flat buffer may sit only 16 bytes apart from a 256-byte boundary)
-        align = tuple(_alignment(x.data.ptr) for x in (bt, a, c, c))
-        plan = self._plan(m, n, k, _TYPE[ta], _TYPE[tb], tc, fast, (b_inv, a_inv), align)
-        desc, la, lb, lc, _, _, algos = plan
-        self._set_scales(desc, (b_inv, a_inv))
-        status = None
-        for i, algo in enumerate(algos):  # the heuristic's first that runs (the rest are dropped once one has)
-            status = self.lib.cublasLtMatmul(
-                self.handle, desc, _ONE.ctypes.data, bt.data.ptr, la, a.data.ptr, lb,
-                (_ONE if accumulate else _ZERO).ctypes.data, c.data.ptr, lc, c.data.ptr, lc,
-                algo, self.workspace.data.ptr, WORKSPACE_BYTES, cp.cuda.get_current_stream().ptr)
-            if status == 0:
-                plan[6] = algos[i:i + 1]
-                return
-        _check(status, f"cublasLtMatmul (m={m} n={n} k={k}, {ta} x {tb}, {len(algos)} algorithms tried)")
-
-    def close(self) -> None:
-        if self.handle:
-            _check(self.lib.cublasLtDestroy(self.handle), "cublasLtDestroy")
-            self.handle = ctypes.c_void_p()
-        self.workspace = None
-
-
 class Fp8:
     """One backend's fp8 state (sites, scales, histories, counts on the device) and its products."""
 
@@ -226,19 +92,15 @@ class Fp8:
         self.sites: dict = {}  # (role, weight pointer) -> index
         self.primed: set = set()  # sites cast at least once (their scale has something to go on)
         self.weights: dict = {}  # first weight's pointer -> (Wᵀ [n, k], W [k, n]) e4m3 copies
-        self.lt = None
         self.products = products_from_env()
 
     def buffers(self) -> list:
         """What a captured pass reads and writes besides the backend's scratch."""
         return [self.amax_now, self.hist, self.scale, self.inv, self.fmax, self.counts,
-                list(self.weights.values()), None if self.lt is None else self.lt.workspace]
+                list(self.weights.values())]
 
     def release(self) -> None:
         self.weights.clear()
-        if self.lt is not None:
-            self.lt.close()
-            self.lt = None
 
     # ------------------------------------------------------------------ scales and casts
     def _site(self, role: str, w, fmt: str) -> int:
@@ -315,9 +177,7 @@ class Fp8:
         return site, wt, wp
 
     def _lt(self) -> Lt:
-        if self.lt is None:
-            self.lt = Lt()
-        return self.lt
+        return self.be.lt()  # the backend's handle and workspace (the 16-bit epilogue products use them too)
 
     def mm(self, a, sa: int, fa: str, bt, sb: int, fb: str, c, accumulate=False, fast=False) -> None:
         inv = self.inv.data.ptr

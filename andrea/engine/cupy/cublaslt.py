@@ -1,0 +1,327 @@
+"""Matrix products through cuBLASLt, called with ctypes like cuBLAS in gemm.py, on a handle and
+workspace of the backend's own:
+
+- every product of the 16-bit modes, with the algorithm that runs fastest: cuBLASLt's heuristic
+  offers up to 8, and its first (cublasGemmEx's choice) ran the model's products up to 10 % slower
+  than the best. A plan's first eager call times them all and keeps the fastest, recorded in a file
+  per GPU and cuBLASLt version so a resumed run computes with the same algorithms (the same bits);
+- the MLP's GELU as the epilogue of its first product (GELU_AUX writes a = gelu(h) and h in one
+  pass), and GELU's gradient as the epilogue of a's gradient (DGELU, reading h);
+- fp8 products with per-tensor scales read from the device (fp8.py).
+
+A plan (descriptors and algorithms) is made once per shape, layout and alignment; pointers that
+change between calls (scales, the epilogue's h) are set on the descriptor before each call, host
+work only, so the products can sit in a captured CUDA graph.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import cupy as cp
+import numpy as np
+
+from andrea.engine.cupy.weights import BF16, FP16, leading_dim
+
+_CUDA_R_32F, _CUDA_R_16F, _CUDA_R_16BF, _CUDA_R_8F_E4M3, _CUDA_R_8F_E5M2, _COMPUTE_32F = 0, 2, 14, 28, 29, 68
+FP8_TYPES = {"e4m3": _CUDA_R_8F_E4M3, "e5m2": _CUDA_R_8F_E5M2}
+# cublasLt.h (CUDA 12 and 13)
+_DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_AUX_POINTER, _DESC_AUX_LD = 3, 4, 7, 11, 12
+_DESC_A_SCALE, _DESC_B_SCALE, _DESC_FAST_ACCUM = 17, 18, 25
+EPILOGUE_DEFAULT, EPILOGUE_GELU_AUX, EPILOGUE_DGELU = 1, 32 | 128, 64 | 128
+_PREF_MAX_WORKSPACE = 1
+_PREF_MIN_ALIGNMENT = (5, 6, 7, 8)  # CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES
+_OP_N, _OP_T = 0, 1
+_HEURISTIC_BYTES = 96  # sizeof(cublasLtMatmulHeuristicResult_t); its algo (64 bytes) comes first
+_ALGOS = 8  # heuristic results asked for
+WORKSPACE_BYTES = 32 << 20
+_ONE = np.ones(1, dtype=np.float32)
+_ZERO = np.zeros(1, dtype=np.float32)
+TUNE_REPS = 5  # timed calls per algorithm when a plan is tuned
+# products smaller than this (m·n·k) keep the heuristic's first algorithm: the training passes' products
+# are larger (ANDREA-12M at B=8: 8192 x 384 x 1536), while generation makes a plan per prompt length
+TUNE_MIN_WORK = 1 << 32
+
+
+def tune_from_env() -> bool:
+    """ANDREA_GEMM_TUNE=0: take the heuristic's first algorithm (as cublasGemmEx does) instead of timing them."""
+    return os.environ.get("ANDREA_GEMM_TUNE", "1") != "0"
+
+
+def tuning_path() -> Path:
+    """Where tuned choices are kept: $ANDREA_GEMM_TUNING, else ~/.cache/andrea/cublaslt-tuning.json."""
+    env = os.environ.get("ANDREA_GEMM_TUNING")
+    return Path(env) if env else Path.home() / ".cache" / "andrea" / "cublaslt-tuning.json"
+
+
+_TUNING: dict = {}  # path -> {"<GPU> cuBLASLt <version>": {plan: algorithm index}}, read once per process
+
+
+def _tuning(lib) -> tuple[dict, str]:
+    """The tuning store of this process (read from tuning_path() on first use; a file that does not
+    parse is set aside with a warning: it is a cache) and this GPU's and cuBLASLt's section name."""
+    path = tuning_path()
+    if path not in _TUNING:
+        store = {}
+        if path.exists():
+            try:
+                store = json.loads(path.read_text())
+                if not isinstance(store, dict):
+                    raise ValueError("not a JSON object")
+            except (OSError, ValueError) as err:
+                warnings.warn(f"{path}: unreadable GEMM tuning file ({err}); timing the algorithms again")
+                store = {}
+        _TUNING[path] = store
+    lib.cublasLtGetVersion.restype = ctypes.c_size_t
+    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["name"]
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    return _TUNING[path], f"{name} cuBLASLt {lib.cublasLtGetVersion()}"
+
+
+def _save_tuning(store: dict) -> None:
+    """The store written to a temporary name and renamed (a crash never leaves half a file); a
+    directory that cannot be written keeps the choices in this process only."""
+    path = tuning_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(store, indent=0, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError as err:
+        warnings.warn(f"{path}: GEMM tuning not saved ({err}); a later run times the algorithms again")
+
+
+@dataclass
+class _Plan:
+    """A product's descriptor, layouts and preference (ctypes handles kept alive here), the
+    heuristic's algorithms, the index of the one in use (None until the first call), the plan's
+    name in the tuning file, what it computes (for errors), and whether it is large enough to tune."""
+
+    desc: ctypes.c_void_p
+    layouts: list
+    pref: ctypes.c_void_p
+    results: object
+    algos: list
+    chosen: int | None
+    name: str
+    what: str
+    tunable: bool
+
+
+@functools.lru_cache(maxsize=None)
+def _library() -> ctypes.CDLL:
+    """The libcublasLt next to the libcublas CuPy loaded."""
+    cp.cuda.device.get_cublas_handle()
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "/libcublasLt.so" in line}
+    if not paths:
+        raise RuntimeError("libcublasLt is not loaded in this process (it comes with libcublas)")
+    lib = ctypes.CDLL(paths.pop())
+    vp, i32, u64, i64, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_int64, ctypes.c_size_t
+    lib.cublasLtCreate.argtypes = [ctypes.POINTER(vp)]
+    lib.cublasLtDestroy.argtypes = [vp]
+    lib.cublasLtMatmulDescCreate.argtypes = [ctypes.POINTER(vp), i32, i32]
+    lib.cublasLtMatmulDescSetAttribute.argtypes = [vp, i32, vp, sz]
+    lib.cublasLtMatrixLayoutCreate.argtypes = [ctypes.POINTER(vp), i32, u64, u64, i64]
+    lib.cublasLtMatmulPreferenceCreate.argtypes = [ctypes.POINTER(vp)]
+    lib.cublasLtMatmulPreferenceSetAttribute.argtypes = [vp, i32, vp, sz]
+    lib.cublasLtMatmulAlgoGetHeuristic.argtypes = [vp, vp, vp, vp, vp, vp, vp, i32, vp, ctypes.POINTER(i32)]
+    lib.cublasLtMatmul.argtypes = [vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, sz, vp]
+    return lib
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"{what} failed with cuBLAS status {status}")
+
+
+def _alignment(ptr: int) -> int:
+    """The largest power of two up to 256 that divides a pointer."""
+    return min(256, ptr & -ptr) if ptr else 256
+
+
+def _dtype_code(x) -> int:
+    return _CUDA_R_16BF if x.dtype == BF16 else _CUDA_R_16F if x.dtype == FP16 else _CUDA_R_32F
+
+
+class Lt:
+    """A cuBLASLt handle, its workspace, and a plan (descriptors and the heuristic's algorithms) per
+    shape, layout and alignment."""
+
+    def __init__(self, tune: bool | None = None):
+        self.lib = lib = _library()
+        self.handle = ctypes.c_void_p()
+        _check(lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
+        self.workspace = cp.empty(WORKSPACE_BYTES, dtype=cp.uint8)  # fixed: a captured graph may use it
+        self.plans: dict = {}
+        # time the heuristic's algorithms on a plan's first eager call and keep the fastest: cuBLAS's
+        # first choice ran the model's products up to 10 % slower than the best (bench/mlp_gemm_bench.py)
+        self.tune = tune_from_env() if tune is None else tune
+
+    def _set(self, desc, attr: int, value) -> None:
+        _check(self.lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(value), ctypes.sizeof(value)),
+               f"cublasLtMatmulDescSetAttribute({attr})")
+
+    def _plan(self, key, attrs, layouts, align, what: str, work: int) -> _Plan:
+        """The plan of `key`, made on first use: a descriptor with attrs [(attribute, ctypes value)]
+        (set before the heuristic: an algorithm chosen without them may not take them), layouts
+        [(type, rows, cols, ld)] of cuBLASLt's A, B and C (= D), the operands' alignments; work: m·n·k."""
+        plan = self.plans.get(key)
+        if plan is not None:
+            return plan
+        lib = self.lib
+        desc = ctypes.c_void_p()
+        _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _CUDA_R_32F), "cublasLtMatmulDescCreate")
+        for attr, value in attrs:
+            self._set(desc, attr, value)
+        lays = []
+        for dtype, rows, cols, ld in layouts:
+            lay = ctypes.c_void_p()
+            _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), dtype, rows, cols, ld), "cublasLtMatrixLayoutCreate")
+            lays.append(lay)
+        pref = ctypes.c_void_p()
+        _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
+        ws = ctypes.c_uint64(WORKSPACE_BYTES)
+        _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE, ctypes.byref(ws), 8), "set workspace")
+        for attr, value in zip(_PREF_MIN_ALIGNMENT, align):  # the operands' own alignment (default: 256 bytes)
+            v = ctypes.c_uint32(value)
+            _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(v), 4), "set alignment")
+        results = (ctypes.c_ubyte * (_HEURISTIC_BYTES * _ALGOS))()
+        count = ctypes.c_int32(0)
+        _check(lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, *lays, lays[2], pref, _ALGOS, ctypes.byref(results),
+                                                  ctypes.byref(count)), "cublasLtMatmulAlgoGetHeuristic")
+        if count.value < 1:
+            raise RuntimeError(f"cuBLASLt has no algorithm for {what}")
+        algos = [ctypes.addressof(results) + i * _HEURISTIC_BYTES for i in range(count.value)]
+        plan = self.plans[key] = _Plan(desc, lays, pref, results, algos, None, repr(key), what, work >= TUNE_MIN_WORK)
+        return plan
+
+    def _call(self, plan: _Plan, algo, a_lt, b_lt, c_ptr: int, beta, alpha) -> int:
+        la, lb, lc = plan.layouts
+        return self.lib.cublasLtMatmul(
+            self.handle, plan.desc, alpha.ctypes.data, a_lt.data.ptr, la, b_lt.data.ptr, lb, beta.ctypes.data,
+            c_ptr, lc, c_ptr, lc, algo, self.workspace.data.ptr, WORKSPACE_BYTES, cp.cuda.get_current_stream().ptr)
+
+    def _run(self, plan: _Plan, a_lt, b_lt, c, accumulate: bool, alpha=_ONE) -> None:
+        """D = C = alpha · A_lt · B_lt (+ C with `accumulate`) with the plan's algorithm: the fastest
+        where tuning is on (see _tune), else the heuristic's first that runs."""
+        beta = _ONE if accumulate else _ZERO
+        if plan.chosen is None and self.tune and plan.tunable and len(plan.algos) > 1 and \
+                not cp.cuda.get_current_stream().is_capturing():
+            plan.chosen = self._tune(plan, a_lt, b_lt, c, beta, alpha)
+        if plan.chosen is not None:
+            _check(self._call(plan, plan.algos[plan.chosen], a_lt, b_lt, c.data.ptr, beta, alpha),
+                   f"cublasLtMatmul ({plan.what})")
+            return
+        status = None
+        for i, algo in enumerate(plan.algos):
+            status = self._call(plan, algo, a_lt, b_lt, c.data.ptr, beta, alpha)
+            if status == 0:
+                plan.chosen = i
+                return
+        _check(status, f"cublasLtMatmul ({plan.what}, {len(plan.algos)} algorithms tried)")
+
+    def _tune(self, plan: _Plan, a_lt, b_lt, c, beta, alpha) -> int | None:
+        """The index of the plan's fastest algorithm among the heuristic's: from the tuning file when
+        this GPU and cuBLASLt have timed this plan before (a resumed run, or the next run, takes the
+        same algorithm: the same bits), else timed now, TUNE_REPS calls each into a scratch output (c
+        and what it accumulates stay untouched), and recorded. None: none ran."""
+        store, prefix = _tuning(self.lib)
+        known = store.get(prefix, {}).get(plan.name)
+        if known is not None and known < len(plan.algos):
+            return known
+        m, ld = c.shape[0], leading_dim(c)
+        out = cp.zeros(m * ld, dtype=c.dtype)
+        times = []
+        for algo in plan.algos:
+            if self._call(plan, algo, a_lt, b_lt, out.data.ptr, beta, alpha) != 0:  # the warm-up call
+                times.append(float("inf"))
+                continue
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record()
+            for _ in range(TUNE_REPS):
+                self._call(plan, algo, a_lt, b_lt, out.data.ptr, beta, alpha)
+            end.record()
+            end.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, end))
+        best = min(range(len(times)), key=times.__getitem__)
+        if times[best] == float("inf"):
+            return None
+        store.setdefault(prefix, {})[plan.name] = best
+        _save_tuning(store)
+        return best
+
+    def matmul(self, a, a_inv, ta: str, bt, b_inv, tb: str, c, accumulate: bool = False, fast: bool = False) -> None:
+        """fp8: row-major c [m, n] (bf16 or fp32) = (a · btᵀ) · a_inv · b_inv, or += with `accumulate`:
+        a [m, k] and bt [n, k] fp8 (formats ta, tb), both k-contiguous ("TN", as Hopper's fp8 tensor
+        cores take them); a_inv, b_inv device pointers to the operands' inverse scales (16-byte
+        aligned). `fast`: fp8 accumulation without cuBLASLt's periodic promotion to fp32 (the
+        forward products, as Transformer Engine does)."""
+        m, k = a.shape
+        n = bt.shape[0]
+        if bt.shape[1] != k or c.shape != (m, n):
+            raise ValueError(f"fp8 matmul shapes: a {a.shape}, bt {bt.shape}, c {c.shape}")
+        tc = _CUDA_R_32F if c.dtype == np.float32 else _CUDA_R_16BF
+        scales = [ctypes.c_void_p(b_inv), ctypes.c_void_p(a_inv)]
+        # column-major: D [n, m] = A_ltᵀ · B_lt with A_lt = bt and B_lt = a; a plan per alignment (fp32
+        # gradient views into the flat buffer may sit only 16 bytes apart from a 256-byte boundary)
+        align = tuple(_alignment(x.data.ptr) for x in (bt, a, c, c))
+        key = ("fp8", m, n, k, ta, tb, tc, fast, align)
+        what = f"fp8 m={m} n={n} k={k}, {ta} x {tb}"
+        attrs = [(_DESC_A_SCALE, scales[0]), (_DESC_B_SCALE, scales[1]), (_DESC_TRANSA, ctypes.c_int32(_OP_T)),
+                 (_DESC_TRANSB, ctypes.c_int32(_OP_N)), (_DESC_FAST_ACCUM, ctypes.c_int8(1 if fast else 0))]
+        plan = self._plan(key, attrs, [(FP8_TYPES[tb], k, n, k), (FP8_TYPES[ta], k, m, k), (tc, n, m, n)], align, what, m * n * k)
+        self._set(plan.desc, _DESC_A_SCALE, scales[0])
+        self._set(plan.desc, _DESC_B_SCALE, scales[1])
+        self._run(plan, bt, a, c, accumulate)
+
+    def gemm(self, a, b, c, ta: bool = False, tb: bool = False, accumulate: bool = False, alpha: float = 1.0,
+             epilogue: int = EPILOGUE_DEFAULT, aux=None) -> None:
+        """16-bit operands: row-major c [m, n] (16-bit or fp32) = epilogue(alpha · op(a) · op(b)), or +=
+        with `accumulate`, with fp32 accumulation; a, b, c may be strided row views (unit column
+        stride). EPILOGUE_GELU_AUX: c = gelu(·) and aux [m, n] = the product before it;
+        EPILOGUE_DGELU: c = (·) ⊙ gelu'(aux). aux is 16-bit like c, with rows a multiple of 8
+        elements apart (cuBLASLt's condition)."""
+        m, n = c.shape
+        k = a.shape[0] if ta else a.shape[1]
+        if (b.shape[1] if tb else b.shape[0]) != k or (a.shape[1] if ta else a.shape[0]) != m or \
+                (b.shape[0] if tb else b.shape[1]) != n:
+            raise ValueError(f"cuBLASLt gemm shapes: a {a.shape}{'ᵀ' if ta else ''}, b {b.shape}{'ᵀ' if tb else ''}, "
+                             f"c {c.shape}")
+        ldc = leading_dim(c)
+        aux_ld = 0
+        if epilogue != EPILOGUE_DEFAULT:
+            if aux is None or aux.shape != c.shape or aux.dtype != c.dtype:
+                raise ValueError(f"epilogue {epilogue} needs an aux matrix shaped and typed like c {c.shape} {c.dtype}")
+            aux_ld = leading_dim(aux)
+        if None in (leading_dim(a), leading_dim(b), ldc, aux_ld):
+            raise ValueError("cuBLASLt gemm: every operand must be a 2-D row-major view with unit column stride")
+        # row-major c = op(a)·op(b) is column-major cᵀ [n, m] = op(b)ᵀ · op(a)ᵀ: cuBLASLt's A is b (stored
+        # column-major [n, k], or [k, n] transposed), its B is a
+        lay_a = (_dtype_code(b), k if tb else n, n if tb else k, leading_dim(b))
+        lay_b = (_dtype_code(a), m if ta else k, k if ta else m, leading_dim(a))
+        lay_c = (_dtype_code(c), n, m, ldc)
+        align = tuple(_alignment(x.data.ptr) for x in (b, a, c, c))
+        aux_align = 0 if aux is None else _alignment(aux.data.ptr)  # the heuristic reads the aux pointer's alignment
+        key = ("h16", lay_a, lay_b, lay_c, ta, tb, epilogue, aux_ld, align, aux_align)
+        what = f"m={m} n={n} k={k}{' with an epilogue' if aux is not None else ''}"
+        attrs = [(_DESC_TRANSA, ctypes.c_int32(_OP_T if tb else _OP_N)), (_DESC_TRANSB, ctypes.c_int32(_OP_T if ta else _OP_N)),
+                 (_DESC_EPILOGUE, ctypes.c_uint32(epilogue))]
+        if aux is not None:
+            attrs += [(_DESC_AUX_POINTER, ctypes.c_void_p(aux.data.ptr)), (_DESC_AUX_LD, ctypes.c_int64(aux_ld))]
+        plan = self._plan(key, attrs, [lay_a, lay_b, lay_c], align, what, m * n * k)
+        if aux is not None:
+            self._set(plan.desc, _DESC_AUX_POINTER, ctypes.c_void_p(aux.data.ptr))
+        self._run(plan, b, a, c, accumulate, _ONE if alpha == 1.0 else np.full(1, alpha, dtype=np.float32))
+
+    def close(self) -> None:
+        if self.handle:
+            _check(self.lib.cublasLtDestroy(self.handle), "cublasLtDestroy")
+            self.handle = ctypes.c_void_p()
+        self.workspace = None
