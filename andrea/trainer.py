@@ -696,9 +696,10 @@ class Trainer:
             ranks = (f"{self.comm.size} ranks × {self.B} rows × {s.grad_accum} micro-batches "
                      f"(gradients averaged in {s.reduce_dtype}) = " if self.comm.size > 1 else "")
             log.info(
-                "plan: %s, %s parameters, backend %s/%s (%s), %s%s tokens/step, steps %d→%d; %s; %.4f s/step after "
+                "plan: %s, %s parameters, backend %s/%s (%s%s), %s%s tokens/step, steps %d→%d; %s; %.4f s/step after "
                 "warm-up (first pass with compilation/capture %.2f s)%s → about %s to finish",
-                self.model_name, f"{plan['n_params']:,}", self.backend, self.precision, self.backend_reason, ranks,
+                self.model_name, f"{plan['n_params']:,}", self.backend, self.precision, self.backend_reason,
+                "".join(f"; {i}" for i in [self.engine.be.implementation()] if i), ranks,
                 f"{plan['batch']['tokens_per_step']:,}", self.step, s.max_steps, mem.describe(), warm["step_s"],
                 warm["first_pass_s"], "".join(f", {p}" for p in periodic), human_duration(est["estimated_remaining_s"]),
             )

@@ -18,7 +18,7 @@ except Exception:  # ImportError, or CUDA without a device
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_GPU, reason="no CUDA GPU with CuPy here (GPU tests run on the device)")]
 
 if HAVE_GPU:
-    from andrea.engine.cupy import BF16, VOCAB_PAD, CupyBackend
+    from andrea.engine.cupy import BF16, VOCAB_PAD, CupyBackend, cudnn_attention
 from andrea.engine import Engine
 from andrea.engine import numpy_backend as nb
 from andrea.model import ModelConfig
@@ -181,10 +181,15 @@ def round16(a, dtype=None):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 @pytest.mark.parametrize("head_dim,T_", [(32, 100), (64, 100), (64, 200), (16, 37)])
-def test_tensor_core_flash_attention_matches_reference(head_dim, T_, precision):
-    """16-bit modes: the fused mma.sync kernels (tiles double-buffered with cp.async) on a
-    [B, T, 3, H, D] buffer, partial tiles included."""
+@pytest.mark.parametrize("impl", ["flash", "cudnn"])
+def test_tensor_core_flash_attention_matches_reference(head_dim, T_, precision, impl):
+    """16-bit modes, both implementations on a [B, T, 3, H, D] buffer, partial tiles included: our
+    fused mma.sync kernels (tiles double-buffered with cp.async), and cuDNN's fused attention (where
+    the frontend is installed; it must take the model's head sizes, 32 and 64)."""
+    if impl == "cudnn" and cudnn_attention._cudnn() is None:
+        pytest.skip("the cuDNN frontend is not installed (pip install nvidia-cudnn-frontend)")
     gb = CupyBackend(precision)
+    gb.attention = impl
     hd = gb.half
     Hh = 2
     dd = Hh * head_dim
@@ -199,12 +204,17 @@ def test_tensor_core_flash_attention_matches_reference(head_dim, T_, precision):
     y_g, lse_g = cp.zeros((B, T_, dd), hd), cp.zeros((B, Hh, T_), cp.float32)
     gb.attn_fwd(q_g, y_g, lse_g)
     assert rel(h(y_g).astype(np.float32), y_n) < 1e-2 and rel(h(lse_g), lse_n) < 1e-3
+    if impl == "cudnn" and head_dim >= 32:
+        (graphs,) = [c.graphs for c in gb._cudnn.values()]
+        assert all(v is not None for v in graphs.values()), "cuDNN refused the shape: our kernels ran"
     runs = []
     for _ in range(2):
         d_g = cp.zeros_like(q_g)
         gb.attn_bwd(g(dy).astype(hd), q_g, y_g, lse_g, d_g)
         runs.append(h(d_g))
     assert runs[0].tobytes() == runs[1].tobytes()  # deterministic
+    if impl == "cudnn" and head_dim >= 32:
+        assert len(graphs) == 2 and all(v is not None for v in graphs.values()), "cuDNN's backward did not run"
     got = runs[0].astype(np.float32).transpose(2, 0, 3, 1, 4)
     for i in range(3):
         assert rel(got[i], dq_n[i]) < 1e-2, "qkv"[i]

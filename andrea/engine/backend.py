@@ -112,6 +112,11 @@ class Backend(abc.ABC):
         """Free what the backend keeps between calls (scratch, weight copies); the engine that owns
         it must not train on after this."""
 
+    def implementation(self) -> str:
+        """Which implementations run the pass where the backend has a choice (for the trainer's plan
+        line); "" where it has none."""
+        return ""
+
     def begin_pass(self) -> None:
         """Called by the engine before each forward pass (e.g. the fp8 mode's delayed scales move on)."""
 

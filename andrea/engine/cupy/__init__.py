@@ -42,7 +42,9 @@ import numpy as np
 
 from andrea.engine.backend import Backend
 from andrea.engine.cupy import attention, decode
-from andrea.engine.cupy.cublaslt import EPILOGUE_GELU_AUX, Lt
+from andrea.engine.cupy.cudnn_attention import CudnnAttention, implementation_from_env
+from andrea.engine.cupy.cudnn_attention import takes as cudnn_takes
+from andrea.engine.cupy.cublaslt import EPILOGUE_GELU_AUX, Lt, tune_from_env
 from andrea.engine.cupy.fp8 import Fp8, check_shapes
 from andrea.engine.cupy.gemm import Cublas
 from andrea.engine.cupy.graphs import CapturedPass
@@ -140,6 +142,10 @@ class CupyBackend(Backend):
         self._event_i = 0
         self.fp8 = Fp8(self) if precision == "fp8" else None  # the fp8 products' scales, histories, counts
         self.gelu_epilogue = os.environ.get("ANDREA_GELU_EPILOGUE", "1") != "0"
+        # the 16-bit modes' training attention: "cudnn" (cuDNN's fused kernels, where the frontend is
+        # installed) or "flash" (ours); ANDREA_ATTENTION picks
+        self.attention = implementation_from_env()
+        self._cudnn: dict = {}  # device -> CudnnAttention
 
     @property
     def recomputes_gelu(self) -> bool:
@@ -169,6 +175,21 @@ class CupyBackend(Backend):
         if dev not in self._cublas:
             self._cublas[dev] = Cublas()
         return self._cublas[dev]
+
+    def implementation(self) -> str:
+        if self.precision == "fp32":
+            return "CUDA-core flash attention, cuBLAS"
+        att = "cuDNN attention (deterministic)" if self.attention == "cudnn" else "our tensor-core flash attention"
+        return f"{att}, cuBLASLt{' with timed algorithms' if tune_from_env() else ''}"
+
+    def _cudnn_attention(self, *buffers):
+        """This device's CudnnAttention where it runs these 16-bit buffers, else None (our kernels)."""
+        if self.attention != "cudnn" or not cudnn_takes(*buffers):
+            return None
+        dev = cp.cuda.runtime.getDevice()
+        if dev not in self._cudnn:
+            self._cudnn[dev] = CudnnAttention()
+        return self._cudnn[dev]
 
     def lt(self) -> Lt:
         dev = cp.cuda.runtime.getDevice()
@@ -515,10 +536,14 @@ class CupyBackend(Backend):
             self.gemm(x2, g, dw, ta=True, accumulate=True)
 
     def attn_fwd(self, qkv, y, lse) -> None:
-        attention.attn_fwd(self, qkv, y, lse)
+        cudnn = self._cudnn_attention(qkv, y, lse)
+        if cudnn is None or not cudnn.fwd(self, qkv, y, lse):
+            attention.attn_fwd(self, qkv, y, lse)
 
     def attn_bwd(self, dy, qkv, y, lse, dqkv) -> None:
-        attention.attn_bwd(self, dy, qkv, y, lse, dqkv)
+        cudnn = self._cudnn_attention(qkv, y, lse, dy, dqkv)
+        if cudnn is None or not cudnn.bwd(self, dy, qkv, y, lse, dqkv):
+            attention.attn_bwd(self, dy, qkv, y, lse, dqkv)
 
     # ------------------------------------------------------------------ generation (KV cache)
     @property

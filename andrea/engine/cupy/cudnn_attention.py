@@ -1,0 +1,140 @@
+"""Causal self-attention through cuDNN's fused attention (SDPA), on the 16-bit training buffers.
+
+cuDNN's Hopper kernels (warp-group MMA, TMA) ran the model's attention 1.5-2x faster than our
+mma.sync flash kernels on the H200 (forward 0.171 against 0.305 ms, backward 0.592 against 0.874 ms
+at ANDREA-120M's B=32 shapes; bench/results/2026-12-01/cudnn/), so where the cuDNN frontend
+(`pip install nvidia-cudnn-frontend`, the gpu extra) is installed the 16-bit modes use it, and our
+kernels (attention.py) stay the fallback and the generation path.
+
+It reads and writes the very buffers of our kernels: q, k, v as strided views of the [B, T, 3, H, D]
+projection output, y and dy [B, T, H·D], dq, dk, dv into a buffer shaped like qkv, and the
+log-sum-exp of each score row [B, H, T] fp32 (cuDNN's "stats": the same quantity, so the two
+implementations can stand in for each other). The backward runs cuDNN's deterministic algorithm
+(the same bits every run, as ours). A graph per shape is built on first use; a shape cuDNN refuses
+falls back to our kernels. Execution is host work plus kernel launches on the current stream, so
+it can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import cupy as cp
+import numpy as np
+
+from andrea.engine.cupy.weights import BF16
+
+IMPLEMENTATIONS = ("cudnn", "flash")
+
+
+@functools.lru_cache(maxsize=None)
+def _cudnn():
+    """The cuDNN frontend module, or None where it is not installed or cuDNN cannot be loaded."""
+    try:
+        import cudnn
+    except Exception:  # ImportError, or the frontend's own check that libcudnn loads
+        return None
+    return cudnn
+
+
+def implementation_from_env() -> str:
+    """ANDREA_ATTENTION: "cudnn" (the default where the frontend is installed) or "flash" (our kernels)."""
+    name = os.environ.get("ANDREA_ATTENTION", "cudnn" if _cudnn() is not None else "flash")
+    if name not in IMPLEMENTATIONS:
+        raise ValueError(f"ANDREA_ATTENTION={name!r}: choose one of {', '.join(IMPLEMENTATIONS)}")
+    if name == "cudnn" and _cudnn() is None:
+        raise RuntimeError("ANDREA_ATTENTION=cudnn but the cuDNN frontend is not installed "
+                           "(pip install nvidia-cudnn-frontend nvidia-cudnn-cu13, or the gpu extra)")
+    return name
+
+
+class CudnnAttention:
+    """One backend's cuDNN handle and its attention graphs, per shape."""
+
+    def __init__(self):
+        self.cudnn = _cudnn()
+        self.handle = self.cudnn.create_handle()
+        self.stream = None
+        self.graphs: dict = {}  # (direction, B, H, T, D, dtype) -> (graph, tensors), or None where cuDNN refused
+
+    def _bind(self) -> None:
+        ptr = cp.cuda.get_current_stream().ptr
+        if ptr != self.stream:
+            self.cudnn.set_stream(handle=self.handle, stream=ptr)
+            self.stream = ptr
+
+    def _graph(self, key):
+        if key not in self.graphs:
+            try:
+                self.graphs[key] = self._build(*key)
+            except Exception as err:  # a shape or type this cuDNN does not take: our kernels run it
+                if cp.cuda.get_current_stream().is_capturing():
+                    raise RuntimeError(f"cuDNN attention graph {key} first built while a CUDA graph is captured") from err
+                self.graphs[key] = None
+        return self.graphs[key]
+
+    def _build(self, direction, B, H, T, D, dtype):
+        c = self.cudnn
+        io = c.data_type.BFLOAT16 if dtype == BF16 else c.data_type.HALF
+        f32 = c.data_type.FLOAT
+        g = c.pygraph(io_data_type=io, intermediate_data_type=f32, compute_data_type=f32, handle=self.handle)
+        dims = [B, H, T, D]
+        s_qkv = [T * 3 * H * D, D, 3 * H * D, 1]  # [B, T, 3, H, D] seen as [B, H, T, D]
+        s_y = [T * H * D, D, H * D, 1]  # [B, T, H·D] seen as [B, H, T, D]
+        s_lse = [H * T, T, 1, 1]
+        scale = 1.0 / math.sqrt(D)
+        q, k, v = (g.tensor(name=n, dim=dims, stride=s_qkv, data_type=io) for n in "qkv")
+        if direction == "fwd":
+            o, stats = g.sdpa(name="sdpa", q=q, k=k, v=v, generate_stats=True, attn_scale=scale, use_causal_mask=True)
+            o.set_output(True).set_dim(dims).set_stride(s_y).set_data_type(io)
+            stats.set_output(True).set_dim([B, H, T, 1]).set_stride(s_lse).set_data_type(f32)
+            tensors = (q, k, v, o, stats)
+        else:
+            o = g.tensor(name="o", dim=dims, stride=s_y, data_type=io)
+            do = g.tensor(name="do", dim=dims, stride=s_y, data_type=io)
+            stats = g.tensor(name="stats", dim=[B, H, T, 1], stride=s_lse, data_type=f32)
+            grads = g.sdpa_backward(name="sdpa_bwd", q=q, k=k, v=v, o=o, dO=do, stats=stats, attn_scale=scale,
+                                    use_causal_mask=True, use_deterministic_algorithm=True)
+            for t in grads:
+                t.set_output(True).set_dim(dims).set_stride(s_qkv).set_data_type(io)
+            tensors = (q, k, v, o, do, stats, *grads)
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([c.heur_mode.A, c.heur_mode.FALLBACK])
+        g.check_support()
+        g.build_plans()
+        return g, tensors
+
+    def _run(self, be, key, pointers) -> bool:
+        """Execute the graph of `key` on the pointers (in its tensors' order); False: no graph for it."""
+        built = self._graph(key)
+        if built is None:
+            return False
+        g, tensors = built
+        ws = be.scratch("cudnn_attention_ws", (max(g.get_workspace_size(), 1),), cp.uint8)
+        self._bind()
+        g.execute(dict(zip(tensors, pointers)), ws.data.ptr, handle=self.handle)
+        return True
+
+    def fwd(self, be, qkv, y, lse) -> bool:
+        """y and lse from the [B, T, 3, H, D] buffer qkv; False where cuDNN does not take the shape."""
+        B, T, _, H, D = qkv.shape
+        base, hd = qkv.data.ptr, H * D * qkv.itemsize
+        return self._run(be, ("fwd", B, H, T, D, qkv.dtype), (base, base + hd, base + 2 * hd, y.data.ptr, lse.data.ptr))
+
+    def bwd(self, be, dy, qkv, y, lse, dqkv) -> bool:
+        """dq, dk, dv into dqkv (overwritten) from dy and the forward's y and lse."""
+        B, T, _, H, D = qkv.shape
+        base, dbase, hd = qkv.data.ptr, dqkv.data.ptr, H * D * qkv.itemsize
+        return self._run(be, ("bwd", B, H, T, D, qkv.dtype), (base, base + hd, base + 2 * hd, y.data.ptr, dy.data.ptr,
+                                                              lse.data.ptr, dbase, dbase + hd, dbase + 2 * hd))
+
+
+def takes(qkv, y, lse, *more) -> bool:
+    """The buffers cuDNN's graphs are built for: contiguous 16-bit [B, T, 3, H, D] (and dqkv), y and dy
+    [B, T, H·D], lse [B, H, T] fp32."""
+    arrays = (qkv, y, lse, *more)
+    return (qkv.ndim == 5 and qkv.shape[2] == 3 and qkv.dtype in (BF16, np.dtype(np.float16)) and lse.dtype == np.float32
+            and all(a.flags.c_contiguous for a in arrays))
