@@ -9,7 +9,6 @@ bench/results/2026-12-01/cudnn/probe.txt.
 """
 
 import math
-import statistics
 import sys
 import traceback
 
@@ -19,6 +18,7 @@ import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from andrea.engine.cupy import BF16, CupyBackend  # noqa: E402
+from gpu_timing import median_ms  # noqa: E402 (bench/, the script's folder)
 
 print("cudnn backend", cudnn.backend_version(), "frontend", getattr(cudnn, "__version__", "?"), flush=True)
 handle = cudnn.create_handle()
@@ -60,20 +60,6 @@ def build(B, H, T, D, det):
     return (f, (q, k, v, o, st)), (b, (q2, k2, v2, o2, do, st2, dq, dk, dv))
 
 
-def timed(fn, reps=20):
-    fn()
-    cp.cuda.Device().synchronize()
-    ts = []
-    for _ in range(reps):
-        s, e = cp.cuda.Event(), cp.cuda.Event()
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(s, e))
-    return statistics.median(ts)
-
-
 def run(B, H, T, D):
     rng = np.random.default_rng(0)
     be = CupyBackend("bf16")
@@ -83,8 +69,8 @@ def run(B, H, T, D):
     dqkv = cp.empty_like(qkv)
     be.attn_fwd(qkv, y, lse)
     be.attn_bwd(dy, qkv, y, lse, dqkv)
-    t_f = timed(lambda: be.attn_fwd(qkv, y, lse))
-    t_b = timed(lambda: be.attn_bwd(dy, qkv, y, lse, dqkv))
+    t_f = median_ms(lambda: be.attn_fwd(qkv, y, lse))
+    t_b = median_ms(lambda: be.attn_bwd(dy, qkv, y, lse, dqkv))
     res = {"shape": (B, H, T, D), "ours fwd": t_f, "ours bwd": t_b}
     for det in (True, False):
         (f, ft), (b, bt) = build(B, H, T, D, det)
@@ -124,8 +110,8 @@ def run(B, H, T, D):
         b.execute(bp, ws.data.ptr, handle=handle)
         cp.cuda.Device().synchronize()
         res[f"det={det} bwd repeat identical"] = bool((first.view(cp.uint16) == d2.view(cp.uint16)).all())
-        res[f"det={det} cudnn fwd"] = timed(lambda: f.execute(fp, ws.data.ptr, handle=handle))
-        res[f"det={det} cudnn bwd"] = timed(lambda: b.execute(bp, ws.data.ptr, handle=handle))
+        res[f"det={det} cudnn fwd"] = median_ms(lambda: f.execute(fp, ws.data.ptr, handle=handle))
+        res[f"det={det} cudnn bwd"] = median_ms(lambda: b.execute(bp, ws.data.ptr, handle=handle))
         if det:  # CUDA graph capture on a side stream
             try:
                 s_ = cp.cuda.Stream(non_blocking=True)

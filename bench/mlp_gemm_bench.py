@@ -10,29 +10,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import sys
 from pathlib import Path
 
 import cupy as cp
 import numpy as np
 
-from andrea.engine.cupy import BF16, CupyBackend
-from andrea.engine.cupy.cublaslt import EPILOGUE_DEFAULT, EPILOGUE_DGELU, EPILOGUE_GELU_AUX, Lt
-from andrea.engine.cupy.kernels import blocks
-
-
-def timed(fn, reps: int) -> float:
-    fn()
-    cp.cuda.Device().synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end))
-    return statistics.median(times)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from andrea.engine.cupy import BF16, CupyBackend  # noqa: E402
+from andrea.engine.cupy.cublaslt import EPILOGUE_DEFAULT, EPILOGUE_DGELU, EPILOGUE_GELU_AUX, Lt  # noqa: E402
+from andrea.engine.cupy.kernels import blocks  # noqa: E402
+from gpu_timing import median_ms  # noqa: E402 (bench/, the script's folder)
 
 
 def per_algo(lt: Lt, call, reps: int) -> list:
@@ -44,7 +32,7 @@ def per_algo(lt: Lt, call, reps: int) -> list:
     for i in range(len(plan.algos)):
         plan.chosen = i
         try:
-            out.append(timed(call, reps))
+            out.append(median_ms(call, reps))
         except RuntimeError:
             out.append(float("nan"))
     return out
@@ -61,12 +49,12 @@ def bench(m: int, d: int, M: int, reps: int) -> dict:
     h, a, da = (cp.empty((m, M), BF16) for _ in range(3))
     gelu_bwd = be.kernel("elementwise", "gelu_bwd_recompute_h16x8")
     r = {"shape": [m, d, M]}
-    r["fwd gemmEx"] = timed(lambda: blas.gemm(x, w1, h), reps)
-    r["fwd gelu pass"] = timed(lambda: be.gelu(h, a), reps)
+    r["fwd gemmEx"] = median_ms(lambda: blas.gemm(x, w1, h), reps)
+    r["fwd gelu pass"] = median_ms(lambda: be.gelu(h, a), reps)
     r["fwd Lt default (algos)"] = per_algo(lt, lambda: lt.gemm(x, w1, h), reps)
     r["fwd Lt GELU_AUX (algos)"] = per_algo(lt, lambda: lt.gemm(x, w1, a, epilogue=EPILOGUE_GELU_AUX, aux=h), reps)
-    r["bwd gemmEx"] = timed(lambda: blas.gemm(g, w2, da, tb=True), reps)
-    r["bwd gelu' pass (recompute a)"] = timed(lambda: gelu_bwd((blocks(da.size // 8),), (256,), (h, da, a, np.int64(da.size // 8))), reps)
+    r["bwd gemmEx"] = median_ms(lambda: blas.gemm(g, w2, da, tb=True), reps)
+    r["bwd gelu' pass (recompute a)"] = median_ms(lambda: gelu_bwd((blocks(da.size // 8),), (256,), (h, da, a, np.int64(da.size // 8))), reps)
     r["bwd Lt default (algos)"] = per_algo(lt, lambda: lt.gemm(g, w2, da, tb=True, epilogue=EPILOGUE_DEFAULT), reps)
     r["bwd Lt DGELU (algos)"] = per_algo(lt, lambda: lt.gemm(g, w2, da, tb=True, epilogue=EPILOGUE_DGELU, aux=h), reps)
     return r

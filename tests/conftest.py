@@ -1,4 +1,5 @@
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -7,6 +8,19 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _gemm_tuning_file(tmp_path_factory):
+    """GPU tests (and the runs they start) record cuBLASLt's timed algorithms in a file of their own,
+    not in the user's ~/.cache/andrea/cublaslt-tuning.json."""
+    saved = os.environ.get("ANDREA_GEMM_TUNING")
+    os.environ["ANDREA_GEMM_TUNING"] = str(tmp_path_factory.mktemp("gemm-tuning") / "cublaslt-tuning.json")
+    yield
+    if saved is None:
+        os.environ.pop("ANDREA_GEMM_TUNING", None)
+    else:
+        os.environ["ANDREA_GEMM_TUNING"] = saved
 
 
 @pytest.fixture

@@ -218,7 +218,7 @@ extern "C" __global__ void gelu_bwd_recompute_h16x8(const uint4* __restrict__ h,
 #pragma unroll
     for (int k = 0; k < 8; k++) {
         float u = x[k] * x[k];
-        float t = tanh_approx(GELU_C * (x[k] + 0.044715f * x[k] * x[k] * x[k]));  // as gelu_fwd_h16x8: the same a
+        float t = tanh_approx(GELU_C * (x[k] + 0.044715f * x[k] * x[k] * x[k]));  // as gelu_fwd_h16x8
         y[k] = 0.5f * x[k] * (1.f + t);
         g[k] *= 0.5f * (1.f + t) + 0.5f * x[k] * (1.f - t * t) * GELU_C * (1.f + 3.f * 0.044715f * u);
     }

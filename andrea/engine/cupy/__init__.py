@@ -1,6 +1,7 @@
 """CuPy backend: the kernel pairs of andrea/engine/backend.py on an NVIDIA GPU, with hand-written
 CUDA kernels (andrea/kernels/*.cu, loaded with cupy.RawModule) for everything but the large matrix
-products, which go to cuBLAS.
+products, which go to cuBLAS (fp32) and cuBLASLt (the 16-bit and fp8 modes), and the 16-bit training
+attention, which goes to cuDNN where it is installed.
 
     from andrea.engine.cupy import CupyBackend
     be = CupyBackend("bf16")
@@ -13,7 +14,8 @@ Precision (one per backend object):
   output, logits and their gradient) is stored in bf16 by the kernel that produces it, so no pass
   casts operands; so are the branch a product adds to the residual stream and each LayerNorm's
   output gradient (where the vectorised LayerNorm kernels apply). A bf16 copy of the weights is
-  refreshed by the AdamW kernel. Attention is the fused tensor-core flash kernel
+  refreshed by the AdamW kernel. Attention is cuDNN's fused attention (cudnn_attention.py) where
+  the cuDNN frontend is installed, else our fused tensor-core flash kernel
   (kernels/attention_mma.cu); q, k, v live in one [B, T, 3, H, D] buffer written by one
   strided-batched GEMM. Matrix products accumulate in fp32 and write fp32
   straight into the gradients (beta = 1).
@@ -23,13 +25,15 @@ Precision (one per backend object):
 - "fp8": bf16, with the q/k/v, attention-output and MLP products in fp8 (e4m3 weights and
   activations, e5m2 gradients, delayed per-tensor scales; fp8.py, the recipe of andrea/fp8.py);
   the output head stays bf16.
-Every reduction runs in a fixed order (no atomics), so results are deterministic; the fp8 casts'
+Every reduction of ours runs in a fixed order (no atomics), and cuDNN's attention runs its
+deterministic backward, so results are deterministic; the fp8 casts'
 amaxes and counts are the exception that proves it: atomic maxima and integer sums, whose results
 do not depend on the order.
 
 Modules: kernels (compiling and caching the CUDA sources), gemm (cuBLAS on the backend's own
-handle), weights (dtypes, the 16-bit weight copy, operand casting), attention (the two flash
-implementations), graphs (CUDA-graph capture). All mutable state lives on the CupyBackend object,
+handle), cublaslt (cuBLASLt: timed algorithms, the GELU epilogue, fp8 products), weights (dtypes,
+the 16-bit weight copy, operand casting), attention (our two flash implementations),
+cudnn_attention (cuDNN's), fp8, decode (generation), graphs (CUDA-graph capture). All mutable state lives on the CupyBackend object,
 so backends of different precisions work side by side in one process.
 """
 
@@ -130,7 +134,7 @@ class CupyBackend(Backend):
         self._scratch: dict = {}  # (key, shape, dtype) -> buffer the kernels need besides the engine's
         self._embed_plans: dict = {}  # (device token buffer, size) -> packed plan buffer, filled by upload_tokens
         self._cublas: dict = {}  # device -> Cublas (handle and workspace)
-        self._lt: dict = {}  # device -> Lt (cuBLASLt handle and workspace: fp8 and the epilogue products)
+        self._lt: dict = {}  # device -> Lt (cuBLASLt handle and workspace: the 16-bit and fp8 products)
         self._loss_scale = None  # on the device, read by the classifier kernel (created on first use)
         self._loss_scale_now = 1.0
         # data parallelism: reductions of the gradients on a stream beside the backward pass
@@ -144,7 +148,7 @@ class CupyBackend(Backend):
         self.gelu_epilogue = os.environ.get("ANDREA_GELU_EPILOGUE", "1") != "0"
         # the 16-bit modes' training attention: "cudnn" (cuDNN's fused kernels, where the frontend is
         # installed) or "flash" (ours); ANDREA_ATTENTION picks
-        self.attention = implementation_from_env()
+        self.attention = implementation_from_env() if precision != "fp32" else "flash"
         self._cudnn: dict = {}  # device -> CudnnAttention
 
     @property
@@ -170,32 +174,34 @@ class CupyBackend(Backend):
             self._scratch[k] = cp.zeros(shape, dtype=dtype)
         return self._scratch[k]
 
-    def _blas(self) -> Cublas:
+    @staticmethod
+    def _per_device(handles: dict, make):
+        """The current device's entry of `handles` (library handles are per device), made on first use."""
         dev = cp.cuda.runtime.getDevice()
-        if dev not in self._cublas:
-            self._cublas[dev] = Cublas()
-        return self._cublas[dev]
+        if dev not in handles:
+            handles[dev] = make()
+        return handles[dev]
+
+    def _blas(self) -> Cublas:
+        return self._per_device(self._cublas, Cublas)
 
     def implementation(self) -> str:
         if self.precision == "fp32":
             return "CUDA-core flash attention, cuBLAS"
         att = "cuDNN attention (deterministic)" if self.attention == "cudnn" else "our tensor-core flash attention"
+        refused = sorted({key for c in self._cudnn.values() for key in c.refused()})
+        if refused:  # (direction, B, H, T, D)
+            att += f" (our kernels for the shapes it refused: {refused})"
         return f"{att}, cuBLASLt{' with timed algorithms' if tune_from_env() else ''}"
 
     def _cudnn_attention(self, *buffers):
         """This device's CudnnAttention where it runs these 16-bit buffers, else None (our kernels)."""
         if self.attention != "cudnn" or not cudnn_takes(*buffers):
             return None
-        dev = cp.cuda.runtime.getDevice()
-        if dev not in self._cudnn:
-            self._cudnn[dev] = CudnnAttention()
-        return self._cudnn[dev]
+        return self._per_device(self._cudnn, CudnnAttention)
 
     def lt(self) -> Lt:
-        dev = cp.cuda.runtime.getDevice()
-        if dev not in self._lt:
-            self._lt[dev] = Lt()
-        return self._lt[dev]
+        return self._per_device(self._lt, Lt)
 
     def _loss_scale_buffer(self):
         """The loss scale on the device (read by the classifier kernel, so a captured graph follows
@@ -375,6 +381,7 @@ class CupyBackend(Backend):
             blas.close()
         self._cublas.clear()
         self._lt.clear()
+        self._cudnn.clear()
         if self.fp8 is not None:
             self.fp8.release()
 
@@ -636,7 +643,9 @@ class CupyBackend(Backend):
             self.fp8.mlp_fwd(x.reshape(-1, d), w1, w2, h.reshape(-1, M), out.reshape(-1, d))
             return
         x2, w1p = self._operand(x.reshape(-1, d)), self._operand(w1, weight=True)
-        if self._gelu_epilogue(h):  # one product writes h and a = gelu(h): no elementwise pass
+        # one product writes h and a = gelu(h), no elementwise pass (a from the fp32 accumulator: within
+        # a unit in the last place of the a that mlp_bwd recomputes from the 16-bit h for dW2)
+        if self._gelu_epilogue(h):
             self.lt().gemm(x2, w1p, a.reshape(-1, M), epilogue=EPILOGUE_GELU_AUX, aux=h.reshape(-1, M))
         else:
             self.gemm(x2, w1p, h.reshape(-1, M))

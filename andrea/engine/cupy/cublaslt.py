@@ -1,12 +1,15 @@
 """Matrix products through cuBLASLt, called with ctypes like cuBLAS in gemm.py, on a handle and
 workspace of the backend's own:
 
-- every product of the 16-bit modes, with the algorithm that runs fastest: cuBLASLt's heuristic
-  offers up to 8, and its first (cublasGemmEx's choice) ran the model's products up to 10 % slower
-  than the best. A plan's first eager call times them all and keeps the fastest, recorded in a file
-  per GPU and cuBLASLt version so a resumed run computes with the same algorithms (the same bits);
+- the 16-bit modes' products (the backend's gemm; the strided-batched q/k/v products stay on
+  cuBLAS), with the algorithm that runs fastest: cuBLASLt's heuristic offers up to 8, and its first
+  (cublasGemmEx's choice) ran the model's products up to 10 % slower than the best. A plan's first
+  eager call times them all and keeps the fastest (products of at least TUNE_MIN_WORK
+  multiply-adds), recorded in a file per GPU and cuBLASLt version, so a resumed run on the same
+  machine computes with the same algorithms (the same bits);
 - the MLP's GELU as the epilogue of its first product (GELU_AUX writes a = gelu(h) and h in one
-  pass), and GELU's gradient as the epilogue of a's gradient (DGELU, reading h);
+  pass). GELU's gradient as an epilogue (DGELU) is here for bench/mlp_gemm_bench.py, which found it
+  no faster than the backend's pass;
 - fp8 products with per-tensor scales read from the device (fp8.py).
 
 A plan (descriptors and algorithms) is made once per shape, layout and alignment; pointers that
@@ -17,9 +20,11 @@ work only, so the products can sit in a captured CUDA graph.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import functools
 import json
 import os
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,41 +65,84 @@ def tuning_path() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "andrea" / "cublaslt-tuning.json"
 
 
-_TUNING: dict = {}  # path -> {"<GPU> cuBLASLt <version>": {plan: algorithm index}}, read once per process
+_TUNING: dict = {}  # (tuning file, "<GPU> cuBLASLt <version>") -> {plan: algorithm index}: this process's choices
 
 
-def _tuning(lib) -> tuple[dict, str]:
-    """The tuning store of this process (read from tuning_path() on first use; a file that does not
-    parse is set aside with a warning: it is a cache) and this GPU's and cuBLASLt's section name."""
+def _read_tuning(path: Path) -> dict:
+    """The tuning file's sections ({} where there is none; one that does not parse is a warning: it
+    is a cache, timed again)."""
+    if not path.exists():
+        return {}
+    try:
+        store = json.loads(path.read_text())
+        if not isinstance(store, dict):
+            raise ValueError("not a JSON object")
+        return store
+    except (OSError, ValueError) as err:
+        warnings.warn(f"{path}: unreadable GEMM tuning file ({err}); timing the algorithms again")
+        return {}
+
+
+def _write_tuning(path: Path, store: dict) -> None:
+    """The store written to a temporary file beside it and renamed over it (a crash never leaves half a file)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(store, fh, indent=0, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def tuned_choice(section: str, plan: str, n_algos: int, time_them) -> int | None:
+    """The algorithm index of `plan` on this GPU and cuBLASLt (`section`): this process's earlier
+    choice, else the tuning file's, else time_them() (the index of the fastest, None if none ran),
+    recorded there. The file is read and written under an exclusive lock (beside it), so the
+    processes of one machine (data-parallel ranks, parallel jobs) take one choice per plan: the
+    first to time it sets it. A directory that cannot be written keeps the choices in this process."""
     path = tuning_path()
-    if path not in _TUNING:
-        store = {}
-        if path.exists():
-            try:
-                store = json.loads(path.read_text())
-                if not isinstance(store, dict):
-                    raise ValueError("not a JSON object")
-            except (OSError, ValueError) as err:
-                warnings.warn(f"{path}: unreadable GEMM tuning file ({err}); timing the algorithms again")
-                store = {}
-        _TUNING[path] = store
+    mine = _TUNING.setdefault((path, section), {})
+    if plan in mine:
+        return mine[plan]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_name(path.name + ".lock"), "a")
+    except OSError as err:
+        warnings.warn(f"{path}: GEMM tuning not saved ({err}); a later run times the algorithms again")
+        lock = None
+    try:
+        if lock is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        store = _read_tuning(path)
+        known = store.get(section, {}).get(plan) if isinstance(store.get(section), dict) else None
+        if isinstance(known, int) and not isinstance(known, bool) and 0 <= known < n_algos:
+            mine[plan] = known
+            return known
+        best = time_them()
+        if best is not None:
+            mine[plan] = best
+            if not isinstance(store.get(section), dict):
+                store[section] = {}
+            store[section][plan] = best
+            if lock is not None:
+                try:
+                    _write_tuning(path, store)
+                except OSError as err:
+                    warnings.warn(f"{path}: GEMM tuning not saved ({err}); a later run times the algorithms again")
+        return best
+    finally:
+        if lock is not None:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            lock.close()
+
+
+def _section(lib) -> str:
+    """This GPU's and cuBLASLt's section of the tuning file: a choice holds for both."""
     lib.cublasLtGetVersion.restype = ctypes.c_size_t
     name = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["name"]
     name = name.decode() if isinstance(name, bytes) else str(name)
-    return _TUNING[path], f"{name} cuBLASLt {lib.cublasLtGetVersion()}"
-
-
-def _save_tuning(store: dict) -> None:
-    """The store written to a temporary name and renamed (a crash never leaves half a file); a
-    directory that cannot be written keeps the choices in this process only."""
-    path = tuning_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(store, indent=0, sort_keys=True))
-        os.replace(tmp, path)
-    except OSError as err:
-        warnings.warn(f"{path}: GEMM tuning not saved ({err}); a later run times the algorithms again")
+    return f"{name} cuBLASLt {lib.cublasLtGetVersion()}"
 
 
 @dataclass
@@ -197,7 +245,8 @@ class Lt:
         _check(lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, *lays, lays[2], pref, _ALGOS, ctypes.byref(results),
                                                   ctypes.byref(count)), "cublasLtMatmulAlgoGetHeuristic")
         if count.value < 1:
-            raise RuntimeError(f"cuBLASLt has no algorithm for {what}")
+            raise RuntimeError(f"cuBLASLt has no algorithm for {what} (layouts (type, rows, cols, ld) of its A, B, C: "
+                               f"{layouts}; operand alignments {align} bytes)")
         algos = [ctypes.addressof(results) + i * _HEURISTIC_BYTES for i in range(count.value)]
         plan = self.plans[key] = _Plan(desc, lays, pref, results, algos, None, repr(key), what, work >= TUNE_MIN_WORK)
         return plan
@@ -216,9 +265,9 @@ class Lt:
                 not cp.cuda.get_current_stream().is_capturing():
             plan.chosen = self._tune(plan, a_lt, b_lt, c, beta, alpha)
         if plan.chosen is not None:
-            _check(self._call(plan, plan.algos[plan.chosen], a_lt, b_lt, c.data.ptr, beta, alpha),
-                   f"cublasLtMatmul ({plan.what})")
-            return
+            if self._call(plan, plan.algos[plan.chosen], a_lt, b_lt, c.data.ptr, beta, alpha) == 0:
+                return
+            plan.chosen, plan.tunable = None, False  # (a recorded choice that does not run here) the first that runs
         status = None
         for i, algo in enumerate(plan.algos):
             status = self._call(plan, algo, a_lt, b_lt, c.data.ptr, beta, alpha)
@@ -228,34 +277,30 @@ class Lt:
         _check(status, f"cublasLtMatmul ({plan.what}, {len(plan.algos)} algorithms tried)")
 
     def _tune(self, plan: _Plan, a_lt, b_lt, c, beta, alpha) -> int | None:
-        """The index of the plan's fastest algorithm among the heuristic's: from the tuning file when
-        this GPU and cuBLASLt have timed this plan before (a resumed run, or the next run, takes the
-        same algorithm: the same bits), else timed now, TUNE_REPS calls each into a scratch output (c
-        and what it accumulates stay untouched), and recorded. None: none ran."""
-        store, prefix = _tuning(self.lib)
-        known = store.get(prefix, {}).get(plan.name)
-        if known is not None and known < len(plan.algos):
-            return known
-        m, ld = c.shape[0], leading_dim(c)
-        out = cp.zeros(m * ld, dtype=c.dtype)
-        times = []
-        for algo in plan.algos:
-            if self._call(plan, algo, a_lt, b_lt, out.data.ptr, beta, alpha) != 0:  # the warm-up call
-                times.append(float("inf"))
-                continue
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record()
-            for _ in range(TUNE_REPS):
-                self._call(plan, algo, a_lt, b_lt, out.data.ptr, beta, alpha)
-            end.record()
-            end.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, end))
-        best = min(range(len(times)), key=times.__getitem__)
-        if times[best] == float("inf"):
-            return None
-        store.setdefault(prefix, {})[plan.name] = best
-        _save_tuning(store)
-        return best
+        """The index of the plan's fastest algorithm among the heuristic's (tuned_choice: timed once
+        per machine, then read from the tuning file, so a resumed run takes the same algorithms and
+        computes the same bits). Each is timed over TUNE_REPS calls: into c where the product
+        overwrites it (the final call writes it again), into a scratch output where it accumulates
+        (c's sum stays untouched)."""
+
+        def time_them():
+            out = c if beta is _ZERO else cp.zeros((c.shape[0], leading_dim(c)), dtype=c.dtype)
+            times = []
+            for algo in plan.algos:
+                if self._call(plan, algo, a_lt, b_lt, out.data.ptr, beta, alpha) != 0:  # the warm-up call
+                    times.append(float("inf"))
+                    continue
+                start, end = cp.cuda.Event(), cp.cuda.Event()
+                start.record()
+                for _ in range(TUNE_REPS):
+                    self._call(plan, algo, a_lt, b_lt, out.data.ptr, beta, alpha)
+                end.record()
+                end.synchronize()
+                times.append(cp.cuda.get_elapsed_time(start, end))
+            best = min(range(len(times)), key=times.__getitem__)
+            return None if times[best] == float("inf") else best
+
+        return tuned_choice(_section(self.lib), plan.name, len(plan.algos), time_them)
 
     def matmul(self, a, a_inv, ta: str, bt, b_inv, tb: str, c, accumulate: bool = False, fast: bool = False) -> None:
         """fp8: row-major c [m, n] (bf16 or fp32) = (a · btᵀ) · a_inv · b_inv, or += with `accumulate`:

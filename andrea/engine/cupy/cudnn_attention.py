@@ -3,8 +3,9 @@
 cuDNN's Hopper kernels (warp-group MMA, TMA) ran the model's attention 1.5-2x faster than our
 mma.sync flash kernels on the H200 (forward 0.171 against 0.305 ms, backward 0.592 against 0.874 ms
 at ANDREA-120M's B=32 shapes; bench/results/2026-12-01/cudnn/), so where the cuDNN frontend
-(`pip install nvidia-cudnn-frontend`, the gpu extra) is installed the 16-bit modes use it, and our
-kernels (attention.py) stay the fallback and the generation path.
+and the cuDNN library (the gpu extra: INSTALL below) are installed the 16-bit modes' training
+passes use it, and our kernels (attention.py) stay the fallback and the generation path. At head
+size 32 (ANDREA-12M) it gains little (backward 0.569 against 0.578 ms).
 
 It reads and writes the very buffers of our kernels: q, k, v as strided views of the [B, T, 3, H, D]
 projection output, y and dy [B, T, H·D], dq, dk, dv into a buffer shaped like qkv, and the
@@ -20,6 +21,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import warnings
 
 import cupy as cp
 import numpy as np
@@ -29,24 +31,30 @@ from andrea.engine.cupy.weights import BF16
 IMPLEMENTATIONS = ("cudnn", "flash")
 
 
+INSTALL = "pip install nvidia-cudnn-frontend==1.16.0 nvidia-cudnn-cu13 (the gpu extra has both)"
+
+
 @functools.lru_cache(maxsize=None)
 def _cudnn():
-    """The cuDNN frontend module, or None where it is not installed or cuDNN cannot be loaded."""
+    """The cuDNN frontend module, or None where it is not installed or the cuDNN library it loads is
+    missing (the frontend imports without one and fails at its first call)."""
     try:
         import cudnn
-    except Exception:  # ImportError, or the frontend's own check that libcudnn loads
+
+        cudnn.backend_version()
+    except Exception:
         return None
     return cudnn
 
 
 def implementation_from_env() -> str:
-    """ANDREA_ATTENTION: "cudnn" (the default where the frontend is installed) or "flash" (our kernels)."""
+    """ANDREA_ATTENTION: "cudnn" (the default where the frontend and cuDNN are installed) or "flash"
+    (our kernels)."""
     name = os.environ.get("ANDREA_ATTENTION", "cudnn" if _cudnn() is not None else "flash")
     if name not in IMPLEMENTATIONS:
         raise ValueError(f"ANDREA_ATTENTION={name!r}: choose one of {', '.join(IMPLEMENTATIONS)}")
     if name == "cudnn" and _cudnn() is None:
-        raise RuntimeError("ANDREA_ATTENTION=cudnn but the cuDNN frontend is not installed "
-                           "(pip install nvidia-cudnn-frontend nvidia-cudnn-cu13, or the gpu extra)")
+        raise RuntimeError(f"ANDREA_ATTENTION=cudnn but the cuDNN frontend or library cannot be loaded: {INSTALL}")
     return name
 
 
@@ -72,8 +80,14 @@ class CudnnAttention:
             except Exception as err:  # a shape or type this cuDNN does not take: our kernels run it
                 if cp.cuda.get_current_stream().is_capturing():
                     raise RuntimeError(f"cuDNN attention graph {key} first built while a CUDA graph is captured") from err
+                warnings.warn(f"cuDNN attention refused {key[0]} B={key[1]} H={key[2]} T={key[3]} D={key[4]} "
+                              f"({type(err).__name__}: {str(err)[:300]}); our flash kernels run it")
                 self.graphs[key] = None
         return self.graphs[key]
+
+    def refused(self) -> list:
+        """The shapes cuDNN refused (our kernels ran them): (direction, B, H, T, D)."""
+        return [key[:5] for key, built in self.graphs.items() if built is None]
 
     def _build(self, direction, B, H, T, D, dtype):
         c = self.cudnn
@@ -132,9 +146,14 @@ class CudnnAttention:
                                                               lse.data.ptr, dbase, dbase + hd, dbase + 2 * hd))
 
 
-def takes(qkv, y, lse, *more) -> bool:
-    """The buffers cuDNN's graphs are built for: contiguous 16-bit [B, T, 3, H, D] (and dqkv), y and dy
-    [B, T, H·D], lse [B, H, T] fp32."""
-    arrays = (qkv, y, lse, *more)
-    return (qkv.ndim == 5 and qkv.shape[2] == 3 and qkv.dtype in (BF16, np.dtype(np.float16)) and lse.dtype == np.float32
-            and all(a.flags.c_contiguous for a in arrays))
+def takes(qkv, y, lse, dy=None, dqkv=None) -> bool:
+    """The buffers cuDNN's graphs are built for: contiguous 16-bit qkv [B, T, 3, H, D] (and dqkv), y and
+    dy [B, T, H·D] of its type, lse [B, H, T] fp32, every one 16-byte aligned; anything else runs on
+    our kernels."""
+    if qkv.ndim != 5 or qkv.shape[2] != 3 or qkv.dtype not in (BF16, np.dtype(np.float16)):
+        return False
+    B, T, _, H, D = qkv.shape
+    want = [(y, (B, T, H * D), qkv.dtype), (lse, (B, H, T), np.dtype(np.float32))]
+    want += [(x, shape, qkv.dtype) for x, shape in ((dy, (B, T, H * D)), (dqkv, qkv.shape)) if x is not None]
+    return qkv.flags.c_contiguous and qkv.data.ptr % 16 == 0 and all(
+        x.shape == shape and x.dtype == dtype and x.flags.c_contiguous and x.data.ptr % 16 == 0 for x, shape, dtype in want)
