@@ -12,6 +12,9 @@
 #
 # Results go to $OUT (the device tool's output folder; results/device-out elsewhere): the logs and
 # JSON of a phase in one archive, $OUT/<phase>-<time>.tgz (the device tool brings back 8 files).
+# Wheels in .whl/ are installed into /tmp/site first: Snakemake's (../shared/tools/device_wheels.sh)
+# and, for cuDNN's attention (the device image has cuDNN but not its Python frontend),
+#   pip download nvidia-cudnn-frontend==1.16.0 --no-deps --only-binary=:all: --python-version 3.12 -d .whl
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FINAL=$(realpath -m "${OUT:-results/device-out}")
