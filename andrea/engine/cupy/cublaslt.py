@@ -32,9 +32,12 @@ from pathlib import Path
 import cupy as cp
 import numpy as np
 
-from andrea.engine.cupy.weights import BF16, FP16, leading_dim
+from andrea.engine.cupy.gemm import _COMPUTE_32F, _CUDA_R_16BF, _CUDA_R_32F, _ONE, _OP_N, _OP_T, _ZERO, WORKSPACE_BYTES
+from andrea.engine.cupy.gemm import check_status as _check
+from andrea.engine.cupy.gemm import dtype_code as _dtype_code
+from andrea.engine.cupy.weights import leading_dim
 
-_CUDA_R_32F, _CUDA_R_16F, _CUDA_R_16BF, _CUDA_R_8F_E4M3, _CUDA_R_8F_E5M2, _COMPUTE_32F = 0, 2, 14, 28, 29, 68
+_CUDA_R_8F_E4M3, _CUDA_R_8F_E5M2 = 28, 29
 FP8_TYPES = {"e4m3": _CUDA_R_8F_E4M3, "e5m2": _CUDA_R_8F_E5M2}
 # cublasLt.h (CUDA 12 and 13)
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_AUX_POINTER, _DESC_AUX_LD = 3, 4, 7, 11, 12
@@ -42,12 +45,8 @@ _DESC_A_SCALE, _DESC_B_SCALE, _DESC_FAST_ACCUM = 17, 18, 25
 EPILOGUE_DEFAULT, EPILOGUE_GELU_AUX, EPILOGUE_DGELU = 1, 32 | 128, 64 | 128
 _PREF_MAX_WORKSPACE = 1
 _PREF_MIN_ALIGNMENT = (5, 6, 7, 8)  # CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES
-_OP_N, _OP_T = 0, 1
 _HEURISTIC_BYTES = 96  # sizeof(cublasLtMatmulHeuristicResult_t); its algo (64 bytes) comes first
 _ALGOS = 8  # heuristic results asked for
-WORKSPACE_BYTES = 32 << 20
-_ONE = np.ones(1, dtype=np.float32)
-_ZERO = np.zeros(1, dtype=np.float32)
 TUNE_REPS = 5  # timed calls per algorithm when a plan is tuned
 # products smaller than this (m·n·k) keep the heuristic's first algorithm: the training passes' products
 # are larger (ANDREA-12M at B=8: 8192 x 384 x 1536), while generation makes a plan per prompt length
@@ -184,18 +183,9 @@ def _library() -> ctypes.CDLL:
     return lib
 
 
-def _check(status: int, what: str) -> None:
-    if status != 0:
-        raise RuntimeError(f"{what} failed with cuBLAS status {status}")
-
-
 def _alignment(ptr: int) -> int:
     """The largest power of two up to 256 that divides a pointer."""
     return min(256, ptr & -ptr) if ptr else 256
-
-
-def _dtype_code(x) -> int:
-    return _CUDA_R_16BF if x.dtype == BF16 else _CUDA_R_16F if x.dtype == FP16 else _CUDA_R_32F
 
 
 class Lt:

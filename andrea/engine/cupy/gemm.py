@@ -23,7 +23,8 @@ _ZERO = np.zeros(1, dtype=np.float32)
 WORKSPACE_BYTES = 32 << 20
 
 
-def _dtype_code(x):
+def dtype_code(x) -> int:
+    """cuBLAS's data type code of an fp32, bf16 or fp16 array."""
     return _CUDA_R_16BF if x.dtype == BF16 else _CUDA_R_16F if x.dtype == FP16 else _CUDA_R_32F
 
 
@@ -46,7 +47,7 @@ def _library() -> ctypes.CDLL:
     return lib
 
 
-def _check(status: int, what: str) -> None:
+def check_status(status: int, what: str) -> None:
     if status != 0:
         raise RuntimeError(f"{what} failed with cuBLAS status {status}")
 
@@ -57,7 +58,7 @@ class Cublas:
     def __init__(self):
         self.lib = lib = _library()
         self.handle = ctypes.c_void_p()
-        _check(lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate")
+        check_status(lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate")
         self.workspace = cp.empty(WORKSPACE_BYTES, dtype=cp.uint8)  # fixed: a captured graph may use it
         self.stream = None
 
@@ -67,16 +68,16 @@ class Cublas:
         device, which would break a CUDA-graph capture that a garbage collection happened to
         interrupt."""
         if self.handle:
-            _check(self.lib.cublasDestroy_v2(self.handle), "cublasDestroy")
+            check_status(self.lib.cublasDestroy_v2(self.handle), "cublasDestroy")
             self.handle = ctypes.c_void_p()
         self.workspace = None
 
     def _bind(self) -> None:
         ptr = cp.cuda.get_current_stream().ptr
         if ptr != self.stream:
-            _check(self.lib.cublasSetStream_v2(self.handle, ptr), "cublasSetStream")
+            check_status(self.lib.cublasSetStream_v2(self.handle, ptr), "cublasSetStream")
             # setting the stream resets the workspace to cuBLAS's own pool: give it ours again
-            _check(self.lib.cublasSetWorkspace_v2(self.handle, self.workspace.data.ptr, self.workspace.nbytes),
+            check_status(self.lib.cublasSetWorkspace_v2(self.handle, self.workspace.data.ptr, self.workspace.nbytes),
                    "cublasSetWorkspace")
             self.stream = ptr
 
@@ -87,25 +88,25 @@ class Cublas:
         k = a.shape[0] if ta else a.shape[1]
         al = _ONE if alpha == 1.0 else np.full(1, alpha, dtype=np.float32)
         self._bind()
-        _check(self.lib.cublasGemmEx(
+        check_status(self.lib.cublasGemmEx(
             self.handle,
             _OP_T if tb else _OP_N,
             _OP_T if ta else _OP_N,
             n, m, k,
             al.ctypes.data,
-            b.data.ptr, _dtype_code(b), leading_dim(b),
-            a.data.ptr, _dtype_code(a), leading_dim(a),
+            b.data.ptr, dtype_code(b), leading_dim(b),
+            a.data.ptr, dtype_code(a), leading_dim(a),
             (_ONE if accumulate else _ZERO).ctypes.data,
-            c.data.ptr, _dtype_code(c), leading_dim(c),
+            c.data.ptr, dtype_code(c), leading_dim(c),
             _COMPUTE_32F, _GEMM_DEFAULT,
         ), "cublasGemmEx")
 
     def bgemm(self, a, b, c, m, n, k, lda, ldb, ldc, sa, sb, sc, batch, ta=False, tb=False, accumulate=False) -> None:
         """Row-major batched C[i] (m×n, ldc) = op(A[i]) · op(B[i]) (+= with accumulate); element strides
         sa, sb, sc between the batch's matrices (0 repeats one matrix); fp32 accumulation."""
-        dtype = _dtype_code(a)
+        dtype = dtype_code(a)
         self._bind()
-        _check(self.lib.cublasGemmStridedBatchedEx(
+        check_status(self.lib.cublasGemmStridedBatchedEx(
             self.handle,
             _OP_T if tb else _OP_N,
             _OP_T if ta else _OP_N,
@@ -113,6 +114,6 @@ class Cublas:
             b.data.ptr, dtype, ldb, sb,
             a.data.ptr, dtype, lda, sa,
             (_ONE if accumulate else _ZERO).ctypes.data,
-            c.data.ptr, _dtype_code(c), ldc, sc,
+            c.data.ptr, dtype_code(c), ldc, sc,
             batch, _COMPUTE_32F, _GEMM_DEFAULT,
         ), "cublasGemmStridedBatchedEx")
