@@ -35,6 +35,7 @@ import numpy as np
 from andrea.engine.cupy.gemm import _COMPUTE_32F, _CUDA_R_16BF, _CUDA_R_32F, _ONE, _OP_N, _OP_T, _ZERO, WORKSPACE_BYTES
 from andrea.engine.cupy.gemm import check_status as _check
 from andrea.engine.cupy.gemm import dtype_code as _dtype_code
+from andrea.engine.cupy.gemm import loaded_library
 from andrea.engine.cupy.weights import leading_dim
 
 _CUDA_R_8F_E4M3, _CUDA_R_8F_E5M2 = 28, 29
@@ -163,13 +164,8 @@ class _Plan:
 
 @functools.lru_cache(maxsize=None)
 def _library() -> ctypes.CDLL:
-    """The libcublasLt next to the libcublas CuPy loaded."""
-    cp.cuda.device.get_cublas_handle()
-    with open("/proc/self/maps") as maps:
-        paths = {line.split()[-1] for line in maps if "/libcublasLt.so" in line}
-    if not paths:
-        raise RuntimeError("libcublasLt is not loaded in this process (it comes with libcublas)")
-    lib = ctypes.CDLL(paths.pop())
+    """libcublasLt with the argument types of the calls made here."""
+    lib = loaded_library("libcublasLt")
     vp, i32, u64, i64, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_int64, ctypes.c_size_t
     lib.cublasLtCreate.argtypes = [ctypes.POINTER(vp)]
     lib.cublasLtDestroy.argtypes = [vp]

@@ -61,11 +61,12 @@ def implementation_from_env() -> str:
 class CudnnAttention:
     """One backend's cuDNN handle and its attention graphs, per shape."""
 
-    def __init__(self):
+    def __init__(self, deterministic: bool = True):
         self.cudnn = _cudnn()
+        self.deterministic = deterministic  # False: the backward with atomics (bench/cudnn_attention_probe.py)
         self.handle = self.cudnn.create_handle()
         self.stream = None
-        self.graphs: dict = {}  # (direction, B, H, T, D, dtype) -> (graph, tensors), or None where cuDNN refused
+        self.graphs: dict = {}  # (direction, B, H, T, D, dtype) -> (graph, tensors, workspace bytes), or None: refused
 
     def _bind(self) -> None:
         ptr = cp.cuda.get_current_stream().ptr
@@ -110,7 +111,7 @@ class CudnnAttention:
             do = g.tensor(name="do", dim=dims, stride=s_y, data_type=io)
             stats = g.tensor(name="stats", dim=[B, H, T, 1], stride=s_lse, data_type=f32)
             grads = g.sdpa_backward(name="sdpa_bwd", q=q, k=k, v=v, o=o, dO=do, stats=stats, attn_scale=scale,
-                                    use_causal_mask=True, use_deterministic_algorithm=True)
+                                    use_causal_mask=True, use_deterministic_algorithm=self.deterministic)
             for t in grads:
                 t.set_output(True).set_dim(dims).set_stride(s_qkv).set_data_type(io)
             tensors = (q, k, v, o, do, stats, *grads)
@@ -119,15 +120,15 @@ class CudnnAttention:
         g.create_execution_plans([c.heur_mode.A, c.heur_mode.FALLBACK])
         g.check_support()
         g.build_plans()
-        return g, tensors
+        return g, tensors, max(g.get_workspace_size(), 1)
 
     def _run(self, be, key, pointers) -> bool:
         """Execute the graph of `key` on the pointers (in its tensors' order); False: no graph for it."""
         built = self._graph(key)
         if built is None:
             return False
-        g, tensors = built
-        ws = be.scratch("cudnn_attention_ws", (max(g.get_workspace_size(), 1),), cp.uint8)
+        g, tensors, ws_bytes = built
+        ws = be.scratch("cudnn_attention_ws", (ws_bytes,), cp.uint8)
         self._bind()
         g.execute(dict(zip(tensors, pointers)), ws.data.ptr, handle=self.handle)
         return True

@@ -28,15 +28,21 @@ def dtype_code(x) -> int:
     return _CUDA_R_16BF if x.dtype == BF16 else _CUDA_R_16F if x.dtype == FP16 else _CUDA_R_32F
 
 
+def loaded_library(stem: str) -> ctypes.CDLL:
+    """The shared library `stem` ("libcublas", "libcublasLt": it comes with libcublas) that CuPy
+    loaded, the very same one (one library per process; handles are per backend)."""
+    cp.cuda.device.get_cublas_handle()  # CuPy loads libcublas
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if f"/{stem}.so" in line}
+    if not paths:
+        raise RuntimeError(f"{stem} is not loaded in this process")
+    return ctypes.CDLL(paths.pop())
+
+
 @functools.lru_cache(maxsize=None)
 def _library() -> ctypes.CDLL:
-    """The libcublas that CuPy loaded (one library per process; handles are per backend)."""
-    cp.cuda.device.get_cublas_handle()  # CuPy loads libcublas; use the very same library
-    with open("/proc/self/maps") as maps:
-        paths = {line.split()[-1] for line in maps if "/libcublas.so" in line}
-    if not paths:
-        raise RuntimeError("libcublas is not loaded in this process")
-    lib = ctypes.CDLL(paths.pop())
+    """libcublas with the argument types of the calls made here."""
+    lib = loaded_library("libcublas")
     vp, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
     lib.cublasGemmEx.argtypes = [vp, i32, i32, i32, i32, i32, vp, vp, i32, i32, vp, i32, i32, vp, vp, i32, i32, i32, i32]
     lib.cublasGemmStridedBatchedEx.argtypes = [vp, i32, i32, i32, i32, i32, vp, vp, i32, i32, i64, vp, i32, i32, i64,
