@@ -79,20 +79,22 @@ def train_step(engine, micro_batches, step: int, oc: OptimConfig, nonfinite: Non
     batches already prepared by engine.prepare (the trainer prepares them in the background)."""
     nonfinite = nonfinite if nonfinite is not None else NonFiniteCounter()
     n = len(micro_batches)
-    engine.zero_grads()
+    engine.zero_grads()  # once per step, here: a step leaves its gradients (clearing is a pass over 4 bytes a parameter)
     rows = []
     for i, mb in enumerate(micro_batches):
         args = mb if isinstance(mb, tuple) else (mb,)
-        # with several ranks the last micro-batch's backward pass averages the gradients over them
-        rows.append(np.asarray(engine.forward_backward(*args, reduce=i == n - 1)).copy())
-    # with several ranks (data parallelism): every rank's row losses, so that all see one loss and,
-    # with the averaged gradients, one norm, and take the same decisions below
-    rows = engine.gather_rows(np.concatenate(rows))
-    loss = float(np.mean(rows))
+        # with several ranks the last micro-batch's backward pass averages the gradients over them;
+        # the row losses stay on the device, so that the passes and the norm's kernels queue up
+        # behind each other and the step waits for the device once, at the norm
+        rows.append(engine.forward_backward(*args, reduce=i == n - 1, on_host=False))
     if n > 1:
         engine.scale_grads(1.0 / n)
     scale = engine.loss_scale  # 1 except in fp16, where the gradients come out multiplied by it
     norm = engine.grad_norm() / scale
+    # with several ranks (data parallelism): every rank's row losses, so that all see one loss and,
+    # with the averaged gradients, one norm, and take the same decisions below
+    rows = engine.gather_rows(np.concatenate([np.asarray(engine.host(r)) for r in rows]))
+    loss = float(np.mean(rows))
     lr = lr_at(step, oc)
     fp16 = engine.precision == "fp16"
     if fp16 and math.isfinite(loss) and not math.isfinite(norm) and scale > 1.0:
@@ -117,5 +119,4 @@ def train_step(engine, micro_batches, step: int, oc: OptimConfig, nonfinite: Non
     engine.adamw(lr, oc.beta1, oc.beta2, oc.eps, oc.weight_decay, gscale=(oc.grad_clip / norm if clipped else 1.0) / scale)
     if fp16:
         engine.loss_scale_grow()
-    engine.zero_grads()
     return StepResult(step, loss, rows, norm, lr, clipped, False)

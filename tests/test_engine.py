@@ -342,10 +342,10 @@ def test_fp16_loss_scaling_unscales_skips_overflows_and_grows(monkeypatch):
     e.precision = "fp16"
     e.set_loss_scale(8.0)
 
-    def scaled(inputs, targets, reduce=True):  # what the fp16 GPU path does: the gradients times the scale
+    def scaled(inputs, targets, reduce=True, on_host=True):  # what the fp16 GPU path does: the gradients times the scale
         e.forward(inputs, targets)
         e.backward(dloss=e.loss_scale)
-        return e.row_losses()
+        return e.row_losses(on_host)
 
     e.forward_backward = scaled
     r_ref, r_e = train_step(ref, [batch(2, 0)], 0, oc), train_step(e, [batch(2, 0)], 0, oc)

@@ -76,6 +76,18 @@ def test_embedding_pair():
     assert rel(h(dwte_g), dwte_n) < 1e-5 and rel(h(dwpe_g), dwpe_n) < 1e-5
 
 
+def test_embedding_plan_is_a_stable_sort_for_any_vocabulary():
+    """plan_tokens radix-sorts 16-bit IDs and falls back to a merge sort past 65535: the same plan."""
+    for hi in (V, 1 << 16, 70_000):
+        tok = RNG.integers(0, hi, (4, 64))
+        tok[1, :9] = hi - 1
+        plan = CupyBackend.plan_tokens(tok)
+        flat, n = tok.reshape(-1), tok.size
+        uniq = np.unique(flat)
+        assert (plan[:n] == np.argsort(flat, kind="stable")).all(), hi
+        assert plan[3 * n + 1] == uniq.size and (plan[2 * n + 1:2 * n + 1 + uniq.size] == uniq).all(), hi
+
+
 def test_layernorm_pair():
     gb = CupyBackend("fp32")
     x, gam, bet, dout = r(B, T, d), r(d), r(d), r(B, T, d)

@@ -217,9 +217,10 @@ class Engine:
         self._upload(tokens, targets)
         return self._forward()
 
-    def forward_backward(self, tokens, targets=None, reduce: bool = True) -> np.ndarray:
+    def forward_backward(self, tokens, targets=None, reduce: bool = True, on_host: bool = True):
         """One micro-batch: forward, then backward (gradients added into self.g). Returns the mean
-        loss of each batch row, on the host. With CUDA graphs the pass is one graph launch.
+        loss of each batch row, on the host (or, with on_host False, still on the device: no
+        host sync; engine.host() brings it). With CUDA graphs the pass is one graph launch.
         `tokens` may be a PreparedBatch (then no targets). With several ranks and `reduce` (the
         last micro-batch of a step), the gradients are averaged over the ranks block by block as
         the backward pass completes them."""
@@ -233,7 +234,7 @@ class Engine:
             self._captured[reduce]()
         else:
             self._forward_backward(reduce)
-        return self.row_losses()
+        return self.row_losses(on_host)
 
     def release_graphs(self) -> None:
         """Destroy the captured passes. With several ranks, before the communicator is closed:
@@ -282,9 +283,11 @@ class Engine:
             lo, hi = self.buckets[l]
             self.be.reduce_async(self.comm, self.g[lo:hi], self.reduce_dtype)
 
-    def row_losses(self) -> np.ndarray:
-        """Mean loss of each batch row (what the curriculum attributes to a row's source), on the host."""
-        return self.host(self.acts["losses"].mean(axis=1))
+    def row_losses(self, on_host: bool = True):
+        """Mean loss of each batch row (what the curriculum attributes to a row's source), on the host
+        (or in a new device array, which the next pass does not overwrite)."""
+        rows = self.acts["losses"].mean(axis=1)
+        return self.host(rows) if on_host else rows
 
     def snapshot(self, a):
         """The value of a buffer now, for a writer thread to take later: `materialise(result)` is a

@@ -282,6 +282,10 @@ class CupyBackend(Backend):
         embed_bwd then needs no device sort and no host sync (so a graph can hold it). Host work only:
         the trainer runs it in a background thread while the previous step runs."""
         flat = np.ascontiguousarray(host).reshape(-1)
+        if flat.size and 0 <= flat.min() and flat.max() < 1 << 16:
+            # NumPy's stable sort of 16-bit integers is a radix sort: 10x faster than on int64 at
+            # 32K tokens (0.24 vs 2.4 ms), and this runs once per step on the host
+            flat = flat.astype(np.uint16)
         order = np.argsort(flat, kind="stable")
         st = flat[order]
         starts = np.flatnonzero(np.concatenate(([True], st[1:] != st[:-1])))
