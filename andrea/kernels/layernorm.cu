@@ -261,8 +261,13 @@ extern "C" __global__ void layernorm_bwd_dx_vec(const float* __restrict__ dout, 
 // lane): dx += the input gradient (and its 16-bit copy, as layernorm_bwd_dx_vec), and the block's
 // partial sums of dγ (dout · xhat) and dβ (dout) over its `rows` rows into partial[block] ([2C]:
 // dγ, then dβ), so dout and x are read from memory once instead of twice. A warp takes rows warp,
-// warp + 8, ... of the block's and adds into registers; the 8 warps' sums meet in shared memory in
-// warp order; ln_partials_final adds the blocks' partials in block order: deterministic.
+// warp + 8, ... of the block's and keeps its running sums of dγ and dβ in its own [2C] stretch of
+// shared memory (dynamic: 8 · 2C floats); the 8 warps' sums are added in warp order;
+// ln_partials_final adds the blocks' partials in block order: deterministic. The row's old dx is
+// loaded beside x and dout, before the row's reduction, so that a warp has all three in flight at
+// once: 129 instead of 157 us at ANDREA-120M B=32 (3.1 TB/s; bench/ln_bwd_variants.py), the same
+// bits as the version that kept the sums in registers (layernorm_bwd_fused_reg below), whose
+// 4·NV extra float4 registers a thread left room for fewer warps.
 #define LN_WARPS 8
 
 template <int NV, typename DOut>
@@ -270,6 +275,103 @@ __device__ void layernorm_bwd_fused(const DOut* __restrict__ dout, const float* 
                                     const float* __restrict__ mean, const float* __restrict__ rstd,
                                     const float* __restrict__ g, float* __restrict__ dx, h16* __restrict__ dx_h16,
                                     float* __restrict__ partial, int N, int C, int rows) {
+    extern __shared__ __align__(16) float acc[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+    const int r0 = blockIdx.x * rows, r1 = min(N, r0 + rows);
+    float* ag = acc + (long)warp * 2 * C;  // this warp's dγ sums; its dβ sums follow
+    float* ab = ag + C;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int c = (lane + 32 * k) * 4;
+        if (c < C) {
+            store4(ag + c, make_float4(0.f, 0.f, 0.f, 0.f));
+            store4(ab + c, make_float4(0.f, 0.f, 0.f, 0.f));
+        }
+    }
+    for (int row = r0 + warp; row < r1; row += nw) {
+        const long off = (long)row * C;
+        const float m = mean[row], r = rstd[row];
+        float4 xh[NV], dv[NV], o[NV];
+        float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int c = (lane + 32 * k) * 4;
+            if (c < C) {
+                float4 xv = *reinterpret_cast<const float4*>(x + off + c);
+                float4 gg = *reinterpret_cast<const float4*>(g + c);
+                dv[k] = load4(dout + off + c);
+                o[k] = *reinterpret_cast<const float4*>(dx + off + c);
+                xh[k] = make_float4((xv.x - m) * r, (xv.y - m) * r, (xv.z - m) * r, (xv.w - m) * r);
+                s1 += dv[k].x * gg.x + dv[k].y * gg.y + dv[k].z * gg.z + dv[k].w * gg.w;
+                s2 += dv[k].x * gg.x * xh[k].x + dv[k].y * gg.y * xh[k].y + dv[k].z * gg.z * xh[k].z +
+                      dv[k].w * gg.w * xh[k].w;
+                float4 a = *reinterpret_cast<float4*>(ag + c);
+                a.x += dv[k].x * xh[k].x;
+                a.y += dv[k].y * xh[k].y;
+                a.z += dv[k].z * xh[k].z;
+                a.w += dv[k].w * xh[k].w;
+                store4(ag + c, a);
+                store4(ab + c, add4(*reinterpret_cast<float4*>(ab + c), dv[k]));
+            }
+        }
+        s1 = warp_sum(s1) / C;
+        s2 = warp_sum(s2) / C;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int c = (lane + 32 * k) * 4;
+            if (c < C) {
+                float4 gg = *reinterpret_cast<const float4*>(g + c);
+                float4 ov = o[k];
+                ov.x += (dv[k].x * gg.x - s1 - xh[k].x * s2) * r;
+                ov.y += (dv[k].y * gg.y - s1 - xh[k].y * s2) * r;
+                ov.z += (dv[k].z * gg.z - s1 - xh[k].z * s2) * r;
+                ov.w += (dv[k].w * gg.w - s1 - xh[k].w * s2) * r;
+                store4(dx + off + c, ov);
+                if (dx_h16) store4(dx_h16 + off + c, ov);
+            }
+        }
+    }
+    __syncthreads();
+    // the warps' sums, added in warp order
+    float* dst = partial + (long)blockIdx.x * 2 * C;
+    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+        float v = acc[c];
+        for (int w = 1; w < nw; w++) v += acc[(long)w * 2 * C + c];
+        dst[c] = v;
+    }
+}
+
+// the kernels layernorm_bwd_fused_<NV> (fp32 dout) and layernorm_bwd_fused_h16_<NV> (the 16-bit
+// modes: dout as the matrix product wrote it) for each row width the models use (C <= 128 NV)
+#define LN_BWD_FUSED(name, NV, DOUT)                                                                             \
+    extern "C" __global__ void __launch_bounds__(LN_WARPS * 32) name(const DOUT* dout, const float* x,            \
+                                                                     const float* mean, const float* rstd,       \
+                                                                     const float* g, float* dx, h16* dx_h16,     \
+                                                                     float* partial, int N, int C, int rows) {   \
+        layernorm_bwd_fused<NV, DOUT>(dout, x, mean, rstd, g, dx, dx_h16, partial, N, C, rows);                  \
+    }
+LN_BWD_FUSED(layernorm_bwd_fused_1, 1, float)
+LN_BWD_FUSED(layernorm_bwd_fused_2, 2, float)
+LN_BWD_FUSED(layernorm_bwd_fused_3, 3, float)
+LN_BWD_FUSED(layernorm_bwd_fused_4, 4, float)
+LN_BWD_FUSED(layernorm_bwd_fused_6, 6, float)
+LN_BWD_FUSED(layernorm_bwd_fused_8, 8, float)
+LN_BWD_FUSED(layernorm_bwd_fused_12, 12, float)
+LN_BWD_FUSED(layernorm_bwd_fused_h16_1, 1, h16)
+LN_BWD_FUSED(layernorm_bwd_fused_h16_2, 2, h16)
+LN_BWD_FUSED(layernorm_bwd_fused_h16_3, 3, h16)
+LN_BWD_FUSED(layernorm_bwd_fused_h16_4, 4, h16)
+LN_BWD_FUSED(layernorm_bwd_fused_h16_6, 6, h16)
+LN_BWD_FUSED(layernorm_bwd_fused_h16_8, 8, h16)
+LN_BWD_FUSED(layernorm_bwd_fused_h16_12, 12, h16)
+
+// For comparison (bench/ln_bwd_variants.py): the previous production kernel, the warps' sums in
+// registers and the old dx loaded after the row's reduction.
+template <int NV, typename DOut>
+__device__ void layernorm_bwd_fused_reg(const DOut* __restrict__ dout, const float* __restrict__ x,
+                                        const float* __restrict__ mean, const float* __restrict__ rstd,
+                                        const float* __restrict__ g, float* __restrict__ dx, h16* __restrict__ dx_h16,
+                                        float* __restrict__ partial, int N, int C, int rows) {
     __shared__ __align__(16) float red[2 * 4 * 32 * 12];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int r0 = blockIdx.x * rows, r1 = min(N, r0 + rows);
@@ -336,26 +438,13 @@ __device__ void layernorm_bwd_fused(const DOut* __restrict__ dout, const float* 
     for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) dst[c] = red[c];
 }
 
-// the kernels layernorm_bwd_fused_<NV> (fp32 dout) and layernorm_bwd_fused_h16_<NV> (the 16-bit
-// modes: dout as the matrix product wrote it) for each row width the models use (C <= 128 NV)
-#define LN_BWD_FUSED(name, NV, DOUT)                                                                             \
-    extern "C" __global__ void __launch_bounds__(LN_WARPS * 32) name(const DOUT* dout, const float* x,            \
+#define LN_BWD_FUSED_REG(name, NV)                                                                               \
+    extern "C" __global__ void __launch_bounds__(LN_WARPS * 32) name(const h16* dout, const float* x,             \
                                                                      const float* mean, const float* rstd,       \
                                                                      const float* g, float* dx, h16* dx_h16,     \
                                                                      float* partial, int N, int C, int rows) {   \
-        layernorm_bwd_fused<NV, DOUT>(dout, x, mean, rstd, g, dx, dx_h16, partial, N, C, rows);                  \
+        layernorm_bwd_fused_reg<NV, h16>(dout, x, mean, rstd, g, dx, dx_h16, partial, N, C, rows);               \
     }
-LN_BWD_FUSED(layernorm_bwd_fused_1, 1, float)
-LN_BWD_FUSED(layernorm_bwd_fused_2, 2, float)
-LN_BWD_FUSED(layernorm_bwd_fused_3, 3, float)
-LN_BWD_FUSED(layernorm_bwd_fused_4, 4, float)
-LN_BWD_FUSED(layernorm_bwd_fused_6, 6, float)
-LN_BWD_FUSED(layernorm_bwd_fused_8, 8, float)
-LN_BWD_FUSED(layernorm_bwd_fused_12, 12, float)
-LN_BWD_FUSED(layernorm_bwd_fused_h16_1, 1, h16)
-LN_BWD_FUSED(layernorm_bwd_fused_h16_2, 2, h16)
-LN_BWD_FUSED(layernorm_bwd_fused_h16_3, 3, h16)
-LN_BWD_FUSED(layernorm_bwd_fused_h16_4, 4, h16)
-LN_BWD_FUSED(layernorm_bwd_fused_h16_6, 6, h16)
-LN_BWD_FUSED(layernorm_bwd_fused_h16_8, 8, h16)
-LN_BWD_FUSED(layernorm_bwd_fused_h16_12, 12, h16)
+LN_BWD_FUSED_REG(layernorm_bwd_fused_reg_h16_3, 3)
+LN_BWD_FUSED_REG(layernorm_bwd_fused_reg_h16_6, 6)
+LN_BWD_FUSED_REG(layernorm_bwd_fused_reg_h16_12, 12)

@@ -10,7 +10,8 @@ add_layernorm_fwd  res = x + f and LayerNorm(res) in one pass; plain and vec
 layernorm_bwd_dx   dx += input gradient, optionally also written in 16 bits (bf16/fp16 rows); plain, vec
 layernorm_bwd_params  dγ, dβ += column sums: per-64-row partials, then one ordered sum of the partials
 layernorm_bwd      fused (production when the vec kernels apply): dx and the partials of dγ, dβ per
-                   block of up to 64 rows in one pass (layernorm_bwd_fused_<NV>), then ln_partials_final;
+                   block of up to 64 rows in one pass (layernorm_bwd_fused_<NV>, the warps' running sums
+                   in dynamic shared memory), then ln_partials_final;
                    "16-bit dout": the same reading the output gradient in bf16/fp16 (the 16-bit modes)
 add_layernorm_fwd  "vec, 16-bit branch": the residual add reading the branch in bf16/fp16 (the 16-bit modes)
 Outputs in fp32, or bf16/fp16 (the *_h16 kernels; the fp16 build has -DANDREA_FP16).
@@ -29,6 +30,7 @@ REFERENCES = {"layernorm_fwd": nb.layernorm_fwd, "add_layernorm_fwd": nb.add_lay
               "layernorm_bwd": nb.layernorm_bwd}
 V = common.Version
 H16 = ("bf16", "fp16")
+REG_NV = (3, 6, 12)  # layernorm.cu's layernorm_bwd_fused_reg_h16_<NV>
 VERSIONS = [
     V("layernorm_fwd", "plain", ("layernorm_fwd",), "layernorm.cu"),
     V("layernorm_fwd", "vec", ("add_layernorm_fwd_vec",), "layernorm.cu"),
@@ -50,6 +52,10 @@ VERSIONS = [
     # the 16-bit modes' one-pass backward: the output gradient read in 16 bits
     V("layernorm_bwd", "fused, 16-bit dout", tuple(f"layernorm_bwd_fused_h16_{nv}" for nv in (1, 2, 3, 4, 6, 8, 12))
       + ("ln_partials_final",), "layernorm.cu", H16),
+    # production's 16-bit one-pass backward until 2026-12-01: the warps' sums in registers (no
+    # dynamic shared memory), the old dx loaded after the row's reduction; at the models' widths
+    V("layernorm_bwd", "fused, 16-bit dout, sums in registers", tuple(f"layernorm_bwd_fused_reg_h16_{nv}" for nv in REG_NV)
+      + ("ln_partials_final",), "layernorm.cu", H16, production=False),
 ]
 FUSED_NV = (1, 2, 3, 4, 6, 8, 12)  # layernorm.cu's layernorm_bwd_fused_<NV> (float4s per lane)
 LN_MAXV = 12  # layernorm.cu: float4s per lane in the vec kernels, so C <= 4 * 32 * 12
@@ -196,9 +202,12 @@ def run_shape(cp, report, shape, rng, reps):
     partial = cp.zeros((chunks, 2 * C), cp.float32)
     n_sum = rows + chunks + 1  # each column: at most `rows` terms per block, then the blocks and the old value
     nv = next(nv for nv in FUSED_NV if 128 * nv >= C)
-    for v in (VERSIONS[11], VERSIONS[13]):
-        h16_dout = v.name.endswith("16-bit dout")
-        name = f"layernorm_bwd_fused_{'h16_' if h16_dout else ''}{nv}"
+    for v in (VERSIONS[11], VERSIONS[13], VERSIONS[14]):
+        h16_dout = "16-bit dout" in v.name
+        in_registers = v.name.endswith("in registers")
+        if in_registers and nv not in REG_NV:
+            continue
+        name = f"layernorm_bwd_fused_{'reg_' if in_registers else ''}{'h16_' if h16_dout else ''}{nv}"
         for prec in v.precisions:
             if h16_dout:  # the kernel reads dout rounded to 16 bits: so does its reference
                 dout_v = common.rounded(dout, prec)
@@ -211,9 +220,13 @@ def run_shape(cp, report, shape, rng, reps):
             dx, dg, db = cp.asarray(dx0), cp.asarray(dg0), cp.asarray(db0)
             copy = cp.zeros((N, C), cp.uint16) if prec != "fp32" else None
 
-            def fused(kf=kf, dx=dx, dg=dg, db=db, copy=copy, name=name, d_dout=d_dout):
+            smem = 0 if in_registers else 8 * 2 * C * 4  # andrea.engine.cupy.ln_fused_smem: each warp's dγ, dβ sums
+            if kf[name].max_dynamic_shared_size_bytes < smem:
+                kf[name].max_dynamic_shared_size_bytes = smem
+
+            def fused(kf=kf, dx=dx, dg=dg, db=db, copy=copy, name=name, d_dout=d_dout, smem=smem):
                 kf[name]((chunks,), (256,), (d_dout, d["x"], d_m, d_r, d["g"], dx, null if copy is None else copy, partial,
-                                             np.int32(N), np.int32(C), np.int32(rows)))
+                                             np.int32(N), np.int32(C), np.int32(rows)), shared_mem=smem)
                 kf["ln_partials_final"]((common.blocks(2 * C, 32),), (32, 8), (partial, dg, db, np.int32(chunks), np.int32(C)))
 
             def case_fused(fused=fused, dx=dx, dg=dg, db=db, copy=copy, prec=prec, dout_v=dout_v, ref=(ref_dx, ref_dg, ref_db),

@@ -86,6 +86,12 @@ def ln_fused_rows(N: int) -> int:
     return max(8, min(64, N // 256 // 8 * 8))
 
 
+def ln_fused_smem(C: int) -> int:
+    """Dynamic shared memory of the one-pass LayerNorm backward: each of its 8 warps' running sums of
+    dγ and dβ ([2C] floats)."""
+    return 8 * 2 * C * 4
+
+
 def _consecutive(mats) -> bool:
     """Equal-shaped matrices back to back in memory (W_Q, W_K, W_V in the flat buffers)?"""
     step = mats[0].size * mats[0].itemsize
@@ -476,8 +482,12 @@ class CupyBackend(Backend):
         if is_16bit(dout) and not _ln_vec(C):
             raise ValueError(f"a 16-bit LayerNorm output gradient needs C % 4 == 0 and C <= {4 * 32 * LN_MAXV}")
         if _ln_vec(C):  # one pass: dx and the blocks' partial sums of dγ, dβ (dout and x read once)
-            self.kernel("layernorm", _ln_fused(C, is_16bit(dout)))((chunks,), (256,), (dout, x, mean, rstd, g, dx, copy, partial,
-                                                                        np.int32(N), np.int32(C), np.int32(rows)))
+            smem = ln_fused_smem(C)
+            kern = self.kernel("layernorm", _ln_fused(C, is_16bit(dout)))
+            if kern.max_dynamic_shared_size_bytes < smem:  # past 48 KiB (C > 768) only by request
+                kern.max_dynamic_shared_size_bytes = smem
+            kern((chunks,), (256,), (dout, x, mean, rstd, g, dx, copy, partial, np.int32(N), np.int32(C), np.int32(rows)),
+                 shared_mem=smem)
         else:
             self.kernel("layernorm", "layernorm_bwd_dx")((blocks(N, 8),), (256,), (dout, x, mean, rstd, g, dx, copy,
                                                                                   np.int32(N), np.int32(C)))
