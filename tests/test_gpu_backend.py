@@ -232,6 +232,38 @@ def test_tensor_core_flash_attention_matches_reference(head_dim, T_, precision, 
         assert rel(got[i], dq_n[i]) < 1e-2, "qkv"[i]
 
 
+def test_cudnn_attention_backward_in_batch_slices_under_a_workspace_cap(monkeypatch):
+    """Where the deterministic backward's workspace (linear in the batch) would pass
+    ANDREA_ATTENTION_WORKSPACE_MIB, it runs on slices of the batch: the same gradients as the whole
+    batch in one call, within the workspace asked for."""
+    if cudnn_attention._cudnn() is None:
+        pytest.skip("the cuDNN frontend is not installed (pip install nvidia-cudnn-frontend)")
+    Bb, Tt, Hh, Dd = 4, 128, 2, 64
+    qkv = g(round16(r(Bb, Tt, 3, Hh, Dd))).astype(BF16)
+    dy = g(round16(r(Bb, Tt, Hh * Dd))).astype(BF16)
+
+    def backward():
+        gb = CupyBackend("bf16")
+        gb.attention = "cudnn"
+        y, lse = cp.zeros((Bb, Tt, Hh * Dd), BF16), cp.zeros((Bb, Hh, Tt), cp.float32)
+        gb.attn_fwd(qkv, y, lse)
+        d = cp.zeros_like(qkv)
+        gb.attn_bwd(dy, qkv, y, lse, d)
+        (c,) = gb._cudnn.values()
+        rows = c.slices[(Bb, Hh, Tt, Dd, qkv.dtype)]
+        built = c.graphs[("bwd", rows, Hh, Tt, Dd, qkv.dtype)]
+        assert built is not None, "cuDNN's backward did not run"
+        return rows, built[2], h(d).astype(np.float32)
+
+    monkeypatch.delenv("ANDREA_ATTENTION_WORKSPACE_MIB", raising=False)
+    whole, ws_whole, d_whole = backward()
+    cap = ws_whole / 2 + 1024  # half the whole batch's workspace (and a little): two rows a call
+    monkeypatch.setenv("ANDREA_ATTENTION_WORKSPACE_MIB", str(cap / (1 << 20)))
+    rows, ws, d_rows = backward()
+    assert whole == Bb and rows == Bb // 2 and ws < ws_whole, (whole, rows, ws, ws_whole)
+    assert rel(d_rows, d_whole) < 1e-6
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_16bit_pairs_match_numpy(precision):
     """bf16 and fp16 modes on the buffers the engine plans for them (16-bit activations,

@@ -11,8 +11,10 @@ It reads and writes the very buffers of our kernels: q, k, v as strided views of
 projection output, y and dy [B, T, H·D], dq, dk, dv into a buffer shaped like qkv, and the
 log-sum-exp of each score row [B, H, T] fp32 (cuDNN's "stats": the same quantity, so the two
 implementations can stand in for each other). The backward runs cuDNN's deterministic algorithm
-(the same bits every run, as ours). A graph per shape is built on first use; a shape cuDNN refuses
-falls back to our kernels. Execution is host work plus kernel launches on the current stream, so
+(the same bits every run, as ours). Its workspace grows with the batch (fp32 partial dq per key
+tile: 770 MiB at ANDREA-12M B=32, more than PyTorch's whole margin), so the backward runs on
+slices of the batch where the whole would need more than ANDREA_ATTENTION_WORKSPACE_MIB (256 by
+default). A graph per shape is built on first use; a shape cuDNN refuses falls back to our kernels. Execution is host work plus kernel launches on the current stream, so
 it can be captured in a CUDA graph.
 """
 
@@ -32,6 +34,17 @@ IMPLEMENTATIONS = ("cudnn", "flash")
 
 
 INSTALL = "pip install nvidia-cudnn-frontend==1.16.0 nvidia-cudnn-cu13 (the gpu extra has both)"
+WORKSPACE_MIB = 256  # the backward's workspace at most (decision): above it, slices of the batch
+
+
+def workspace_cap() -> int:
+    """Bytes the backward's workspace may take: ANDREA_ATTENTION_WORKSPACE_MIB, or WORKSPACE_MIB."""
+    raw = os.environ.get("ANDREA_ATTENTION_WORKSPACE_MIB", str(WORKSPACE_MIB))
+    try:
+        mib = float(raw)
+    except ValueError:
+        raise ValueError(f"ANDREA_ATTENTION_WORKSPACE_MIB={raw!r}: give a number of MiB") from None
+    return int(mib * (1 << 20))
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,6 +80,7 @@ class CudnnAttention:
         self.handle = self.cudnn.create_handle()
         self.stream = None
         self.graphs: dict = {}  # (direction, B, H, T, D, dtype) -> (graph, tensors, workspace bytes), or None: refused
+        self.slices: dict = {}  # (B, H, T, D, dtype) -> batch rows per backward call
 
     def _bind(self) -> None:
         ptr = cp.cuda.get_current_stream().ptr
@@ -139,12 +153,33 @@ class CudnnAttention:
         base, hd = qkv.data.ptr, H * D * qkv.itemsize
         return self._run(be, ("fwd", B, H, T, D, qkv.dtype), (base, base + hd, base + 2 * hd, y.data.ptr, lse.data.ptr))
 
+    def rows_per_backward(self, B, H, T, D, dtype) -> int:
+        """Batch rows each backward call takes: B, or the largest divisor of B whose workspace (linear in
+        the rows) stays within workspace_cap(). Decided once per shape."""
+        key = (B, H, T, D, dtype)
+        if key not in self.slices:
+            rows, built = B, self._graph(("bwd", B, H, T, D, dtype))
+            if built is not None and built[2] > workspace_cap():
+                per_row = built[2] / B
+                rows = max([r for r in range(1, B) if B % r == 0 and r * per_row <= workspace_cap()], default=1)
+                del self.graphs[("bwd", B, H, T, D, dtype)]  # built to learn its workspace; never run
+            self.slices[key] = rows
+        return self.slices[key]
+
     def bwd(self, be, dy, qkv, y, lse, dqkv) -> bool:
-        """dq, dk, dv into dqkv (overwritten) from dy and the forward's y and lse."""
+        """dq, dk, dv into dqkv (overwritten) from dy and the forward's y and lse, rows_per_backward
+        batch rows a call."""
         B, T, _, H, D = qkv.shape
-        base, dbase, hd = qkv.data.ptr, dqkv.data.ptr, H * D * qkv.itemsize
-        return self._run(be, ("bwd", B, H, T, D, qkv.dtype), (base, base + hd, base + 2 * hd, y.data.ptr, dy.data.ptr,
-                                                              lse.data.ptr, dbase, dbase + hd, dbase + 2 * hd))
+        rows = self.rows_per_backward(B, H, T, D, qkv.dtype)
+        hd = H * D * qkv.itemsize
+        step_qkv, step_y, step_lse = rows * T * 3 * hd, rows * T * hd, rows * H * T * lse.itemsize  # bytes per slice
+        for i in range(B // rows):
+            base, dbase = qkv.data.ptr + i * step_qkv, dqkv.data.ptr + i * step_qkv
+            pointers = (base, base + hd, base + 2 * hd, y.data.ptr + i * step_y, dy.data.ptr + i * step_y,
+                        lse.data.ptr + i * step_lse, dbase, dbase + hd, dbase + 2 * hd)
+            if not self._run(be, ("bwd", rows, H, T, D, qkv.dtype), pointers):
+                return False  # refused: the first slice already (every slice has the same shape)
+        return True
 
 
 def takes(qkv, y, lse, dy=None, dqkv=None) -> bool:
