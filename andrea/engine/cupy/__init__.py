@@ -39,6 +39,7 @@ so backends of different precisions work side by side in one process.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import cupy as cp
@@ -90,6 +91,16 @@ def ln_fused_smem(C: int) -> int:
     """Dynamic shared memory of the one-pass LayerNorm backward: each of its 8 warps' running sums of
     dγ and dβ ([2C] floats)."""
     return 8 * 2 * C * 4
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_optin(device: int) -> int:
+    return cp.cuda.runtime.deviceGetAttribute(97, device)  # cudaDevAttrMaxSharedMemoryPerBlockOptin
+
+
+def smem_optin() -> int:
+    """The most shared memory a block may ask for on the current GPU (227 KiB on an H100/H200)."""
+    return _smem_optin(cp.cuda.runtime.getDevice())
 
 
 def _consecutive(mats) -> bool:
@@ -476,12 +487,16 @@ class CupyBackend(Backend):
         N = x.size // C
         fused_copy = branch is not None and is_16bit(branch)
         copy = branch if fused_copy else np.uint64(0)
-        rows = ln_fused_rows(N) if _ln_vec(C) else LN_ROWS
+        # the one pass needs 8·2C floats of shared memory a block: 96 KiB at C = 1536, past what a
+        # GPU before Ampere gives one (64 KiB); there the fp32 path runs the two kernels
+        fused = _ln_vec(C) and ln_fused_smem(C) <= smem_optin()
+        rows = ln_fused_rows(N) if fused else LN_ROWS
         chunks = (N + rows - 1) // rows
         partial = self.scratch("ln_partial", (chunks, 2 * C), cp.float32)
-        if is_16bit(dout) and not _ln_vec(C):
-            raise ValueError(f"a 16-bit LayerNorm output gradient needs C % 4 == 0 and C <= {4 * 32 * LN_MAXV}")
-        if _ln_vec(C):  # one pass: dx and the blocks' partial sums of dγ, dβ (dout and x read once)
+        if is_16bit(dout) and not fused:
+            raise ValueError(f"a 16-bit LayerNorm output gradient needs C % 4 == 0, C <= {4 * 32 * LN_MAXV} and "
+                             f"{ln_fused_smem(C)} bytes of shared memory a block (this GPU: {smem_optin()})")
+        if fused:  # one pass: dx and the blocks' partial sums of dγ, dβ (dout and x read once)
             smem = ln_fused_smem(C)
             kern = self.kernel("layernorm", _ln_fused(C, is_16bit(dout)))
             if kern.max_dynamic_shared_size_bytes < smem:  # past 48 KiB (C > 768) only by request

@@ -161,8 +161,13 @@ class CudnnAttention:
             rows, built = B, self._graph(("bwd", B, H, T, D, dtype))
             if built is not None and built[2] > workspace_cap():
                 per_row = built[2] / B
-                rows = max([r for r in range(1, B) if B % r == 0 and r * per_row <= workspace_cap()], default=1)
-                del self.graphs[("bwd", B, H, T, D, dtype)]  # built to learn its workspace; never run
+                # slices start 16-byte aligned, as takes() requires of the whole buffers (lse: fp32 [H, T]
+                # a row; y: 16-bit [T, H·D] a row)
+                fits = [r for r in range(1, B) if B % r == 0 and r * H * T * 4 % 16 == 0 and r * T * H * D * 2 % 16 == 0]
+                under = [r for r in fits if r * per_row <= workspace_cap()]
+                rows = max(under) if under else min(fits, default=B)
+                if rows < B:
+                    del self.graphs[("bwd", B, H, T, D, dtype)]  # built to learn its workspace; never run
             self.slices[key] = rows
         return self.slices[key]
 
