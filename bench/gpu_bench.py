@@ -40,21 +40,30 @@ MODELS = {  # the config/config.yaml table (read without the config machinery: t
 
 class PeakTracker:
     """CuPy's pool reports what is in use now, not its peak: this allocator wraps the pool and
-    records the highest in-use figure after every allocation."""
+    records the highest in-use figure after every allocation (with `record_sites`, also where in
+    andrea/ the allocation that reached it was made: bench/memory_breakdown.py)."""
 
     def __init__(self):
-        self.pool, self.peak = None, 0
+        self.pool, self.peak, self.record_sites, self.site = None, 0, False, ""
 
     def start(self, pool):
         import cupy as cp
 
         if self.pool is None:
             cp.cuda.set_allocator(self.malloc)
-        self.pool, self.peak = pool, pool.used_bytes()
+        self.pool, self.peak, self.site = pool, pool.used_bytes(), ""
 
     def malloc(self, nbytes):
         mem = self.pool.malloc(nbytes)
-        self.peak = max(self.peak, self.pool.used_bytes())
+        used = self.pool.used_bytes()
+        if used > self.peak:
+            self.peak = used
+            if self.record_sites:
+                import traceback
+
+                frames = [f for f in traceback.extract_stack()[:-1] if "/andrea/" in f.filename][-3:]
+                self.site = f"{nbytes / (1 << 20):.1f} MiB at " + " <- ".join(
+                    f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames))
         return mem
 
 

@@ -12,34 +12,15 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-import gpu_bench  # noqa: E402
-from gpu_bench import MODELS, Ours  # noqa: E402
+from gpu_bench import MODELS, PEAK_TRACKER, Ours  # noqa: E402
 
 MiB = 1 << 20
-
-
-class PeakSite:
-    """Allocator wrapper: the pool's highest in-use figure, and where the allocation that reached it
-    was made (the innermost frames in andrea/)."""
-
-    def __init__(self, pool):
-        self.pool, self.peak, self.site = pool, pool.used_bytes(), ""
-
-    def malloc(self, nbytes):
-        mem = self.pool.malloc(nbytes)
-        used = self.pool.used_bytes()
-        if used > self.peak:
-            frames = [f for f in traceback.extract_stack()[:-1] if "/andrea/" in f.filename][-3:]
-            self.peak = used
-            self.site = f"{nbytes / MiB:.1f} MiB at " + " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames))
-        return mem
 
 
 def main() -> None:
@@ -55,10 +36,9 @@ def main() -> None:
         gc.collect()
         pool.free_all_blocks()
         base = pool.used_bytes()
-        tracker = PeakSite(pool)
-        gpu_bench.PEAK_TRACKER.pool = pool  # so that Ours keeps this allocator instead of installing its own
-        cp.cuda.set_allocator(tracker.malloc)
+        PEAK_TRACKER.record_sites = True  # Ours starts the tracker: its peak, and where it was reached
         runner = Ours(MODELS[name], int(B), 1024, args.precision, warmup=3)
+        tracker = PEAK_TRACKER
         e = runner.e
         known = {}
         for k in ("w", "g", "m", "v", "decay", "tokens", "targets"):
@@ -84,7 +64,6 @@ def main() -> None:
         for label, n in sorted(groups.items(), key=lambda kv: -kv[1])[:40]:
             print(f"| {label} | {n / MiB:,.1f} |")
         del runner, e
-        cp.cuda.set_allocator(pool.malloc)
 
 
 if __name__ == "__main__":
