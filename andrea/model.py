@@ -124,6 +124,21 @@ def decay_mask(layout: list[Param], dtype=np.float32) -> np.ndarray:
     return mask
 
 
+def coarse_decay_mask(mask: np.ndarray, max_shift: int = 16) -> tuple[np.ndarray, int]:
+    """The weight-decay mask one entry per granule of 2^shift parameters, the coarsest granule on
+    which the mask is constant (every parameter tensor of the model starts and ends on a multiple of
+    128 or 256): (packed, shift), packed[i >> shift] == mask[i]. At ANDREA-480M a byte per
+    parameter is 458 MiB; a byte per granule of 256, 1.8 MiB."""
+    n = mask.size
+    for shift in range(max_shift, 0, -1):
+        g = 1 << shift
+        padded = np.concatenate([mask, np.repeat(mask[-1:], -n % g)]) if n % g else mask
+        blocks = padded.reshape(-1, g)
+        if (blocks == blocks[:, :1]).all():
+            return np.ascontiguousarray(blocks[:, 0]), shift
+    return mask, 0
+
+
 def init_weights(cfg: ModelConfig, seed: int = 0, dtype=np.float32) -> np.ndarray:
     """The flat weight buffer initialised as SPEC §2: N(0, 0.02) for embeddings and linear
     weights, W_O and W_2 scaled by 1/sqrt(2·layers), γ = 1, β = 0. Drawn in float64 from one
@@ -231,7 +246,21 @@ class Activations:
         }
         if backward or saved:  # the training loss: probabilities (their gradient in place) and per-position losses
             shapes |= {"probs": (B, T, V), "losses": (B, T)}
-        self.saved = {name: z(name, *shape) for name, shape in shapes.items()}
+        # the one GELU buffer of a backend that recomputes it lives inside the probabilities, which are
+        # dead while the layers run (written by the loss's forward after the last layer, read by its
+        # backward before the first layer's): no memory of its own
+        self.aliased = set()
+        share = be.recomputes_gelu and "probs" in shapes
+        self.saved = {name: z(name, *shape) for name, shape in shapes.items() if not (share and name == "mlp_a")}
+        if share:
+            a_shape, a_dt = be.plan_buffer("mlp_a", shapes["mlp_a"], dtype, H)
+            probs = self.saved["probs"]
+            need = int(np.prod(a_shape)) * np.dtype(a_dt).itemsize
+            if probs.flags.c_contiguous and probs.nbytes >= need:
+                self.saved["mlp_a"] = probs.reshape(-1).view(np.uint8)[:need].view(a_dt).reshape(a_shape)
+                self.aliased.add("mlp_a")
+            else:
+                self.saved["mlp_a"] = be.zeros(a_shape, a_dt)
         self.scratch = {name: z(name, *shape) for name, shape in {"branch": (B, T, d)}.items()}
         if backward:
             self.scratch |= {name: z(name, *shape) for name, shape in {
@@ -254,8 +283,9 @@ class Activations:
         return self.layers[l]
 
     def nbytes(self) -> tuple[int, int]:
-        """(saved activations, scratch) in bytes."""
-        return sum(a.nbytes for a in self.saved.values()), sum(a.nbytes for a in self.scratch.values())
+        """(saved activations, scratch) in bytes; a buffer inside another counted once."""
+        return (sum(a.nbytes for k, a in self.saved.items() if k not in self.aliased),
+                sum(a.nbytes for a in self.scratch.values()))
 
 
 class KVCache:

@@ -2,7 +2,9 @@
 
 One step: n micro-batches (forward + backward, gradients adding up), scale by 1/n, global L2
 clipping at max_norm *before* AdamW touches m, v or the weights, AdamW with decoupled weight decay,
-zero the gradients. A non-finite loss or gradient norm skips the update and is counted; after
+zero the gradients; the norm, the clipping and the skip decision are taken on the engine's device,
+so a step can be launched before the previous one's results reach the host (launch_step). A
+non-finite gradient norm (which a non-finite loss implies) skips the update and is counted; after
 `max_nonfinite` in a row the step raises NonFiniteHalt, and the caller writes a checkpoint and
 stops. In fp16 the loss is scaled (the gradients come out multiplied by the engine's loss_scale,
 divided out in AdamW); an overflow skips the update and halves the scale without counting as a
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from andrea.engine.backend import CTRL_APPLIED, CTRL_NORM, CTRL_T
 from andrea.settings import TrainSettings, builtin_train_defaults
 
 
@@ -76,47 +79,76 @@ class NonFiniteCounter:
 
 def train_step(engine, micro_batches, step: int, oc: OptimConfig, nonfinite: NonFiniteCounter | None = None) -> StepResult:
     """One optimizer step over `micro_batches`: a list of (inputs, targets) arrays [B, T], or of
-    batches already prepared by engine.prepare (the trainer prepares them in the background)."""
+    batches already prepared by engine.prepare (the trainer prepares them in the background).
+    launch_step, then its result at once."""
+    return launch_step(engine, micro_batches, step, oc, nonfinite).result()
+
+
+def launch_step(engine, micro_batches, step: int, oc: OptimConfig, nonfinite: NonFiniteCounter | None = None) -> "PendingStep":
+    """Queue one optimizer step on the engine's device without waiting for it: the passes, the
+    gradient norm, the decisions (clipping, skipping a non-finite step: Backend.step_control) and
+    AdamW, then copies of the decisions and the row losses back to the host. The host may draw,
+    prepare and launch the next step before calling result() on this one (the trainer does, except
+    in fp16, whose loss scale the host changes between steps), so the GPU never waits on it."""
     nonfinite = nonfinite if nonfinite is not None else NonFiniteCounter()
     n = len(micro_batches)
-    engine.zero_grads()  # once per step, here: a step leaves its gradients (clearing is a pass over 4 bytes a parameter)
     rows = []
     for i, mb in enumerate(micro_batches):
         args = mb if isinstance(mb, tuple) else (mb,)
-        # with several ranks the last micro-batch's backward pass averages the gradients over them;
-        # the row losses stay on the device, so that the passes and the norm's kernels queue up
-        # behind each other and the step waits for the device once, at the norm
-        rows.append(engine.forward_backward(*args, reduce=i == n - 1, on_host=False))
+        # the first pass clears the gradients (in its graph: a step leaves its gradients, for tools
+        # to read); with several ranks the last micro-batch's backward pass averages them over the
+        # ranks; the row losses stay on the device until result()
+        rows.append(engine.forward_backward(*args, reduce=i == n - 1, on_host=False, zero_grads=i == 0))
     if n > 1:
         engine.scale_grads(1.0 / n)
     scale = engine.loss_scale  # 1 except in fp16, where the gradients come out multiplied by it
-    norm = engine.grad_norm() / scale
-    # with several ranks (data parallelism): every rank's row losses, so that all see one loss and,
-    # with the averaged gradients, one norm, and take the same decisions below
-    rows = engine.gather_rows(np.concatenate([np.asarray(engine.host(r)) for r in rows]))
-    loss = float(np.mean(rows))
     lr = lr_at(step, oc)
-    fp16 = engine.precision == "fp16"
-    if fp16 and math.isfinite(loss) and not math.isfinite(norm) and scale > 1.0:
-        # fp16 overflow in the scaled backward pass: skip this update and halve the scale (dynamic
-        # loss scaling); not a divergence, so it does not count towards the non-finite halt
-        engine.zero_grads()
-        engine.set_loss_scale(scale / 2)
-        return StepResult(step, loss, rows, norm, lr, False, True)
-    if not (math.isfinite(loss) and math.isfinite(norm)):
-        engine.zero_grads()
-        nonfinite.consecutive += 1
-        nonfinite.total += 1
-        nonfinite.steps.append(step)
-        if nonfinite.consecutive >= oc.max_nonfinite:
-            raise NonFiniteHalt(
-                f"step {step}: {nonfinite.consecutive} consecutive steps with a non-finite loss or gradient "
-                f"norm (loss {loss}, norm {norm}); halting. Lower the learning rate or check the data."
-            )
-        return StepResult(step, loss, rows, norm, lr, False, True)
-    nonfinite.consecutive = 0
-    clipped = norm > oc.grad_clip
-    engine.adamw(lr, oc.beta1, oc.beta2, oc.eps, oc.weight_decay, gscale=(oc.grad_clip / norm if clipped else 1.0) / scale)
-    if fp16:
-        engine.loss_scale_grow()
-    return StepResult(step, loss, rows, norm, lr, clipped, False)
+    engine.update(lr, oc.beta1, oc.beta2, oc.eps, oc.weight_decay, oc.grad_clip)
+    return PendingStep(engine, step, oc, nonfinite, lr, scale, engine.readback([engine.ctrl, *rows]))
+
+
+class PendingStep:
+    """A launched step; result() waits for its copies to reach the host (not for later steps) and
+    does its host-side bookkeeping: once, in launch order."""
+
+    def __init__(self, engine, step, oc, nonfinite, lr, scale, readback):
+        self.engine, self.step, self.oc, self.nonfinite = engine, step, oc, nonfinite
+        self.lr, self.scale, self.readback = lr, scale, readback
+        self._result = None
+
+    def result(self) -> StepResult:
+        if self._result is None:
+            self._result = self._finish()
+        return self._result
+
+    def _finish(self) -> StepResult:
+        engine, step, oc, nonfinite, lr, scale = self.engine, self.step, self.oc, self.nonfinite, self.lr, self.scale
+        ctrl, *rows = self.readback.get()
+        self.readback = None
+        norm, applied = float(ctrl[CTRL_NORM]), bool(ctrl[CTRL_APPLIED])
+        engine.adam_t = int(ctrl[CTRL_T])  # the device's count of applied updates, as of this step
+        # with several ranks (data parallelism): every rank's row losses, so that all see one loss
+        # (the norm and the decisions are the same on every rank: the gradients were averaged)
+        rows = engine.gather_rows(np.concatenate(rows))
+        loss = float(np.mean(rows))
+        if engine.precision == "fp16" and not applied and math.isfinite(loss) and scale > 1.0:
+            # fp16 overflow in the scaled backward pass: the update was skipped; halve the scale
+            # (dynamic loss scaling); not a divergence, so it does not count towards the halt
+            engine.set_loss_scale(scale / 2)
+            return StepResult(step, loss, rows, norm, lr, False, True)
+        if not applied:
+            # a non-finite loss makes the gradients non-finite too (the classifier's gradient is
+            # softmax − one-hot of the same logits), so a non-finite norm is the one test
+            nonfinite.consecutive += 1
+            nonfinite.total += 1
+            nonfinite.steps.append(step)
+            if nonfinite.consecutive >= oc.max_nonfinite:
+                raise NonFiniteHalt(
+                    f"step {step}: {nonfinite.consecutive} consecutive steps with a non-finite loss or gradient "
+                    f"norm (loss {loss}, norm {norm}); halting. Lower the learning rate or check the data."
+                )
+            return StepResult(step, loss, rows, norm, lr, False, True)
+        nonfinite.consecutive = 0
+        if engine.precision == "fp16":
+            engine.loss_scale_grow()
+        return StepResult(step, loss, rows, norm, lr, norm > oc.grad_clip, False)

@@ -19,9 +19,12 @@ max_steps and the bandit's floors and caps: andrea/versions.py train_run_key):
                                   batches, for bench/loss_parity.py
 
 The step loop keeps the device busy: the next batch is drawn, cut from the shards and prepared for
-the engine in a background thread while the current step runs (andrea/batches.py); loss records
-and checkpoints are written by background threads too (a checkpoint's host copy is taken at its
-step, so what is written is exactly that step).
+the engine in a background thread while the current step runs (andrea/batches.py); a step's
+results (loss, norm, row losses for the bandit) are read after the next step has been launched
+(optim.launch_step: the update's decisions are taken on the device), except where something reads
+the state the steps leave (a sample, validation, a checkpoint, the bandit's re-plan, the end) and in
+fp16; loss records and checkpoints are written by background threads too (a checkpoint's host copy
+is taken at its step, so what is written is exactly that step).
 
 Signals: SIGTERM (and SIGINT, Ctrl-C) finishes the current step, writes a checkpoint and exits 0;
 SIGUSR1 writes a checkpoint and carries on. A run started again resumes from the newest intact
@@ -59,7 +62,7 @@ from andrea.evaluation import build_eval_set, evaluate, prepare_batches
 from andrea.io import atomic_dir, link_or_copy, sha256_file, write_json_atomic
 from andrea.launch import under_launcher
 from andrea.model import ModelConfig, flops_per_token, n_params
-from andrea.optim import NonFiniteCounter, NonFiniteHalt, OptimConfig, train_step
+from andrea.optim import NonFiniteCounter, NonFiniteHalt, OptimConfig, launch_step
 from andrea.runlog import RecordCompactor, truncate_log
 from andrea.sampling import InferenceModel, generate
 from andrea.settings import TrainSettings
@@ -735,12 +738,16 @@ class Trainer:
 
     def _loop(self) -> dict:
         s = self.s
-        t_start = time.perf_counter()
-        steps_start = self.step
-        t_last = t_start
+        self._t_start = time.perf_counter()
+        self._steps_start = self.step
         if self.eval_set is not None and not self._resumed:
             self.validate()  # the curve starts at the initial weights
-            t_last = time.perf_counter()
+        self._t_last = time.perf_counter()
+        # a step is launched before the previous one's results are read (optim.launch_step), so the
+        # device never waits on the host's bookkeeping; not in fp16, whose loss scale the host sets
+        # from each step's result before the next
+        self._defer = self.precision != "fp16"
+        self._inflight = None  # (PendingStep, Batch): launched, its results not yet read
         while self.step < s.max_steps:
             stop, save_now = self._stop, self._save_now
             if self.comm.size > 1:  # a signal seen by any rank stops (or saves) all of them, at the same step
@@ -748,6 +755,8 @@ class Trainer:
                 # decided on the reduced copy: a signal that lands during the collective stays set
                 # on this rank and is sent at the next step
                 stop, save_now = (bool(x) for x in self.comm.allreduce_host(sent.copy(), "max"))
+            if stop or save_now:
+                self._settle()
             if stop:
                 self.save_checkpoint("SIGTERM/SIGINT", wait=True)
                 log.info("stopped by a signal at step %d; run again to resume", self.step)
@@ -755,48 +764,29 @@ class Trainer:
             if save_now:
                 self._save_now = False
                 self.save_checkpoint("SIGUSR1")
-            self.bandit.maybe_replan(self.step)
+            self.bandit.maybe_replan(self.step)  # the steps before were settled (_must_settle)
             batch = self.batches.get(self.step)
-            nxt = self.step + 1
-            if nxt < s.max_steps and not self.bandit.replans_at(nxt):
-                self.batches.prefetch(nxt)  # drawn and prepared while this step runs
             try:
-                res = train_step(self.engine, batch.micro, self.step, self.oc, self.nonfinite)
+                launched = (launch_step(self.engine, batch.micro, self.step, self.oc, self.nonfinite), batch)
+                self.step += 1
+                previous, self._inflight = self._inflight, launched
+                if previous is not None:
+                    self._finish_step(*previous)  # the step before: its copies are in by now
+                nxt = self.step
+                if nxt < s.max_steps and not self.bandit.replans_at(nxt):
+                    self.batches.prefetch(nxt)  # drawn and prepared while this step runs
+                if not self._defer or self._must_settle(self.step):
+                    self._settle()
             except NonFiniteHalt as e:
-                # the checkpoint is the failing step's start; a resume (with, say, a lower lr)
-                # gets max_nonfinite fresh tries
+                try:  # the step still in flight: its result is read (a halt of its own changes nothing)
+                    self._settle()
+                except NonFiniteHalt:
+                    pass
+                # the checkpoint holds every step launched; a resume (with, say, a lower lr) gets
+                # max_nonfinite fresh tries
                 self.nonfinite.consecutive = 0
                 self.save_checkpoint("non-finite halt", wait=True)
                 raise NonFiniteHalt(f"{e} Checkpoint: {self.ckpt_dir}") from None
-            if not res.skipped:
-                for (src, doc), loss in zip(batch.rows, res.row_losses.tolist()):
-                    self.bandit.observe(src, doc, loss)
-                self.ema = res.loss if self.ema is None else (1 - EMA_ALPHA) * self.ema + EMA_ALPHA * res.loss
-                self.smma = res.loss if self.smma is None else ((SMMA_N - 1) * self.smma + res.loss) / SMMA_N
-            if self.recording and self.step < s.record_batches:
-                self._record_batch(batch.tokens)
-            n_tok = len(batch.rows) * self.T
-            self.tokens_seen += n_tok
-            now = time.perf_counter()
-            dt, t_last = now - t_last, now  # the whole step as the user waits for it: data, logging, all
-            mix = {}
-            for src, _ in batch.rows:
-                mix[src] = mix.get(src, 0) + 1
-            self._log_record({
-                "step": self.step, "loss": res.loss, "ema": self.ema, "smma": self.smma, "lr": res.lr,
-                "grad_norm": res.grad_norm, "clipped": res.clipped, "skipped": res.skipped,
-                "tokens_per_s": round(n_tok / dt, 1),
-                "rows": len(batch.rows), "mix": dict(sorted(mix.items())),  # the mix as row counts
-                "weights": {k: round(v, 6) for k, v in self.bandit.weights.items()},
-                "focus": list(self.bandit.focus),
-            })
-            self.step += 1
-            done = self.step - steps_start
-            if self.step % 10 == 0 or self.step == s.max_steps:
-                eta = (now - t_start) / done * (s.max_steps - self.step)
-                log.info("step %d/%d loss %.4f (ema %.4f) lr %.2e norm %.3f %s tok/s ETA %s",
-                         self.step, s.max_steps, res.loss, self.ema or float("nan"), res.lr, res.grad_norm,
-                         f"{n_tok / dt:,.0f}", human_duration(eta))
             # a step's sample and validation come before its checkpoint, which then holds their effects
             if self.step % s.sample_every == 0 and self.root:
                 self.sample()
@@ -818,6 +808,8 @@ class Trainer:
                     f"{s.coherence_halt_below} (last at step {self.step}); the model is producing "
                     f"degenerate text. Stopped; checkpoint {path}. Read {self.run_dir / 'samples.jsonl'}."
                 )
+        self._settle()
+        t_start, steps_start = self._t_start, self._steps_start
         elapsed = time.perf_counter() - t_start
         self.timing["loop_s"] = elapsed
         self.timing["steps"] = self.step - steps_start
@@ -838,6 +830,55 @@ class Trainer:
                 write_json_atomic(self.run_dir / "plan.json", self.plan_doc)
         return {"finished": True, "step": self.step, "ema": self.ema, "smma": self.smma,
                 "val_loss": self.last_eval["loss"] if self.last_eval else None, "seconds": elapsed}
+
+    def _must_settle(self, step: int) -> bool:
+        """Whether the steps launched so far must be read before step `step` is launched: where
+        something reads the state they leave (the end, a sample, validation, a checkpoint, the
+        bandit's replan). The same on every rank (signals are settled at the loop's top, after
+        the ranks agree on them)."""
+        s = self.s
+        return (step >= s.max_steps or step % s.sample_every == 0 or step % s.checkpoint_every == 0
+                or (self.eval_set is not None and step % s.eval_every == 0) or self.bandit.replans_at(step))
+
+    def _settle(self) -> None:
+        """Read the step in flight, if any."""
+        if self._inflight is not None:
+            launched, self._inflight = self._inflight, None
+            self._finish_step(*launched)
+
+    def _finish_step(self, pending, batch) -> None:
+        """A launched step's results, in launch order: the bandit's rewards, the loss averages, the
+        loss record and the progress line."""
+        s = self.s
+        res = pending.result()
+        if not res.skipped and math.isfinite(res.loss):
+            for (src, doc), loss in zip(batch.rows, res.row_losses.tolist()):
+                self.bandit.observe(src, doc, loss)
+            self.ema = res.loss if self.ema is None else (1 - EMA_ALPHA) * self.ema + EMA_ALPHA * res.loss
+            self.smma = res.loss if self.smma is None else ((SMMA_N - 1) * self.smma + res.loss) / SMMA_N
+        if self.recording and res.step < s.record_batches:
+            self._record_batch(batch.tokens)
+        n_tok = len(batch.rows) * self.T
+        self.tokens_seen += n_tok
+        now = time.perf_counter()
+        dt, self._t_last = now - self._t_last, now  # the whole step as the user waits for it: data, logging, all
+        mix = {}
+        for src, _ in batch.rows:
+            mix[src] = mix.get(src, 0) + 1
+        self._log_record({
+            "step": res.step, "loss": res.loss, "ema": self.ema, "smma": self.smma, "lr": res.lr,
+            "grad_norm": res.grad_norm, "clipped": res.clipped, "skipped": res.skipped,
+            "tokens_per_s": round(n_tok / dt, 1),
+            "rows": len(batch.rows), "mix": dict(sorted(mix.items())),  # the mix as row counts
+            "weights": {k: round(v, 6) for k, v in self.bandit.weights.items()},
+            "focus": list(self.bandit.focus),
+        })
+        done_step = res.step + 1
+        if done_step % 10 == 0 or done_step == s.max_steps:
+            eta = (now - self._t_start) / (done_step - self._steps_start) * (s.max_steps - done_step)
+            log.info("step %d/%d loss %.4f (ema %.4f) lr %.2e norm %.3f %s tok/s ETA %s",
+                     done_step, s.max_steps, res.loss, self.ema or float("nan"), res.lr, res.grad_norm,
+                     f"{n_tok / dt:,.0f}", human_duration(eta))
 
     def _export(self, out: Path) -> None:
         """The workflow's output: final and best weights plus what they are, in one directory."""

@@ -9,6 +9,7 @@ This probe decided cudnn_attention.py; its output of 2026-12-01 on the H200 is i
 bench/results/2026-12-01/cudnn/probe.txt (from a first version that built the same graphs by hand).
 """
 
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -35,6 +36,7 @@ def run(B, H, T, D):
     rng = np.random.default_rng(0)
     be = CupyBackend("bf16")
     be.attention = "flash"  # ours
+    os.environ.setdefault("ANDREA_ATTENTION_WORKSPACE_MIB", "100000")  # cuDNN's backward on the whole batch
     qkv = cp.asarray(rng.standard_normal((B, T, 3, H, D), np.float32)).astype(BF16)
     dy = cp.asarray(rng.standard_normal((B, T, H * D), np.float32)).astype(BF16)
     y, lse = cp.empty((B, T, H * D), BF16), cp.empty((B, H, T), cp.float32)

@@ -2,8 +2,9 @@
 
 PyTorch runs the same architecture (bf16 autocast + torch.compile + scaled_dot_product_attention,
 fused AdamW, global clipping; its batch already on the GPU); ours runs the CuPy backend in bf16 and
-fp16 (CUDA graphs), bf16 without graphs, and fp32, each step a train_step with the next batch
-prepared in a background thread meanwhile (as the trainer does: andrea/trainer.py). All of a configuration's runners are built first, then timed in rounds,
+fp16 (CUDA graphs), bf16 without graphs, and fp32, each step an optim.launch_step with the next
+batch prepared in a background thread meanwhile and the step's results read after the next step
+is launched (as the trainer does: andrea/trainer.py). All of a configuration's runners are built first, then timed in rounds,
 taking turns, and the median round counts (PyTorch alone varied by ±20 % between runs here). For
 each model and batch size: tokens/s, MFU (llm.c's formula: flops/token = 6·N + 6·L·d·T, against
 989 TFLOP/s bf16), peak GPU memory (PyTorch: max_memory_allocated; ours: the highest in-use figure
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -71,21 +73,35 @@ PEAK_TRACKER = PeakTracker()
 
 
 class Ours:
-    """Our engine at one precision: fp32, bf16, fp16 or fp8 (CUDA graphs), or bf16-eager (no graphs)."""
+    """Our engine at one precision: fp32, bf16, fp16 or fp8 (CUDA graphs); "-eager": without graphs;
+    "-nondet": cuDNN attention's non-deterministic backward (ANDREA_ATTENTION_DETERMINISTIC=0);
+    "-wsN": ANDREA_ATTENTION_WORKSPACE_MIB=N."""
 
     def __init__(self, cfg, B, T, precision, warmup):
         import cupy as cp
 
         from andrea.engine import Engine
-        from andrea.optim import OptimConfig, train_step
+        from andrea.optim import OptimConfig, launch_step
 
-        self.cp, self.train_step = cp, train_step
+        self.cp, self.launch_step = cp, launch_step
         pool = cp.get_default_memory_pool()
         gc.collect()  # engines of the previous configuration hold reference cycles (captured graphs)
         before = pool.used_bytes()
         PEAK_TRACKER.start(pool)
-        self.e = Engine(cfg, batch_size=B, seq_len=T, backend="cupy", precision=precision.split("-")[0])
-        self.e.graphs = self.e.graphs and not precision.endswith("-eager")
+        flags = precision.split("-")[1:]
+        env = {"ANDREA_ATTENTION_DETERMINISTIC": "0" if "nondet" in flags else os.environ.get("ANDREA_ATTENTION_DETERMINISTIC", "1")}
+        env.update({"ANDREA_ATTENTION_WORKSPACE_MIB": f[2:] for f in flags if f.startswith("ws")})
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:  # the backend reads them when it is made
+            self.e = Engine(cfg, batch_size=B, seq_len=T, backend="cupy", precision=precision.split("-")[0])
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k)
+                else:
+                    os.environ[k] = v
+        self.e.graphs = self.e.graphs and "eager" not in flags
         x = np.random.default_rng(0).integers(0, cfg.vocab_size, (B, T + 1))
         self.raw = (x[:, :-1], x[:, 1:])
         # as the trainer does: the next batch is checked and prepared (the embedding backward's
@@ -94,6 +110,10 @@ class Ours:
         self.next = self.prefetch.submit(self.e.prepare, *self.raw)
         self.oc = OptimConfig(lr=3e-4, warmup_steps=1)
         self.step = 0
+        # as the trainer does: a step is launched before the previous one's results are read (not in
+        # fp16, whose loss scale the host sets from each result)
+        self.defer = not precision.startswith("fp16")
+        self.pending = None
         self.run(warmup)
         # the most GPU memory in use while this engine was built and warmed up (steps allocate the
         # same every time), beyond what was in use before (its backend's scratch included: each
@@ -103,9 +123,18 @@ class Ours:
 
     def run(self, steps):
         for _ in range(steps):
-            batch, self.next = self.next.result(), self.prefetch.submit(self.e.prepare, *self.raw)
-            self.train_step(self.e, [batch], self.step, self.oc)
+            launched = self.launch_step(self.e, [self.next.result()], self.step, self.oc)
             self.step += 1
+            if self.pending is not None:
+                self.pending.result()
+            self.pending = launched
+            self.next = self.prefetch.submit(self.e.prepare, *self.raw)
+            if not self.defer:
+                self.pending.result()
+                self.pending = None
+        if self.pending is not None:
+            self.pending.result()
+            self.pending = None
         self.cp.cuda.Device().synchronize()
 
 
@@ -166,7 +195,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="rounds, the runners taking turns; the median counts")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--precisions", nargs="+", default=["bf16", "fp16", "bf16-eager", "fp32"],
-                    help="bf16 / fp16 / fp8 (CUDA graphs), bf16-eager (no graphs), fp32")
+                    help="bf16 / fp16 / fp8 (CUDA graphs), bf16-eager (no graphs), bf16-nondet (cuDNN's "
+                         "non-deterministic attention backward), bf16-ws512 (its workspace up to 512 MiB), fp32")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-ours", action="store_true", help="PyTorch alone (e.g. its largest batch, without our pool beside it)")
     ap.add_argument("--out", type=Path)
@@ -217,6 +247,15 @@ def main() -> None:
         ratio = lambda x: f"{x['tok_s'] / t['tok_s']:.2f}" if (t and x) else "—"  # noqa: E731
         print(f"| {r['model']} | {r['B']}×{r['T']} | {cell(t)} | {cell(b)} | {cell(f8)} | {plain(r.get('ours_fp16'))} | "
               f"{plain(r.get('ours_bf16-eager'))} | {plain(r.get('ours_fp32'))} | {ratio(b)} | {ratio(f8)} |")
+    others = sorted({k for r in rows for k in r if k.startswith("ours_")} - {"ours_bf16", "ours_fp8"})
+    if rows and rows[0].get("torch") and others:
+        print("\n| model | B | " + " | ".join(f"{k[5:]} tok/s (/ PyTorch, GiB)" for k in others) + " |")
+        print("|---|---|" + "---|" * len(others))
+        for r in rows:
+            t = r.get("torch")
+            cells = [f"{r[k]['tok_s']:,.0f} ({r[k]['tok_s'] / t['tok_s']:.2f}, {r[k]['peak_gib']:.2f})" if k in r and t else "—"
+                     for k in others]
+            print(f"| {r['model']} | {r['B']} | " + " | ".join(cells) + " |")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=2))
 

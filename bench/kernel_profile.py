@@ -47,6 +47,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--runners", nargs="+", default=["torch", "bf16"], help="torch, or one of our precisions (bf16, fp8, ...)")
+    ap.add_argument("--host", action="store_true",
+                    help="also trace the host's CUDA API calls: which calls block, and the host's own work between them")
     args = ap.parse_args()
     for name in args.runners:
         profile_runner(name, args)
@@ -61,11 +63,13 @@ def profile_runner(name, args) -> None:
         runner = Torch(cfg, args.batch, args.seq, warmup=3)
     else:
         runner = Ours(cfg, args.batch, args.seq, name, warmup=3)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if args.host else [])
+    with profile(activities=activities) as prof:
         t0 = time.perf_counter()
         runner.run(args.steps)
         wall = (time.perf_counter() - t0) * 1e3 / args.steps
     kernels = defaultdict(lambda: [0.0, 0])
+    host_calls = []  # (start, end, name, thread) of the CUDA runtime and driver API calls
     spans = []  # (start, end, name) in microseconds: when the GPU was busy
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
@@ -73,6 +77,8 @@ def profile_runner(name, args) -> None:
             k[0] += ev.device_time / 1e3  # microseconds -> ms
             k[1] += 1
             spans.append((ev.time_range.start, ev.time_range.end, ev.name))
+        elif args.host and re.match(r"cu[A-Z]|cuda[A-Z]", ev.name):
+            host_calls.append((ev.time_range.start, ev.time_range.end, ev.name, ev.thread))
     total = sum(v[0] for v in kernels.values()) / args.steps
     print(f"\n## {name} {args.model} B={args.batch} T={args.seq}: {total:.2f} ms of kernels per step, "
           f"{wall:.2f} ms wall per step (under the profiler)\n")
@@ -92,6 +98,8 @@ def profile_runner(name, args) -> None:
     for (a, b), (ms, n) in sorted(gaps.items(), key=lambda kv: -kv[1][0])[:10]:
         print(f"| {a} | {b} | {ms / args.steps:.3f} | {n / args.steps:.1f} |")
     print()
+    if args.host:
+        report_host(host_calls, args.steps)
     by_group = defaultdict(float)
     for name, (ms, _) in kernels.items():
         by_group[group(name)] += ms / args.steps
@@ -101,6 +109,41 @@ def profile_runner(name, args) -> None:
     print(f"\n| kernel (top {args.top}) | ms/step | calls/step |\n|---|---|---|")
     for name, (ms, n) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[: args.top]:
         print(f"| {name[:110]} | {ms / args.steps:.3f} | {n // args.steps} |")
+
+
+def report_host(calls, steps) -> None:
+    """The CUDA API calls of the thread that made most of them (the step loop's): time in each API
+    (a blocking copy or synchronisation shows as a long call), and the host's own work between two
+    calls where it ran over 20 us (Python between launches: what keeps the GPU waiting after a sync)."""
+    if not calls:
+        print("no CUDA API calls traced\n")
+        return
+    counts = defaultdict(int)
+    for c in calls:
+        counts[c[3]] += 1
+    main_thread = max(counts, key=counts.get)
+    calls = sorted(c for c in calls if c[3] == main_thread)
+    per_api = defaultdict(lambda: [0.0, 0, 0.0])
+    for start, end, name, _ in calls:
+        a = per_api[name]
+        a[0] += (end - start) / 1e3
+        a[1] += 1
+        a[2] = max(a[2], (end - start) / 1e3)
+    print("| host API call | ms/step | calls/step | longest ms |\n|---|---|---|---|")
+    for name, (ms, n, longest) in sorted(per_api.items(), key=lambda kv: -kv[1][0])[:12]:
+        print(f"| {name} | {ms / steps:.3f} | {n / steps:.1f} | {longest:.3f} |")
+    between = defaultdict(lambda: [0.0, 0])
+    for (s0, e0, a, _), (s1, _e1, b, _) in zip(calls, calls[1:]):
+        if s1 - e0 > 20:
+            g = between[(a, b)]
+            g[0] += (s1 - e0) / 1e3
+            g[1] += 1
+    total = sum(g[0] for g in between.values()) / steps
+    print(f"\nhost work between API calls (stretches over 20 us): {total:.2f} ms per step\n")
+    print("| after | before | ms/step | times/step |\n|---|---|---|---|")
+    for (a, b), (ms, n) in sorted(between.items(), key=lambda kv: -kv[1][0])[:10]:
+        print(f"| {a} | {b} | {ms / steps:.3f} | {n / steps:.1f} |")
+    print()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The trainer end to end against the engine alone, on one GPU (issue: train for real, benchmark b).
 
-Engine alone: andrea.optim.train_step over batches made beforehand (the gpu_bench.py loop).
+Engine alone: andrea.optim.launch_step over batches made beforehand, each step's results read after
+the next is launched (the gpu_bench.py loop).
 Trainer: andrea.trainer.Trainer, the real run loop (the bandit drawing rows, windows cut from
 memory-mapped shards, the next batch prepared in a background thread, observe, loss records,
 tokens/s), on synthetic shards where one source holds 1,000,000 documents and is always in the
@@ -94,7 +95,7 @@ def bench_config(base: dict, model: str, B: int, steps: int) -> dict:
 
 def engine_alone(cfg: ModelConfig, B: int, T: int, steps: int, warm: int) -> list[float]:
     from andrea.engine import Engine, resolve_backend
-    from andrea.optim import OptimConfig, train_step
+    from andrea.optim import OptimConfig, launch_step
 
     backend, precision, _ = resolve_backend("auto", "auto")  # what the trainer picks too
     e = Engine(cfg, batch_size=B, seq_len=T, backend=backend, precision=precision)
@@ -106,11 +107,20 @@ def engine_alone(cfg: ModelConfig, B: int, T: int, steps: int, warm: int) -> lis
     oc = OptimConfig(lr=3e-4, warmup_steps=10, max_steps=steps + warm)
     times = []
     t_last = time.perf_counter()
+    pending = None
     for i in range(warm + steps):
-        train_step(e, batches[i % len(batches)], i, oc)
+        launched = launch_step(e, batches[i % len(batches)], i, oc)
+        if pending is not None:
+            pending.result()  # the step before's, as the trainer reads it: after launching the next
+        pending = launched
+        if precision == "fp16":  # the trainer reads each fp16 step at once (its loss scale)
+            pending.result()
+            pending = None
         now = time.perf_counter()
         times.append(now - t_last)
         t_last = now
+    if pending is not None:
+        pending.result()
     del e
     return times[warm:]
 

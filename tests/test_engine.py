@@ -9,7 +9,7 @@ import pytest
 from andrea.config import load_config
 from andrea.engine import Engine
 from andrea.engine import numpy_backend as nb
-from andrea.model import ModelConfig, decay_mask, init_weights, n_params, param_layout
+from andrea.model import ModelConfig, coarse_decay_mask, decay_mask, init_weights, n_params, param_layout
 from andrea.optim import NonFiniteCounter, NonFiniteHalt, OptimConfig, lr_at, train_step
 from conftest import REPO
 
@@ -227,6 +227,21 @@ def test_layout_order_init_and_decay_mask():
     assert np.array_equal(init_weights(big, seed=0), w)
 
 
+def test_coarse_decay_mask_expands_to_the_mask_of_every_shipped_model():
+    """The GPU keeps the weight-decay mask a byte per granule of 2^shift parameters: expanded, it is
+    the per-parameter mask exactly, for the shipped models and an odd small one (where the granule
+    is what the layout allows, down to single parameters)."""
+    for cfg in (ModelConfig(vocab_size=4353, d_model=384, n_head=12, n_layer=6, context=1024),
+                ModelConfig(vocab_size=16641, d_model=1536, n_head=24, n_layer=16, context=1024),
+                ModelConfig(vocab_size=31, d_model=6, n_head=2, n_layer=2, context=5)):
+        mask = decay_mask(param_layout(cfg), np.uint8)
+        packed, shift = coarse_decay_mask(mask)
+        assert np.array_equal(np.repeat(packed, 1 << shift)[: mask.size], mask)
+        assert packed.size == -(-mask.size >> shift)  # one entry per granule, the last one partial
+    assert coarse_decay_mask(decay_mask(param_layout(ModelConfig(vocab_size=4353, d_model=384, n_head=12, n_layer=6,
+                                                                     context=1024)), np.uint8))[1] >= 7
+
+
 # ------------------------------------------------------------------ optimizer
 
 def test_schedule_against_hand_computed_values():
@@ -342,7 +357,9 @@ def test_fp16_loss_scaling_unscales_skips_overflows_and_grows(monkeypatch):
     e.precision = "fp16"
     e.set_loss_scale(8.0)
 
-    def scaled(inputs, targets, reduce=True, on_host=True):  # what the fp16 GPU path does: the gradients times the scale
+    def scaled(inputs, targets, reduce=True, on_host=True, zero_grads=False):  # the fp16 GPU path: gradients times the scale
+        if zero_grads:
+            e.zero_grads()
         e.forward(inputs, targets)
         e.backward(dloss=e.loss_scale)
         return e.row_losses(on_host)
@@ -351,7 +368,7 @@ def test_fp16_loss_scaling_unscales_skips_overflows_and_grows(monkeypatch):
     r_ref, r_e = train_step(ref, [batch(2, 0)], 0, oc), train_step(e, [batch(2, 0)], 0, oc)
     assert e.w.tobytes() == ref.w.tobytes() and r_e.grad_norm == r_ref.grad_norm  # powers of two: exact
     counter, w = NonFiniteCounter(), e.w.copy()
-    monkeypatch.setattr(e, "grad_norm", lambda: math.inf)
+    monkeypatch.setattr(e.be, "grad_norm_final", lambda partial: math.inf)  # an overflow in the scaled gradients
     res = train_step(e, [batch(2, 1)], 1, oc, counter)
     assert res.skipped and e.loss_scale == 4.0 and counter.total == 0 and np.array_equal(e.w, w)
     monkeypatch.undo()

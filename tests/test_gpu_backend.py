@@ -21,8 +21,9 @@ if HAVE_GPU:
     from andrea.engine.cupy import BF16, VOCAB_PAD, CupyBackend, cublaslt, cudnn_attention
 from andrea.engine import Engine
 from andrea.engine import numpy_backend as nb
+from andrea.engine.backend import CTRL_T
 from andrea.model import ModelConfig
-from andrea.optim import OptimConfig, train_step
+from andrea.optim import OptimConfig, launch_step, train_step
 
 RNG = np.random.default_rng(7)
 B, T, H, D = 2, 100, 4, 32  # T not a multiple of the tiles, on purpose
@@ -167,6 +168,57 @@ def test_cuda_graph_replay_equals_eager_steps():
     assert out[True] == out[False]
 
 
+def test_steps_launched_ahead_equal_steps_read_one_by_one():
+    """The trainer launches a step before reading the one before (optim.launch_step): the decisions
+    taken on the device (clipping, bias corrections) and the copies read later give each step the
+    same loss, norm and clipping as steps read one at a time, and the same weights; the pinned
+    uploads of later batches do not disturb a step in flight. A tight clip makes every step clip."""
+    oc = OptimConfig(lr=1e-3, warmup_steps=1, grad_clip=0.05)
+    out = {}
+    for ahead in (False, True):
+        e = Engine(CFG, 4, 128, backend="cupy", seed=6, precision="bf16")
+        if ahead:
+            pending = [launch_step(e, [batch(40 + s)], s, oc) for s in range(4)]  # four queued, none read
+            results = [p.result() for p in pending]
+        else:
+            results = [train_step(e, [batch(40 + s)], s, oc) for s in range(4)]
+        out[ahead] = (e.host(e.w).tobytes(), [(r_.loss, r_.grad_norm, r_.clipped, r_.row_losses.tolist()) for r_ in results],
+                      e.adam_t)
+    assert out[True] == out[False]
+    assert out[True][2] == 4 and all(clipped for _, _, clipped, _ in out[True][1])
+
+
+def test_optimizer_steps_on_the_gpu_match_numpy():
+    """fp32 training steps on the GPU against the NumPy backend's: the norm and the decisions taken on
+    the device (step_control: clipping, bias corrections), AdamW with the weight-decay mask a byte per
+    granule of parameters, and the step count."""
+    oc = OptimConfig(lr=3e-3, warmup_steps=1, weight_decay=0.1, grad_clip=0.5)
+    ref = Engine(CFG, 4, 128, dtype="float32", seed=3)
+    gpu = Engine(CFG, 4, 128, backend="cupy", seed=3)
+    assert gpu.decay.size < gpu.w.size  # the coarse mask
+    for s_ in range(3):
+        r_ref, r_gpu = train_step(ref, [batch(60 + s_)], s_, oc), train_step(gpu, [batch(60 + s_)], s_, oc)
+        assert math.isclose(r_gpu.loss, r_ref.loss, rel_tol=1e-5) and math.isclose(r_gpu.grad_norm, r_ref.grad_norm, rel_tol=1e-4)
+        assert r_gpu.clipped == r_ref.clipped
+    assert gpu.adam_t == ref.adam_t == 3
+    assert rel(gpu.host(gpu.w), ref.w) < 1e-5 and rel(gpu.host(gpu.m), ref.m) < 1e-4
+
+
+def test_a_step_with_a_non_finite_norm_leaves_the_state_on_the_device():
+    """step_control on the GPU: a non-finite gradient norm skips AdamW (weights, m, v, the 16-bit copy
+    and the step count untouched) without the host looking first, and the step reports it."""
+    oc = OptimConfig(lr=1e-3, warmup_steps=1)
+    e = Engine(CFG, 4, 128, backend="cupy", seed=6, precision="bf16")
+    train_step(e, [batch(40)], 0, oc)
+    e.P["lnf.g"][0] = cp.nan  # poisons the loss and every gradient
+    e.be.invalidate_weight_cache()
+    before = [e.host(a).tobytes() for a in (e.w, e.m, e.v)]
+    res = train_step(e, [batch(41)], 1, oc)
+    assert res.skipped and not math.isfinite(res.grad_norm) and e.adam_t == 1
+    assert [e.host(a).tobytes() for a in (e.w, e.m, e.v)] == before
+    assert int(e.host(e.ctrl)[CTRL_T]) == 1  # the device's count, which the next update starts from
+
+
 @pytest.mark.parametrize("head_dim", [32, 64])
 def test_attention_pair_matches_reference_without_a_TxT_matrix(head_dim):
     """fp32: the CUDA-core flash kernels, at every head size (T = 100: the last tile partial)."""
@@ -194,12 +246,13 @@ def round16(a, dtype=None):
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 @pytest.mark.parametrize("head_dim,T_", [(32, 100), (64, 100), (64, 200), (16, 37)])
 @pytest.mark.parametrize("impl", ["flash", "cudnn"])
-def test_tensor_core_flash_attention_matches_reference(head_dim, T_, precision, impl):
+def test_tensor_core_flash_attention_matches_reference(head_dim, T_, precision, impl, monkeypatch):
     """16-bit modes, both implementations on a [B, T, 3, H, D] buffer, partial tiles included: our
     fused mma.sync kernels (tiles double-buffered with cp.async), and cuDNN's fused attention (where
     the frontend is installed; it must take the model's head sizes, 32 and 64)."""
     if impl == "cudnn" and cudnn_attention._cudnn() is None:
         pytest.skip("the cuDNN frontend is not installed (pip install nvidia-cudnn-frontend)")
+    monkeypatch.setenv("ANDREA_ATTENTION_WORKSPACE_MIB", "1024")  # cuDNN's backward on the whole batch
     gb = CupyBackend(precision)
     gb.attention = impl
     hd = gb.half
@@ -232,19 +285,50 @@ def test_tensor_core_flash_attention_matches_reference(head_dim, T_, precision, 
         assert rel(got[i], dq_n[i]) < 1e-2, "qkv"[i]
 
 
+def test_at_head_size_32_our_backward_runs_instead_of_cudnn_slices():
+    """Where cuDNN's deterministic backward would need slices (no arena, no workspace of its own) at
+    head size 32, our flash backward runs it (as fast there, and without a workspace); the plan line
+    says so. The gradients match the NumPy reference."""
+    if cudnn_attention._cudnn() is None:
+        pytest.skip("the cuDNN frontend is not installed (pip install nvidia-cudnn-frontend)")
+    Bb, Tt, Hh, Dd = 4, 128, 2, 32
+    gb = CupyBackend("bf16")
+    gb.attention = "cudnn"
+    qkv = round16(r(Bb, Tt, 3, Hh, Dd))
+    dy = round16(r(Bb, Tt, Hh * Dd))
+    y, lse = cp.zeros((Bb, Tt, Hh * Dd), BF16), cp.zeros((Bb, Hh, Tt), cp.float32)
+    gb.attn_fwd(g(qkv).astype(BF16), y, lse)
+    d = cp.zeros((Bb, Tt, 3, Hh, Dd), BF16)
+    gb.attn_bwd(g(dy).astype(BF16), g(qkv).astype(BF16), y, lse, d)
+    (c,) = gb._cudnn.values()
+    assert c.ours_instead == {(Bb, Hh, Tt, Dd)} and "our backward instead" in gb.implementation()
+    ref = np.ascontiguousarray(qkv.transpose(2, 0, 3, 1, 4))
+    y_n, lse_n = np.zeros((Bb, Tt, Hh * Dd), np.float32), np.zeros((Bb, Hh, Tt), np.float32)
+    nb.attn_fwd(ref, y_n, lse_n)
+    dq_n = np.zeros_like(ref)
+    nb.attn_bwd(dy, ref, y_n, lse_n, dq_n)
+    got = h(d).astype(np.float32).transpose(2, 0, 3, 1, 4)
+    for i in range(3):
+        assert rel(got[i], dq_n[i]) < 1e-2, "qkv"[i]
+
+
 def test_cudnn_attention_backward_in_batch_slices_under_a_workspace_cap(monkeypatch):
-    """Where the deterministic backward's workspace (linear in the batch) would pass
+    """Where the deterministic backward's workspace (linear in the batch) would pass both the
+    backward arena (memory dead during the layers' backward: the loss's probabilities) and
     ANDREA_ATTENTION_WORKSPACE_MIB, it runs on slices of the batch: the same gradients as the whole
-    batch in one call, within the workspace asked for."""
+    batch in one call, within the workspace asked for; where the slices fit in the arena, the
+    workspace is the arena and takes no memory of its own."""
     if cudnn_attention._cudnn() is None:
         pytest.skip("the cuDNN frontend is not installed (pip install nvidia-cudnn-frontend)")
     Bb, Tt, Hh, Dd = 4, 128, 2, 64
     qkv = g(round16(r(Bb, Tt, 3, Hh, Dd))).astype(BF16)
     dy = g(round16(r(Bb, Tt, Hh * Dd))).astype(BF16)
 
-    def backward():
+    def backward(arena_bytes=0):
         gb = CupyBackend("bf16")
         gb.attention = "cudnn"
+        if arena_bytes:
+            gb.set_backward_arena(cp.zeros(arena_bytes // 2, BF16))
         y, lse = cp.zeros((Bb, Tt, Hh * Dd), BF16), cp.zeros((Bb, Hh, Tt), cp.float32)
         gb.attn_fwd(qkv, y, lse)
         d = cp.zeros_like(qkv)
@@ -253,15 +337,21 @@ def test_cudnn_attention_backward_in_batch_slices_under_a_workspace_cap(monkeypa
         rows = c.slices[(Bb, Hh, Tt, Dd, qkv.dtype)]
         built = c.graphs[("bwd", rows, Hh, Tt, Dd, qkv.dtype)]
         assert built is not None, "cuDNN's backward did not run"
-        return rows, built[2], h(d).astype(np.float32)
+        own = [k for k in gb._scratch if k[0] == "cudnn_attention_ws" and k[1][0] >= built[2]]
+        return rows, built[2], h(d).astype(np.float32), own
 
-    monkeypatch.delenv("ANDREA_ATTENTION_WORKSPACE_MIB", raising=False)
-    whole, ws_whole, d_whole = backward()
+    monkeypatch.setenv("ANDREA_ATTENTION_WORKSPACE_MIB", "100000")
+    whole, ws_whole, d_whole, own = backward()
+    assert whole == Bb and own  # the whole batch in one call, in a workspace of its own
     cap = ws_whole / 2 + 1024  # half the whole batch's workspace (and a little): two rows a call
     monkeypatch.setenv("ANDREA_ATTENTION_WORKSPACE_MIB", str(cap / (1 << 20)))
-    rows, ws, d_rows = backward()
-    assert whole == Bb and rows == Bb // 2 and ws < ws_whole, (whole, rows, ws, ws_whole)
+    rows, ws, d_rows, own = backward()
+    assert rows == Bb // 2 and ws < ws_whole and own, (whole, rows, ws, ws_whole)
     assert rel(d_rows, d_whole) < 1e-6
+    monkeypatch.delenv("ANDREA_ATTENTION_WORKSPACE_MIB")  # the default: nothing beyond the arena
+    rows, ws, d_arena, own = backward(arena_bytes=int(cap) // 16 * 16)
+    assert rows == Bb // 2 and not own  # the slices' workspace is the arena
+    assert rel(d_arena, d_whole) < 1e-6
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
@@ -496,6 +586,27 @@ def test_whole_step_gradients_match_numpy_float64():
     for p in gpu.layout:
         a, b = gpu.host(gpu.g)[p.offset : p.offset + p.size], ref.g[p.offset : p.offset + p.size]
         assert rel(a, b) < 1e-3, p.name
+
+
+def test_bf16_step_with_buffers_inside_the_probabilities_matches_numpy():
+    """bf16: the GELU buffer, the MLP backward's scratch and cuDNN's attention workspace live inside
+    the loss's probabilities (dead while the layers run); the loss and every parameter's gradient
+    still match the float64 reference within bf16's precision, twice in a row (the second pass
+    reads nothing the first left there)."""
+    inputs, targets = batch(0)
+    ref = Engine(CFG, 4, 128, dtype="float64", seed=1)
+    gpu = Engine(CFG, 4, 128, backend="cupy", seed=1, precision="bf16")
+    assert "mlp_a" in gpu.A.aliased and gpu.be.backward_arena is not None
+    l_ref = ref.forward(inputs, targets)
+    ref.backward()
+    for _ in range(2):
+        gpu.zero_grads()
+        l_gpu = gpu.forward(inputs, targets)
+        gpu.backward()
+        assert math.isclose(l_gpu, l_ref, rel_tol=1e-2)
+        for p in gpu.layout:
+            a, b = gpu.host(gpu.g)[p.offset : p.offset + p.size], ref.g[p.offset : p.offset + p.size]
+            assert rel(a, b) < 5e-2, p.name
 
 
 def test_whole_step_gradients_match_pytorch_autograd():

@@ -27,6 +27,21 @@ from typing import Callable, ClassVar
 import numpy as np
 
 
+# step_control's buffer: the update's decisions, where the update (and later the host) reads them
+CTRL = ("norm", "applied", "gscale", "bc1", "bc2", "t")
+CTRL_NORM, CTRL_APPLIED, CTRL_GSCALE, CTRL_BC1, CTRL_BC2, CTRL_T = range(len(CTRL))
+
+
+class Readback:
+    """Host copies of device arrays, ready now (get() returns them)."""
+
+    def __init__(self, arrays):
+        self.arrays = arrays
+
+    def get(self) -> list:
+        return self.arrays
+
+
 class Backend(abc.ABC):
     """One device's kernels and buffers, in one precision."""
 
@@ -60,6 +75,15 @@ class Backend(abc.ABC):
 
     def zeros(self, shape, dtype):
         return self.xp.zeros(shape, dtype=dtype)
+
+    def set_backward_arena(self, buf) -> None:
+        """A buffer that is dead while the layers' backward runs (the loss's probabilities: written by
+        the forward's last step, read by the loss backward, which comes before the layers'), which
+        the backend may use as scratch there. Ignored here."""
+
+    def decay_buffer(self, mask: np.ndarray):
+        """The weight-decay mask (decay_dtype, one entry per parameter) as adamw takes it."""
+        return self.xp.asarray(mask)
 
     def register_weights(self, w, head) -> None:
         """The flat weight buffer `w` (and `head`, the output head's view into it), for a backend
@@ -263,5 +287,31 @@ class Backend(abc.ABC):
         """grads *= scale."""
 
     @abc.abstractmethod
-    def adamw(self, w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale=1.0) -> None:
-        """One fused AdamW update over the flat buffers (gradients times gscale first)."""
+    def adamw(self, w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale=1.0, ctrl=None) -> None:
+        """One fused AdamW update over the flat buffers (gradients times gscale first). With `ctrl`
+        (step_control's buffer) the update takes gscale and the bias corrections from there, and
+        is skipped where it says so; `step` and `gscale` are then ignored."""
+
+    def step_control(self, partial, ctrl, clip: float, scale: float, beta1: float, beta2: float) -> None:
+        """The optimizer step's decisions from the gradient norm's partial sums, into `ctrl` (CTRL:
+        [norm, applied, gscale, bc1, bc2, t], fp64, in the backend's memory), where the update
+        reads them: so that the host need not wait for the norm before launching it (the GPU
+        backend does this in a kernel). norm = sqrt(sum of partials) / scale (the fp16 loss scale);
+        a non-finite norm skips the update (applied 0, t unchanged); else t += 1, bc1 = 1 − β₁ᵗ,
+        bc2 = 1 − β₂ᵗ, gscale = min(1, clip / norm) / scale."""
+        norm = self.grad_norm_final(partial) / scale
+        ctrl[CTRL_NORM] = norm
+        ok = math.isfinite(norm)
+        ctrl[CTRL_APPLIED] = float(ok)
+        if ok:
+            t = ctrl[CTRL_T] + 1.0
+            ctrl[CTRL_T] = t
+            ctrl[CTRL_GSCALE] = (clip / norm if norm > clip else 1.0) / scale
+            ctrl[CTRL_BC1] = 1.0 - beta1**t
+            ctrl[CTRL_BC2] = 1.0 - beta2**t
+
+    def readback(self, arrays) -> "Readback":
+        """Copies of `arrays` on the host, for later: readback(...).get() returns them. Here (the host
+        backend) copied at once; a GPU backend queues the copies behind the work that fills the
+        arrays and get() waits for those copies alone."""
+        return Readback([np.array(a) for a in arrays])

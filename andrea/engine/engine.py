@@ -20,7 +20,7 @@ import numpy as np
 
 from andrea import model
 from andrea.comm import SingleProcess
-from andrea.engine.backend import Backend
+from andrea.engine.backend import CTRL, CTRL_T, Backend
 from andrea.model import (
     Activations,
     ModelConfig,
@@ -159,13 +159,17 @@ class Engine:
         self.g = xp.zeros_like(self.w)
         self.m = xp.zeros_like(self.w)
         self.v = xp.zeros_like(self.w)
-        self.decay = xp.asarray(decay_mask(self.layout, self.be.decay_dtype))
+        self.decay = self.be.decay_buffer(decay_mask(self.layout, self.be.decay_dtype))
         self.P = views(self.w, self.layout)  # by checkpoint name ("h0.wq"), for tools and tests
         self.W = Weights(cfg, self.w, self.layout)  # by role (W.blocks[0].wq), for the passes
         self.G = Weights(cfg, self.g, self.layout)
-        self.adam_t = 0  # updates applied so far (bias correction)
+        self.adam_t = 0  # updates applied so far (bias correction), as the host last learnt it
+        # the optimizer step's decisions on the device (Backend.step_control; CTRL_T: the device's adam_t)
+        self.ctrl = xp.zeros(len(CTRL), dtype=np.float64)
         self.A = Activations(cfg, self.B, self.T, self.be, self.dtype)
         self.acts, self.scratch = self.A.saved, self.A.scratch
+        if "probs" in self.acts:
+            self.be.set_backward_arena(self.acts["probs"])  # e.g. the attention backward's workspace
         self.scratch["norm_partial"] = xp.zeros(max(1, -(-self.n_params // (1 << 16))), dtype=np.float64)
         self.tokens = xp.zeros((self.B, self.T), dtype=self.be.index_dtype)
         self.targets = xp.zeros((self.B, self.T), dtype=self.be.index_dtype)
@@ -217,23 +221,25 @@ class Engine:
         self._upload(tokens, targets)
         return self._forward()
 
-    def forward_backward(self, tokens, targets=None, reduce: bool = True, on_host: bool = True):
-        """One micro-batch: forward, then backward (gradients added into self.g). Returns the mean
-        loss of each batch row, on the host (or, with on_host False, still on the device: no
-        host sync; engine.host() brings it). With CUDA graphs the pass is one graph launch.
-        `tokens` may be a PreparedBatch (then no targets). With several ranks and `reduce` (the
-        last micro-batch of a step), the gradients are averaged over the ranks block by block as
-        the backward pass completes them."""
+    def forward_backward(self, tokens, targets=None, reduce: bool = True, on_host: bool = True, zero_grads: bool = False):
+        """One micro-batch: forward, then backward (gradients added into self.g, or written there
+        with `zero_grads`: cleared first, inside the same graph, so that the host does not queue a
+        clear of its own). Returns the mean loss of each batch row, on the host (or, with on_host
+        False, still on the device: no host sync; engine.host() brings it). With CUDA graphs the
+        pass is one graph launch. `tokens` may be a PreparedBatch (then no targets). With several
+        ranks and `reduce` (the last micro-batch of a step), the gradients are averaged over the
+        ranks block by block as the backward pass completes them."""
         if isinstance(tokens, PreparedBatch) and tokens.plan is None and self.be.plans_tokens:
             raise ValueError("this batch was prepared for a forward pass only (prepare(..., backward=False))")
         self._upload(tokens, targets)
         reduce = reduce and self.comm.size > 1
         if self.graphs:
-            if reduce not in self._captured:
-                self._captured[reduce] = self.be.capture(lambda: self._forward_backward(reduce))
-            self._captured[reduce]()
+            key = (reduce, zero_grads)
+            if key not in self._captured:
+                self._captured[key] = self.be.capture(lambda: self._forward_backward(reduce, zero_grads))
+            self._captured[key]()
         else:
-            self._forward_backward(reduce)
+            self._forward_backward(reduce, zero_grads)
         return self.row_losses(on_host)
 
     def release_graphs(self) -> None:
@@ -242,7 +248,9 @@ class Engine:
         communicator closed (or collected at exit) while a graph lives hangs the process."""
         self._captured.clear()
 
-    def _forward_backward(self, reduce: bool = False) -> None:
+    def _forward_backward(self, reduce: bool = False, zero_grads: bool = False) -> None:
+        if zero_grads:
+            self.zero_grads()
         self._forward()
         self.backward(reduce=reduce)
 
@@ -325,6 +333,21 @@ class Engine:
         """One AdamW update; the gradients are multiplied by gscale first (clipping, fused)."""
         self.adam_t += 1
         self.be.adamw(self.w, self.g, self.m, self.v, self.decay, lr, beta1, beta2, eps, weight_decay, self.adam_t, gscale)
+        self.ctrl[CTRL_T] = self.adam_t
+
+    def update(self, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, clip: float) -> None:
+        """The optimizer step without a host sync: the gradient norm, the decisions (clip to `clip`,
+        undo the loss scale, skip a non-finite step: Backend.step_control) and AdamW all queued on
+        the device. self.ctrl holds the decisions (CTRL) until the next update; read them with
+        readback, then set adam_t from CTRL_T."""
+        self.be.grad_norm_partial(self.g, self.scratch["norm_partial"])
+        self.be.step_control(self.scratch["norm_partial"], self.ctrl, clip, self.loss_scale, beta1, beta2)
+        self.be.adamw(self.w, self.g, self.m, self.v, self.decay, lr, beta1, beta2, eps, weight_decay, 1, ctrl=self.ctrl)
+
+    def readback(self, arrays):
+        """Host copies of device arrays (e.g. self.ctrl and row losses) as of now: .get() returns them,
+        waiting only for the work queued before this call (Backend.readback)."""
+        return self.be.readback(arrays)
 
     def set_loss_scale(self, scale: float) -> None:
         self.loss_scale = float(scale)
@@ -347,3 +370,4 @@ class Engine:
                 dst[...] = self.xp.asarray(src)
         self.be.invalidate_weight_cache()
         self.adam_t = adam_t
+        self.ctrl[CTRL_T] = adam_t

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from andrea.engine.backend import Backend
+from andrea.engine.backend import CTRL_APPLIED, CTRL_GSCALE, CTRL_T, Backend
 
 GELU_C = math.sqrt(2.0 / math.pi)
 
@@ -283,10 +283,15 @@ def grad_scale(grads, scale):
     grads *= grads.dtype.type(scale)
 
 
-def adamw(w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale=1.0):
+def adamw(w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale=1.0, ctrl=None):
     """One fused AdamW update over the flat buffers (step counts from 1). The gradients are first
     multiplied by gscale (global clipping, folded in). Decoupled weight decay (w −= lr·wd·w, only
-    where `decay` is 1), then the bias-corrected Adam step."""
+    where `decay` is 1), then the bias-corrected Adam step. With `ctrl` (Backend.step_control's
+    buffer) the step number and gscale come from there, and a step it marks not applied is skipped."""
+    if ctrl is not None:
+        if not ctrl[CTRL_APPLIED]:
+            return
+        step, gscale = ctrl[CTRL_T], float(ctrl[CTRL_GSCALE])
     if gscale != 1.0:
         grad_scale(g, gscale)
     tmp = g * (1 - beta1)

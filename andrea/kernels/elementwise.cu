@@ -58,35 +58,71 @@ extern "C" __global__ void grad_norm_final(const double* __restrict__ partial, i
     out[0] = sqrt(s);
 }
 
+// The optimizer step's decisions, taken on the device so that the host launches AdamW without first
+// reading the gradient norm (andrea/optim.py: launch_step). ctrl = [norm, applied, gscale, bc1, bc2, t]
+// (andrea/engine/backend.py: CTRL). The norm is grad_norm_final's (same order), over the loss scale;
+// a non-finite norm leaves the weights, m, v and t as they are (applied 0); else t += 1, the bias
+// corrections are those of the new t, and gscale clips the norm to `clip` and undoes the loss scale.
+extern "C" __global__ void step_control(const double* __restrict__ partial, int n, double* __restrict__ ctrl,
+                                        double clip, double scale, double beta1, double beta2) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    double s = 0.0;
+    for (int i = 0; i < n; i++) s += partial[i];
+    double norm = sqrt(s) / scale;
+    ctrl[0] = norm;
+    bool ok = isfinite(norm);
+    ctrl[1] = ok ? 1.0 : 0.0;
+    if (!ok) return;
+    double t = ctrl[5] + 1.0;
+    ctrl[5] = t;
+    ctrl[2] = (norm > clip ? clip / norm : 1.0) / scale;
+    ctrl[3] = 1.0 - pow(beta1, t);
+    ctrl[4] = 1.0 - pow(beta2, t);
+}
+
 extern "C" __global__ void grad_scale(float* __restrict__ g, float scale, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) g[i] *= scale;
 }
 
-// Fused AdamW over the flat buffers, element i: decoupled decay where decay[i] = 1, then Adam.
+// Fused AdamW over the flat buffers, element i: decoupled decay where decay[i >> decay_shift] = 1 (the
+// mask one byte per granule of 2^decay_shift parameters: andrea/model.py coarse_decay_mask), then Adam.
 // The gradient is multiplied by gscale first (global clipping, folded in: no separate pass).
 // Returns the updated weight.
 __device__ __forceinline__ float adamw_update(long i, float* __restrict__ w, const float* __restrict__ g,
                                               float* __restrict__ m, float* __restrict__ v,
-                                              const unsigned char* __restrict__ decay, float gscale, float lr,
-                                              float beta1, float beta2, float eps, float wd, float bc1, float bc2) {
+                                              const unsigned char* __restrict__ decay, int decay_shift, float gscale,
+                                              float lr, float beta1, float beta2, float eps, float wd, float bc1,
+                                              float bc2) {
     float gi = g[i] * gscale;
     float mi = beta1 * m[i] + (1.f - beta1) * gi;
     float vi = beta2 * v[i] + (1.f - beta2) * gi * gi;
     m[i] = mi;
     v[i] = vi;
     float wi = w[i];
-    wi -= lr * wd * decay[i] * wi;
+    wi -= lr * wd * decay[i >> decay_shift] * wi;
     wi -= lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
     w[i] = wi;
     return wi;
 }
 
+// ctrl (nullable): step_control's decisions replace gscale, bc1 and bc2, and may skip the update
+__device__ __forceinline__ bool controlled(const double* __restrict__ ctrl, float& gscale, float& bc1, float& bc2) {
+    if (ctrl == nullptr) return true;
+    if (ctrl[1] == 0.0) return false;
+    gscale = (float)ctrl[2];
+    bc1 = (float)ctrl[3];
+    bc2 = (float)ctrl[4];
+    return true;
+}
+
 extern "C" __global__ void adamw(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ m,
                                  float* __restrict__ v, const unsigned char* __restrict__ decay, float gscale,
-                                 float lr, float beta1, float beta2, float eps, float wd, float bc1, float bc2, long n) {
+                                 float lr, float beta1, float beta2, float eps, float wd, float bc1, float bc2, long n,
+                                 const double* __restrict__ ctrl, int decay_shift) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) adamw_update(i, w, g, m, v, decay, gscale, lr, beta1, beta2, eps, wd, bc1, bc2);
+    if (!controlled(ctrl, gscale, bc1, bc2)) return;
+    if (i < n) adamw_update(i, w, g, m, v, decay, decay_shift, gscale, lr, beta1, beta2, eps, wd, bc1, bc2);
 }
 
 // ---- 16-bit modes: activations feeding matrix products are stored in bf16 or fp16 (fp32 arithmetic) ----
@@ -123,9 +159,11 @@ extern "C" __global__ void cast_h16_gap(const float* __restrict__ x, h16* __rest
 extern "C" __global__ void adamw_h16(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ m,
                                       float* __restrict__ v, const unsigned char* __restrict__ decay,
                                       h16* __restrict__ wb, long gap_at, long gap, float gscale, float lr,
-                                      float beta1, float beta2, float eps, float wd, float bc1, float bc2, long n) {
+                                      float beta1, float beta2, float eps, float wd, float bc1, float bc2, long n,
+                                      const double* __restrict__ ctrl, int decay_shift) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) wb[gapped(i, gap_at, gap)] = to_h16(adamw_update(i, w, g, m, v, decay, gscale, lr, beta1, beta2, eps, wd, bc1, bc2));
+    if (!controlled(ctrl, gscale, bc1, bc2)) return;
+    if (i < n) wb[gapped(i, gap_at, gap)] = to_h16(adamw_update(i, w, g, m, v, decay, decay_shift, gscale, lr, beta1, beta2, eps, wd, bc1, bc2));
 }
 
 // Embedding backward planned on the host (andrea/engine/cupy: plan_tokens, upload_tokens): positions

@@ -13,6 +13,9 @@ grad_norm             per-block double sums of squares, then their ordered sum a
 grad_scale            g *= scale
 adamw                 fused AdamW (gradient scale folded in), and adamw_h16 that also refreshes the
                       16-bit copy of the weights (with the gap)
+step_control          the step's decisions from the norm's partial sums (norm, applied, clipping
+                      scale, bias corrections, step count: Backend.step_control), without and with
+                      clipping, with an fp16 loss scale, and for a non-finite norm
 GELU runs over the MLP's hidden activations (B·T × 4C); the optimizer kernels over the model's
 flat parameter buffer (andrea.model's layout, the tied head's copy padded to 64 rows).
 """
@@ -48,7 +51,7 @@ def cast_reference(x, precision):
 SCRIPT = "elementwise"
 REFERENCES = {"gelu_fwd": nb.gelu, "gelu_bwd": gelu_bwd_reference, "cast_h16": cast_reference,
               "cast_h16_gap": cast_reference, "grad_norm": nb.grad_norm_final, "grad_scale": nb.grad_scale,
-              "adamw": nb.adamw}
+              "adamw": nb.adamw, "step_control": nb.NumpyBackend().step_control}
 V = common.Version
 H16 = ("bf16", "fp16")
 SRC = "elementwise.cu"
@@ -67,6 +70,7 @@ VERSIONS = [
     V("adamw", "adamw_h16", ("adamw_h16",), SRC, H16),
     # the 16-bit MLP backward's one pass: da *= gelu'(h) and a = gelu(h) recomputed (checked as both)
     V("gelu_bwd", "x8 + recompute", ("gelu_bwd_recompute_h16x8",), SRC, H16),
+    V("step_control", "one thread", ("step_control",), SRC),
 ]
 GELU_C = np.sqrt(2 / np.pi)
 TANH_APPROX = 2.0**-10.987  # tanh.approx.f32's maximum relative error (PTX ISA), the x8 kernels' tanh
@@ -220,6 +224,43 @@ def run_optimizer(cp, report, shape, rng, reps):
 
     report.attempt("grad_scale", "grad_scale", "fp32", shape, case_scale)
 
+    kc = common.build(cp, VERSIONS[-1])["step_control"]
+    ref_backend = nb.NumpyBackend()
+    betas = (0.9, 0.95)
+    poisoned = part_ref.copy()
+    poisoned[-1] = np.nan
+    # (case, partial sums, clip, loss scale, steps applied before)
+    for label, parts, clip, scale, t0 in [("no clip", part_ref, 2 * norm_ref, 1.0, 0),
+                                          ("clipped", part_ref, norm_ref / 3, 1.0, 9),
+                                          ("fp16 scale", part_ref * 2.0**20, norm_ref / 2, 1024.0, 3),
+                                          ("non-finite", poisoned, 1.0, 1.0, 5)]:
+        d_parts = cp.asarray(parts)
+        ctrl = cp.zeros(6, cp.float64)
+        args = (d_parts, np.int32(nblocks), ctrl, np.float64(clip), np.float64(scale), *map(np.float64, betas))
+
+        def run_ctrl(args=args, ctrl=ctrl, t0=t0):
+            ctrl[:] = 0.0
+            ctrl[5] = t0
+            kc((1,), (1,), args)
+
+        def case_ctrl(run=run_ctrl, parts=parts, clip=clip, scale=scale, t0=t0, ctrl=ctrl, label=label):
+            run()
+            want = np.zeros(6)
+            want[5] = t0
+            ref_backend.step_control(parts, want, clip, scale, *betas)
+            got = ctrl.get()
+            rtol = 2 * (NORM_BLOCK + nblocks) * 2.0**-53  # the norm's sums, as grad_norm's
+            finite = np.isfinite(want[0])
+            err = common.exact(np.isfinite(got[0]), finite, what="norm finite")
+            if finite:
+                err = err.worst(common.compare(got[[0, 2]], want[[0, 2]], rtol=2 * rtol, what="norm, gscale"))
+            err = err.worst(common.exact(got[[1, 5]], want[[1, 5]], what="applied, t"))
+            # 1 − βᵗ: CUDA's pow within 2 ulp of the host's (about 1), absolute
+            err = err.worst(common.compare(got[3:5], want[3:5], rtol=0, atol=4 * 2.0**-53, what="bc1, bc2"))
+            return err, common.bench(cp, run, reps), label
+
+        report.attempt("step_control", "one thread", "fp32", shape, case_ctrl)
+
     # AdamW at step 10 from non-zero moments, gradients scaled by 0.5 (clipping folded in)
     hyper = {k: float(np.float32(x)) for k, x in dict(lr=3e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1).items()}
     step, gscale = 10, float(np.float32(0.5))
@@ -249,7 +290,7 @@ def run_optimizer(cp, report, shape, rng, reps):
             sentinel = common.to_h16(np.full(1, 7.0), prec if h16 else "bf16")[0]
             wb = cp.full(n + gap, int(sentinel), cp.uint16) if h16 else None
             extra = (wb, np.int64(gap_at), np.int64(gap)) if h16 else ()
-            argv = (*state, d_decay, *extra, np.float32(gscale), *args, np.int64(n))
+            argv = (*state, d_decay, *extra, np.float32(gscale), *args, np.int64(n), np.uint64(0), np.int32(0))  # no ctrl; a mask per parameter
             run = lambda ka=ka, argv=argv: ka((common.blocks(n),), (256,), argv)  # noqa: E731
 
             def case(run=run, state=state, wb=wb, prec=prec, sentinel=sentinel):

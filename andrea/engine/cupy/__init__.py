@@ -26,7 +26,7 @@ Precision (one per backend object):
   activations, e5m2 gradients, delayed per-tensor scales; fp8.py, the recipe of andrea/fp8.py);
   the output head stays bf16.
 Every reduction of ours runs in a fixed order (no atomics), and cuDNN's attention runs its
-deterministic backward, so results are deterministic; the fp8 casts'
+deterministic backward (unless ANDREA_ATTENTION_DETERMINISTIC=0), so results are deterministic; the fp8 casts'
 amaxes and counts are the exception that proves it: atomic maxima and integer sums, whose results
 do not depend on the order.
 
@@ -43,11 +43,12 @@ import functools
 import os
 
 import cupy as cp
+import cupyx
 import numpy as np
 
 from andrea.engine.backend import Backend
 from andrea.engine.cupy import attention, decode
-from andrea.engine.cupy.cudnn_attention import CudnnAttention, implementation_from_env
+from andrea.engine.cupy.cudnn_attention import CudnnAttention, deterministic_from_env, implementation_from_env, workspace_cap
 from andrea.engine.cupy.cudnn_attention import takes as cudnn_takes
 from andrea.engine.cupy.cublaslt import EPILOGUE_GELU_AUX, Lt, tune_from_env
 from andrea.engine.cupy.fp8 import Fp8, check_shapes
@@ -55,6 +56,7 @@ from andrea.engine.cupy.gemm import Cublas
 from andrea.engine.cupy.graphs import CapturedPass
 from andrea.engine.cupy.kernels import blocks, kernel
 from andrea.engine.cupy.weights import BF16, FP16, VOCAB_PAD, Weights, defines, half_dtype, is_16bit
+from andrea.model import coarse_decay_mask
 
 __all__ = ["BF16", "FP16", "VOCAB_PAD", "CupyBackend", "Snapshot"]
 
@@ -109,6 +111,29 @@ def _consecutive(mats) -> bool:
     return all(b.data.ptr - a.data.ptr == step for a, b in zip(mats, mats[1:]))
 
 
+class Readback:
+    """Host copies of device arrays, for later: copies into pinned host memory queued on the current
+    stream behind the work that fills the arrays, and an event after them; get() waits for that
+    event alone (not for whatever was queued since), so the host can run a step ahead."""
+
+    def __init__(self, arrays):
+        self.host = [cupyx.empty_pinned(a.shape, a.dtype) for a in arrays]
+        for a, h in zip(arrays, self.host):
+            a.get(out=h, blocking=False)
+        self.ready = cp.cuda.Event(disable_timing=True)
+        self.ready.record()
+
+    def get(self) -> list:
+        self.ready.synchronize()
+        return [np.array(h) for h in self.host]  # out of the pinned buffers, which go back to the pool
+
+    def __del__(self):
+        # pinned memory freed while a copy into it is in flight could be handed out again meanwhile
+        ready = getattr(self, "ready", None)
+        if ready is not None:
+            ready.synchronize()
+
+
 class Snapshot:
     """A buffer's value now, brought to the host later: a device-side copy (a fraction of a
     millisecond) and an event, so a checkpoint costs the step loop almost nothing; host() runs in
@@ -150,6 +175,7 @@ class CupyBackend(Backend):
         self.weights = Weights(precision)
         self._scratch: dict = {}  # (key, shape, dtype) -> buffer the kernels need besides the engine's
         self._embed_plans: dict = {}  # (device token buffer, size) -> packed plan buffer, filled by upload_tokens
+        self._staging: dict = {}  # (device buffer, bytes) -> two [pinned host buffer, event of its last copy] (_stage)
         self._cublas: dict = {}  # device -> Cublas (handle and workspace)
         self._lt: dict = {}  # device -> Lt (cuBLASLt handle and workspace: the 16-bit and fp8 products)
         self._loss_scale = None  # on the device, read by the classifier kernel (created on first use)
@@ -166,7 +192,10 @@ class CupyBackend(Backend):
         # the 16-bit modes' training attention: "cudnn" (cuDNN's fused kernels, where the frontend is
         # installed) or "flash" (ours); ANDREA_ATTENTION picks
         self.attention = implementation_from_env() if precision != "fp32" else "flash"
+        self.attention_deterministic = deterministic_from_env()
+        self.attention_workspace_cap = workspace_cap()
         self._cudnn: dict = {}  # device -> CudnnAttention
+        self.backward_arena = None  # bytes dead during the layers' backward (set_backward_arena)
 
     @property
     def recomputes_gelu(self) -> bool:
@@ -205,20 +234,27 @@ class CupyBackend(Backend):
     def implementation(self) -> str:
         if self.precision == "fp32":
             return "CUDA-core flash attention, cuBLAS"
-        att = "cuDNN attention (deterministic)" if self.attention == "cudnn" else "our tensor-core flash attention"
+        if self.attention == "cudnn":
+            att = f"cuDNN attention ({'deterministic' if self.attention_deterministic else 'non-deterministic backward'})"
+        else:
+            att = "our tensor-core flash attention"
         refused = sorted({key for c in self._cudnn.values() for key in c.refused()})
         if refused:  # (direction, B, H, T, D)
             att += f" (our kernels for the shapes it refused: {refused})"
+        instead = sorted({key for c in self._cudnn.values() for key in c.ours_instead})
+        if instead:  # (B, H, T, D)
+            att += f" (our backward instead of cuDNN's in batch slices: {instead})"
         return f"{att}, cuBLASLt{' with timed algorithms' if tune_from_env() else ''}"
 
     def _cudnn_attention(self, *buffers):
         """This device's CudnnAttention where it runs these 16-bit buffers, else None (our kernels)."""
         if self.attention != "cudnn" or not cudnn_takes(*buffers):
             return None
-        return self._per_device(self._cudnn, CudnnAttention)
+        return self._per_device(self._cudnn, lambda: CudnnAttention(self.attention_deterministic, self.attention_workspace_cap))
 
     def lt(self) -> Lt:
-        return self._per_device(self._lt, Lt)
+        # one workspace for both libraries: their products run one after another on one stream
+        return self._per_device(self._lt, lambda: Lt(workspace=self._blas().workspace))
 
     def _loss_scale_buffer(self):
         """The loss scale on the device (read by the classifier kernel, so a captured graph follows
@@ -281,6 +317,28 @@ class CupyBackend(Backend):
             return shape, self.half
         return shape, dtype
 
+    def set_backward_arena(self, buf) -> None:
+        self.backward_arena = buf.view(cp.uint8).reshape(-1) if buf is not None and buf.flags.c_contiguous else None
+
+    def _from_arena(self, shape, dtype, avoid):
+        """A buffer at the end of the backward arena, for scratch of the layers' backward, where it
+        fits without overlapping `avoid` (a buffer the same pass uses, which may live there too:
+        the model's GELU buffer); None where it does not."""
+        arena = self.backward_arena
+        need = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if arena is None or need > arena.size:
+            return None
+        start = (arena.size - need) // 256 * 256
+        lo, hi = arena.data.ptr + start, arena.data.ptr + start + need
+        if lo < avoid.data.ptr + avoid.nbytes and avoid.data.ptr < hi:
+            return None
+        return arena[start:start + need].view(dtype).reshape(shape)
+
+    def decay_buffer(self, mask):
+        """The mask a byte per granule of parameters (model.coarse_decay_mask): adamw finds the
+        granule from the two sizes."""
+        return cp.asarray(coarse_decay_mask(mask.astype(np.uint8))[0])
+
     def register_weights(self, w, head=None) -> None:
         """Keep a 16-bit copy of the flat weight buffer `w` (the 16-bit modes) that AdamW refreshes as
         it updates w; `head` (a view into w: the output head, [V, d]) gets zero rows up to a multiple
@@ -323,8 +381,32 @@ class CupyBackend(Backend):
             key = (dev.data.ptr, dev.size)
             if key not in self._embed_plans:
                 self._embed_plans[key] = cp.zeros(plan.size, dtype=cp.int32)
-            self._embed_plans[key].set(plan)
-        dev.set(np.ascontiguousarray(host, dtype=dev.dtype).reshape(dev.shape))
+            self._stage(plan, self._embed_plans[key])
+        self._stage(host, dev)
+
+    def upload(self, host, dev) -> None:
+        self._stage(host, dev)
+
+    def _stage(self, host, dev) -> None:
+        """dev[...] = host, queued on the current stream without the host waiting for the device: the
+        values go into one of two pinned host buffers kept for `dev` (the one whose last copy is
+        done: a step ago), and from there to the device asynchronously. A copy from pageable
+        memory instead waits for the copies before it, so the host could not queue the next step
+        while this one runs."""
+        src = np.ascontiguousarray(host, dtype=dev.dtype).reshape(dev.shape)
+        key = (dev.data.ptr, dev.nbytes)
+        ring = self._staging.get(key)
+        if ring is None:
+            ring = self._staging[key] = [[cupyx.empty_pinned(dev.shape, dev.dtype), None] for _ in range(2)]
+        slot = ring[0]
+        ring.append(ring.pop(0))
+        if slot[1] is not None:
+            slot[1].synchronize()
+        np.copyto(slot[0], src)
+        stream = cp.cuda.get_current_stream()
+        dev.data.copy_from_host_async(slot[0].ctypes.data, dev.nbytes, stream)
+        slot[1] = cp.cuda.Event(disable_timing=True)
+        slot[1].record(stream)
 
     def to_host(self, a) -> np.ndarray:
         return cp.asnumpy(a)
@@ -398,6 +480,7 @@ class CupyBackend(Backend):
         self._scratch.clear()
         self.weights.clear()
         self._embed_plans.clear()
+        self._staging.clear()
         for blas in (*self._cublas.values(), *self._lt.values()):
             blas.close()
         self._cublas.clear()
@@ -686,7 +769,10 @@ class CupyBackend(Backend):
         M = h.shape[-1]
         fast = is_16bit(h)
         g = self._operand(dout.reshape(-1, d))
-        da = self.scratch("mlp_da", (g.shape[0], M), h.dtype if fast else cp.float32)
+        da_dtype = h.dtype if fast else cp.float32
+        da = self._from_arena((g.shape[0], M), da_dtype, avoid=a)
+        if da is None:
+            da = self.scratch("mlp_da", (g.shape[0], M), da_dtype)
         if self._fp8("mlp"):
             self.fp8.mlp_bwd(g, x.reshape(-1, d), h, w1, w2, dx.reshape(-1, d), dw1, dw2, da)
             return
@@ -764,14 +850,30 @@ class CupyBackend(Backend):
     def grad_scale(self, grads, scale) -> None:
         self.kernel("elementwise", "grad_scale")((blocks(grads.size),), (256,), (grads, np.float32(scale), np.int64(grads.size)))
 
-    def adamw(self, w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale=1.0) -> None:
+    def step_control(self, partial, ctrl, clip, scale, beta1, beta2) -> None:
+        """Backend.step_control in one thread on the device (the same sum as grad_norm_final)."""
+        f = np.float64
+        self.kernel("elementwise", "step_control")((1,), (1,), (partial, np.int32(partial.size), ctrl, f(clip), f(scale),
+                                                                 f(beta1), f(beta2)))
+
+    def readback(self, arrays) -> "Readback":
+        return Readback(arrays)
+
+    def adamw(self, w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale=1.0, ctrl=None) -> None:
         self.weights.copies.clear()  # the weights change: copies not kept by the kernel below are stale
         if decay.dtype != np.uint8:
             decay = (decay != 0).astype(np.uint8)
+        shift = 0  # decay: one byte per 2^shift parameters (decay_buffer), or per parameter
+        while (w.size + (1 << shift) - 1) >> shift > decay.size:
+            shift += 1
+        if (w.size + (1 << shift) - 1) >> shift != decay.size:
+            raise ValueError(f"a weight-decay mask of {decay.size} entries fits no granule of {w.size} parameters")
         bc1 = 1 - beta1**step
         bc2 = 1 - beta2**step
         f = np.float32
-        hyper = (f(lr), f(beta1), f(beta2), f(eps), f(weight_decay), f(bc1), f(bc2), np.int64(w.size))
+        hyper = (f(lr), f(beta1), f(beta2), f(eps), f(weight_decay), f(bc1), f(bc2), np.int64(w.size),
+                 np.uint64(0) if ctrl is None else ctrl,  # ctrl: the kernels take gscale, bc1, bc2 from it
+                 np.int32(shift))
         mirror = self.weights.mirror_of(w)
         if mirror is not None:  # update and refresh the 16-bit copy in one pass
             mirror.stale = False

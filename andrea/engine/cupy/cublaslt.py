@@ -188,11 +188,15 @@ class Lt:
     """A cuBLASLt handle, its workspace, and a plan (descriptors and the heuristic's algorithms) per
     shape, layout and alignment."""
 
-    def __init__(self, tune: bool | None = None):
+    def __init__(self, tune: bool | None = None, workspace=None):
         self.lib = lib = _library()
         self.handle = ctypes.c_void_p()
         _check(lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
-        self.workspace = cp.empty(WORKSPACE_BYTES, dtype=cp.uint8)  # fixed: a captured graph may use it
+        # fixed: a captured graph may use it; `workspace` (WORKSPACE_BYTES): one shared with a cuBLAS
+        # handle whose products run on the same stream, never at the same time as these
+        self.workspace = cp.empty(WORKSPACE_BYTES, dtype=cp.uint8) if workspace is None else workspace
+        if self.workspace.nbytes < WORKSPACE_BYTES:
+            raise ValueError(f"cuBLASLt needs a workspace of {WORKSPACE_BYTES} bytes, got {self.workspace.nbytes}")
         self.plans: dict = {}
         # time the heuristic's algorithms on a plan's first eager call and keep the fastest: cuBLAS's
         # first choice ran the model's products up to 10 % slower than the best (bench/mlp_gemm_bench.py)

@@ -11,10 +11,14 @@ It reads and writes the very buffers of our kernels: q, k, v as strided views of
 projection output, y and dy [B, T, H·D], dq, dk, dv into a buffer shaped like qkv, and the
 log-sum-exp of each score row [B, H, T] fp32 (cuDNN's "stats": the same quantity, so the two
 implementations can stand in for each other). The backward runs cuDNN's deterministic algorithm
-(the same bits every run, as ours). Its workspace grows with the batch (fp32 partial dq per key
-tile: 770 MiB at ANDREA-12M B=32, more than PyTorch's whole margin), so the backward runs on
-slices of the batch where the whole would need more than ANDREA_ATTENTION_WORKSPACE_MIB (256 by
-default). A graph per shape is built on first use; a shape cuDNN refuses falls back to our kernels. Execution is host work plus kernel launches on the current stream, so
+(the same bits every run, as ours) unless ANDREA_ATTENTION_DETERMINISTIC=0 asks for the faster one
+that sums dq with atomics. Its workspace grows with the batch (fp32 partial dq per key
+tile: 770 MiB at ANDREA-12M B=32, more than PyTorch's whole margin). It lives in the backend's
+backward arena (the loss's probabilities, dead while the layers' backward runs: 69 MiB at
+ANDREA-12M B=8, 544 MiB at ANDREA-120M B=32), and the backward runs on slices of the batch where
+the whole would need more than that arena, or than ANDREA_ATTENTION_WORKSPACE_MIB where that is
+larger (0 by default: no memory of its own); at head size 32 our flash backward runs instead of
+slices (as fast as cuDNN's whole-batch call there, with no workspace). A graph per shape is built on first use; a shape cuDNN refuses falls back to our kernels. Execution is host work plus kernel launches on the current stream, so
 it can be captured in a CUDA graph.
 """
 
@@ -34,11 +38,15 @@ IMPLEMENTATIONS = ("cudnn", "flash")
 
 
 INSTALL = "pip install nvidia-cudnn-frontend==1.16.0 nvidia-cudnn-cu13 (the gpu extra has both)"
-WORKSPACE_MIB = 256  # the backward's workspace at most (decision): above it, slices of the batch
+WORKSPACE_MIB = 0  # the backward's workspace beyond the arena at most (decision): above it, slices of the batch
+# at head sizes up to this our flash backward (no workspace, deterministic too) is as fast as cuDNN's
+# whole-batch one (0.578 against 0.569 ms at ANDREA-12M B=32), and faster than its slices (decision)
+OURS_OVER_SLICES_HEAD_DIM = 32
 
 
 def workspace_cap() -> int:
-    """Bytes the backward's workspace may take: ANDREA_ATTENTION_WORKSPACE_MIB, or WORKSPACE_MIB."""
+    """Bytes the backward's workspace may take beyond the backend's backward arena:
+    ANDREA_ATTENTION_WORKSPACE_MIB, or WORKSPACE_MIB."""
     raw = os.environ.get("ANDREA_ATTENTION_WORKSPACE_MIB", str(WORKSPACE_MIB))
     try:
         mib = float(raw)
@@ -60,6 +68,17 @@ def _cudnn():
     return cudnn
 
 
+def deterministic_from_env() -> bool:
+    """ANDREA_ATTENTION_DETERMINISTIC: "1" (the default: cuDNN's deterministic backward, the same bits
+    every run) or "0" (its backward that sums dq with atomics: faster, but the low bits of the
+    gradients change from run to run, so a resumed run no longer repeats an uninterrupted one
+    exactly)."""
+    raw = os.environ.get("ANDREA_ATTENTION_DETERMINISTIC", "1")
+    if raw not in ("0", "1"):
+        raise ValueError(f"ANDREA_ATTENTION_DETERMINISTIC={raw!r}: give 1 (deterministic, the default) or 0")
+    return raw == "1"
+
+
 def implementation_from_env() -> str:
     """ANDREA_ATTENTION: "cudnn" (the default where the frontend and cuDNN are installed) or "flash"
     (our kernels)."""
@@ -74,13 +93,16 @@ def implementation_from_env() -> str:
 class CudnnAttention:
     """One backend's cuDNN handle and its attention graphs, per shape."""
 
-    def __init__(self, deterministic: bool = True):
+    def __init__(self, deterministic: bool | None = None, cap: int | None = None):
         self.cudnn = _cudnn()
-        self.deterministic = deterministic  # False: the backward with atomics (bench/cudnn_attention_probe.py)
+        self.cap = workspace_cap() if cap is None else cap  # bytes of workspace beyond the arena
+        # False: the backward that sums dq with atomics; None: as ANDREA_ATTENTION_DETERMINISTIC says
+        self.deterministic = deterministic_from_env() if deterministic is None else deterministic
         self.handle = self.cudnn.create_handle()
         self.stream = None
         self.graphs: dict = {}  # (direction, B, H, T, D, dtype) -> (graph, tensors, workspace bytes), or None: refused
         self.slices: dict = {}  # (B, H, T, D, dtype) -> batch rows per backward call
+        self.ours_instead: set = set()  # (B, H, T, D) whose backward our kernel runs instead of slices
 
     def _bind(self) -> None:
         ptr = cp.cuda.get_current_stream().ptr
@@ -137,12 +159,17 @@ class CudnnAttention:
         return g, tensors, max(g.get_workspace_size(), 1)
 
     def _run(self, be, key, pointers) -> bool:
-        """Execute the graph of `key` on the pointers (in its tensors' order); False: no graph for it."""
+        """Execute the graph of `key` on the pointers (in its tensors' order); False: no graph for it.
+        The backward's workspace is the backend's backward arena where it fits there."""
         built = self._graph(key)
         if built is None:
             return False
         g, tensors, ws_bytes = built
-        ws = be.scratch("cudnn_attention_ws", (ws_bytes,), cp.uint8)
+        arena = be.backward_arena
+        if key[0] == "bwd" and arena is not None and ws_bytes <= arena.size:
+            ws = arena
+        else:
+            ws = be.scratch("cudnn_attention_ws", (ws_bytes,), cp.uint8)
         self._bind()
         g.execute(dict(zip(tensors, pointers)), ws.data.ptr, handle=self.handle)
         return True
@@ -153,18 +180,20 @@ class CudnnAttention:
         base, hd = qkv.data.ptr, H * D * qkv.itemsize
         return self._run(be, ("fwd", B, H, T, D, qkv.dtype), (base, base + hd, base + 2 * hd, y.data.ptr, lse.data.ptr))
 
-    def rows_per_backward(self, B, H, T, D, dtype) -> int:
+    def rows_per_backward(self, B, H, T, D, dtype, arena_bytes: int = 0) -> int:
         """Batch rows each backward call takes: B, or the largest divisor of B whose workspace (linear in
-        the rows) stays within workspace_cap(). Decided once per shape."""
+        the rows) fits in the larger of the backward arena (`arena_bytes`: memory that costs nothing)
+        and self.cap; one row where none does. Decided once per shape."""
         key = (B, H, T, D, dtype)
         if key not in self.slices:
             rows, built = B, self._graph(("bwd", B, H, T, D, dtype))
-            if built is not None and built[2] > workspace_cap():
+            cap = max(arena_bytes, self.cap)
+            if built is not None and built[2] > cap:
                 per_row = built[2] / B
                 # slices start 16-byte aligned, as takes() requires of the whole buffers (lse: fp32 [H, T]
                 # a row; y: 16-bit [T, H·D] a row)
                 fits = [r for r in range(1, B) if B % r == 0 and r * H * T * 4 % 16 == 0 and r * T * H * D * 2 % 16 == 0]
-                under = [r for r in fits if r * per_row <= workspace_cap()]
+                under = [r for r in fits if r * per_row <= cap]
                 rows = max(under) if under else min(fits, default=B)
                 if rows < B:
                     del self.graphs[("bwd", B, H, T, D, dtype)]  # built to learn its workspace; never run
@@ -173,9 +202,14 @@ class CudnnAttention:
 
     def bwd(self, be, dy, qkv, y, lse, dqkv) -> bool:
         """dq, dk, dv into dqkv (overwritten) from dy and the forward's y and lse, rows_per_backward
-        batch rows a call."""
+        batch rows a call; False (our kernels run it) where cuDNN refuses the shape, or where it
+        would take slices at a head size where our kernel is as fast as its whole-batch call."""
         B, T, _, H, D = qkv.shape
-        rows = self.rows_per_backward(B, H, T, D, qkv.dtype)
+        arena = be.backward_arena
+        rows = self.rows_per_backward(B, H, T, D, qkv.dtype, 0 if arena is None else arena.size)
+        if rows < B and D <= OURS_OVER_SLICES_HEAD_DIM:
+            self.ours_instead.add((B, H, T, D))
+            return False
         hd = H * D * qkv.itemsize
         step_qkv, step_y, step_lse = rows * T * 3 * hd, rows * T * hd, rows * H * T * lse.itemsize  # bytes per slice
         for i in range(B // rows):
