@@ -115,10 +115,15 @@ class PendingStep:
         self.engine, self.step, self.oc, self.nonfinite = engine, step, oc, nonfinite
         self.lr, self.scale, self.readback = lr, scale, readback
         self._result = None
+        self.halt = None  # NonFiniteHalt's message, where this step made max_nonfinite in a row
 
-    def result(self) -> StepResult:
+    def result(self, raise_halt: bool = True) -> StepResult:
+        """The step's results; NonFiniteHalt where it made max_nonfinite non-finite steps in a row
+        (with raise_halt False the caller raises it from self.halt, after recording the step)."""
         if self._result is None:
             self._result = self._finish()
+        if raise_halt and self.halt is not None:
+            raise NonFiniteHalt(self.halt)
         return self._result
 
     def _finish(self) -> StepResult:
@@ -143,10 +148,8 @@ class PendingStep:
             nonfinite.total += 1
             nonfinite.steps.append(step)
             if nonfinite.consecutive >= oc.max_nonfinite:
-                raise NonFiniteHalt(
-                    f"step {step}: {nonfinite.consecutive} consecutive steps with a non-finite loss or gradient "
-                    f"norm (loss {loss}, norm {norm}); halting. Lower the learning rate or check the data."
-                )
+                self.halt = (f"step {step}: {nonfinite.consecutive} consecutive steps with a non-finite loss or gradient "
+                             f"norm (loss {loss}, norm {norm}); halting. Lower the learning rate or check the data.")
             return StepResult(step, loss, rows, norm, lr, False, True)
         nonfinite.consecutive = 0
         if engine.precision == "fp16":

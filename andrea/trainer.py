@@ -233,13 +233,14 @@ class Trainer:
         zeros = e.prepare(np.zeros((self.B, self.T), dtype=np.int64), np.zeros((self.B, self.T), dtype=np.int64))
         passes = []
         for _ in range(WARMUP_PASSES):
+            # the passes launch_step makes (the same captured graphs): the first clears the gradients,
+            # the last (with several ranks) averages them over the ranks
             t0 = time.perf_counter()
-            e.zero_grads()
-            e.forward_backward(zeros)  # with several ranks, with the all-reduce every step pays
-            if self.comm.size > 1 and self.s.grad_accum > 1:
-                e.forward_backward(zeros, reduce=False)  # the earlier micro-batches' pass: captured now too
-            e.grad_norm()  # a host sync, as every step has
+            e.forward_backward(zeros, reduce=self.s.grad_accum == 1, zero_grads=True)
+            e.grad_norm()  # waits for the device
             passes.append(time.perf_counter() - t0)
+            if self.s.grad_accum > 1:
+                e.forward_backward(zeros, reduce=True)  # the last micro-batch's pass: captured now too
         xp = e.xp
         w, m, v = (xp.array(a, copy=True) for a in (e.w, e.m, e.v))
         opt = []
@@ -745,8 +746,10 @@ class Trainer:
         self._t_last = time.perf_counter()
         # a step is launched before the previous one's results are read (optim.launch_step), so the
         # device never waits on the host's bookkeeping; not in fp16, whose loss scale the host sets
-        # from each step's result before the next
-        self._defer = self.precision != "fp16"
+        # from each step's result before the next, nor with several ranks, where reading a step
+        # gathers the row losses through a collective that waits for the device (NCCL's host
+        # all-reduce): there the next batch is drawn and prepared while the step runs, as before
+        self._defer = self.precision != "fp16" and self.comm.size == 1
         self._inflight = None  # (PendingStep, Batch): launched, its results not yet read
         while self.step < s.max_steps:
             stop, save_now = self._stop, self._save_now
@@ -766,15 +769,18 @@ class Trainer:
                 self.save_checkpoint("SIGUSR1")
             self.bandit.maybe_replan(self.step)  # the steps before were settled (_must_settle)
             batch = self.batches.get(self.step)
+            nxt = self.step + 1
+            prefetch = nxt < s.max_steps and not self.bandit.replans_at(nxt)
             try:
+                if prefetch and not self._defer:
+                    self.batches.prefetch(nxt)  # drawn and prepared while this step runs
                 launched = (launch_step(self.engine, batch.micro, self.step, self.oc, self.nonfinite), batch)
                 self.step += 1
                 previous, self._inflight = self._inflight, launched
                 if previous is not None:
                     self._finish_step(*previous)  # the step before: its copies are in by now
-                nxt = self.step
-                if nxt < s.max_steps and not self.bandit.replans_at(nxt):
-                    self.batches.prefetch(nxt)  # drawn and prepared while this step runs
+                if prefetch and self._defer:
+                    self.batches.prefetch(nxt)  # after the step before was observed, as without launching ahead
                 if not self._defer or self._must_settle(self.step):
                     self._settle()
             except NonFiniteHalt as e:
@@ -782,8 +788,8 @@ class Trainer:
                     self._settle()
                 except NonFiniteHalt:
                     pass
-                # the checkpoint holds every step launched; a resume (with, say, a lower lr) gets
-                # max_nonfinite fresh tries
+                # the checkpoint holds every step launched (the failing ones skipped, on record); a
+                # resume (with, say, a lower lr) carries on after them with max_nonfinite fresh tries
                 self.nonfinite.consecutive = 0
                 self.save_checkpoint("non-finite halt", wait=True)
                 raise NonFiniteHalt(f"{e} Checkpoint: {self.ckpt_dir}") from None
@@ -850,7 +856,7 @@ class Trainer:
         """A launched step's results, in launch order: the bandit's rewards, the loss averages, the
         loss record and the progress line."""
         s = self.s
-        res = pending.result()
+        res = pending.result(raise_halt=False)  # a halt is raised below, once the step is on record
         if not res.skipped and math.isfinite(res.loss):
             for (src, doc), loss in zip(batch.rows, res.row_losses.tolist()):
                 self.bandit.observe(src, doc, loss)
@@ -879,6 +885,8 @@ class Trainer:
             log.info("step %d/%d loss %.4f (ema %.4f) lr %.2e norm %.3f %s tok/s ETA %s",
                      done_step, s.max_steps, res.loss, self.ema or float("nan"), res.lr, res.grad_norm,
                      f"{n_tok / dt:,.0f}", human_duration(eta))
+        if pending.halt is not None:
+            raise NonFiniteHalt(pending.halt)
 
     def _export(self, out: Path) -> None:
         """The workflow's output: final and best weights plus what they are, in one directory."""

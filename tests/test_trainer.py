@@ -255,6 +255,23 @@ def test_coherence_gate_halts_with_a_checkpoint(shards, tmp_path):
     assert len((run / "samples.jsonl").read_text().splitlines()) == 2
 
 
+def test_non_finite_halt_checkpoints_every_step_on_record(shards, tmp_path):
+    """A diverging run (an absurd learning rate) halts after max_nonfinite non-finite steps in a row
+    with exit code 4 and a checkpoint; every step the checkpoint holds is in loss.jsonl (the step
+    in flight when the halt was read included), the failing ones marked skipped."""
+    cfg = write_config(tmp_path / "config.yaml", lr=1e9, warmup_steps=1, max_nonfinite=3, max_steps=200)
+    run = tmp_path / "run"
+    p = train(cfg, shards, run)
+    assert p.returncode == 4, p.stderr[-2000:]
+    assert "3 consecutive steps with a non-finite loss or gradient norm" in p.stderr
+    (ckpt,) = [c for c in (run / "checkpoints").glob("step_*.bin")]
+    steps = [r["step"] for r in loss_lines(run)]
+    held = int(ckpt.stem.split("_")[1])
+    assert steps == list(range(held)), (steps, held)
+    assert [r["skipped"] for r in loss_lines(run)][-3:] == [True] * 3
+    assert json.loads((run / "state.json").read_text())["step"] == held
+
+
 def test_coherence_gate_waits_for_a_sample_that_reads_as_language(shards, tmp_path):
     """A young model's samples are gibberish: the gate does not count them until one sample has
     scored coherence_arm_score, so it stops collapse, not learning."""
