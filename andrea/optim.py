@@ -107,6 +107,31 @@ def launch_step(engine, micro_batches, step: int, oc: OptimConfig, nonfinite: No
     return PendingStep(engine, step, oc, nonfinite, lr, scale, engine.readback([engine.ctrl, *rows]))
 
 
+def reads_ahead(engine) -> bool:
+    """Whether a loop over steps may launch a step before reading the one before: not in fp16 (the
+    host sets the loss scale from each step's result before the next), nor with several ranks
+    (reading a step gathers the ranks' row losses through a collective that waits for the device)."""
+    return engine.precision != "fp16" and engine.comm.size == 1
+
+
+class StepsInFlight:
+    """A loop's launched steps, read as the trainer reads them: push(a launched step) returns the
+    result of the one before it (or of itself where reads_ahead says no), drain() the last one."""
+
+    def __init__(self, engine):
+        self.ahead = reads_ahead(engine)
+        self.pending = None
+
+    def push(self, launched: "PendingStep") -> StepResult | None:
+        previous, self.pending = self.pending, launched
+        done = previous.result() if previous is not None else None
+        return self.drain() if not self.ahead else done
+
+    def drain(self) -> StepResult | None:
+        pending, self.pending = self.pending, None
+        return pending.result() if pending is not None else None
+
+
 class PendingStep:
     """A launched step; result() waits for its copies to reach the host (not for later steps) and
     does its host-side bookkeeping: once, in launch order."""

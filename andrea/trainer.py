@@ -62,7 +62,7 @@ from andrea.evaluation import build_eval_set, evaluate, prepare_batches
 from andrea.io import atomic_dir, link_or_copy, sha256_file, write_json_atomic
 from andrea.launch import under_launcher
 from andrea.model import ModelConfig, flops_per_token, n_params
-from andrea.optim import NonFiniteCounter, NonFiniteHalt, OptimConfig, launch_step
+from andrea.optim import NonFiniteCounter, NonFiniteHalt, OptimConfig, launch_step, reads_ahead
 from andrea.runlog import RecordCompactor, truncate_log
 from andrea.sampling import InferenceModel, generate
 from andrea.settings import TrainSettings
@@ -749,7 +749,7 @@ class Trainer:
         # from each step's result before the next, nor with several ranks, where reading a step
         # gathers the row losses through a collective that waits for the device (NCCL's host
         # all-reduce): there the next batch is drawn and prepared while the step runs, as before
-        self._defer = self.precision != "fp16" and self.comm.size == 1
+        self._defer = reads_ahead(self.engine)
         self._inflight = None  # (PendingStep, Batch): launched, its results not yet read
         while self.step < s.max_steps:
             stop, save_now = self._stop, self._save_now

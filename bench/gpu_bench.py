@@ -24,6 +24,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
@@ -81,7 +82,7 @@ class Ours:
         import cupy as cp
 
         from andrea.engine import Engine
-        from andrea.optim import OptimConfig, launch_step
+        from andrea.optim import OptimConfig, StepsInFlight, launch_step
 
         self.cp, self.launch_step = cp, launch_step
         pool = cp.get_default_memory_pool()
@@ -91,16 +92,8 @@ class Ours:
         flags = precision.split("-")[1:]
         env = {"ANDREA_ATTENTION_DETERMINISTIC": "0" if "nondet" in flags else os.environ.get("ANDREA_ATTENTION_DETERMINISTIC", "1")}
         env.update({"ANDREA_ATTENTION_WORKSPACE_MIB": f[2:] for f in flags if f.startswith("ws")})
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:  # the backend reads them when it is made
+        with mock.patch.dict(os.environ, env):  # the backend reads them when it is made
             self.e = Engine(cfg, batch_size=B, seq_len=T, backend="cupy", precision=precision.split("-")[0])
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k)
-                else:
-                    os.environ[k] = v
         self.e.graphs = self.e.graphs and "eager" not in flags
         x = np.random.default_rng(0).integers(0, cfg.vocab_size, (B, T + 1))
         self.raw = (x[:, :-1], x[:, 1:])
@@ -110,10 +103,7 @@ class Ours:
         self.next = self.prefetch.submit(self.e.prepare, *self.raw)
         self.oc = OptimConfig(lr=3e-4, warmup_steps=1)
         self.step = 0
-        # as the trainer does: a step is launched before the previous one's results are read (not in
-        # fp16, whose loss scale the host sets from each result)
-        self.defer = not precision.startswith("fp16")
-        self.pending = None
+        self.in_flight = StepsInFlight(self.e)  # as the trainer reads its steps
         self.run(warmup)
         # the most GPU memory in use while this engine was built and warmed up (steps allocate the
         # same every time), beyond what was in use before (its backend's scratch included: each
@@ -123,18 +113,10 @@ class Ours:
 
     def run(self, steps):
         for _ in range(steps):
-            launched = self.launch_step(self.e, [self.next.result()], self.step, self.oc)
+            self.in_flight.push(self.launch_step(self.e, [self.next.result()], self.step, self.oc))
             self.step += 1
-            if self.pending is not None:
-                self.pending.result()
-            self.pending = launched
             self.next = self.prefetch.submit(self.e.prepare, *self.raw)
-            if not self.defer:
-                self.pending.result()
-                self.pending = None
-        if self.pending is not None:
-            self.pending.result()
-            self.pending = None
+        self.in_flight.drain()
         self.cp.cuda.Device().synchronize()
 
 

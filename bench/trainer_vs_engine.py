@@ -95,7 +95,7 @@ def bench_config(base: dict, model: str, B: int, steps: int) -> dict:
 
 def engine_alone(cfg: ModelConfig, B: int, T: int, steps: int, warm: int) -> list[float]:
     from andrea.engine import Engine, resolve_backend
-    from andrea.optim import OptimConfig, launch_step
+    from andrea.optim import OptimConfig, StepsInFlight, launch_step
 
     backend, precision, _ = resolve_backend("auto", "auto")  # what the trainer picks too
     e = Engine(cfg, batch_size=B, seq_len=T, backend=backend, precision=precision)
@@ -107,20 +107,13 @@ def engine_alone(cfg: ModelConfig, B: int, T: int, steps: int, warm: int) -> lis
     oc = OptimConfig(lr=3e-4, warmup_steps=10, max_steps=steps + warm)
     times = []
     t_last = time.perf_counter()
-    pending = None
+    in_flight = StepsInFlight(e)  # each step read after the next is launched, as the trainer reads them
     for i in range(warm + steps):
-        launched = launch_step(e, batches[i % len(batches)], i, oc)
-        if pending is not None:
-            pending.result()  # the step before's, as the trainer reads it: after launching the next
-        pending = launched
-        if precision == "fp16":  # the trainer reads each fp16 step at once (its loss scale)
-            pending.result()
-            pending = None
+        in_flight.push(launch_step(e, batches[i % len(batches)], i, oc))
         now = time.perf_counter()
         times.append(now - t_last)
         t_last = now
-    if pending is not None:
-        pending.result()
+    in_flight.drain()
     del e
     return times[warm:]
 

@@ -346,6 +346,22 @@ def test_non_finite_steps_are_skipped_counted_and_halt():
     assert counter.total == 3 and counter.steps == [1, 2, 3]
 
 
+def test_steps_read_one_behind_equal_steps_read_at_once():
+    """StepsInFlight, the loop the benchmarks share with the trainer's order: each push returns the
+    step before's result (one engine reads ahead), drain the last; the same losses and weights as
+    train_step one by one."""
+    from andrea.optim import StepsInFlight, launch_step
+
+    oc = OptimConfig(lr=1e-3, warmup_steps=1)
+    a, b = make_engine("float32", seed=4), make_engine("float32", seed=4)
+    once = [train_step(a, [batch(2, s)], s, oc).loss for s in range(4)]
+    flight = StepsInFlight(b)
+    got = [flight.push(launch_step(b, [batch(2, s)], s, oc)) for s in range(4)]
+    assert got[0] is None and flight.ahead
+    got = [r.loss for r in got[1:]] + [flight.drain().loss]
+    assert got == once and a.w.tobytes() == b.w.tobytes() and flight.drain() is None
+
+
 def test_fp16_loss_scaling_unscales_skips_overflows_and_grows(monkeypatch):
     """The loss-scaling bookkeeping of an fp16 engine, on the NumPy backend: gradients that come
     out multiplied by the scale give the same update as unscaled ones; an overflow skips the step,
