@@ -128,7 +128,7 @@ def coarse_decay_mask(mask: np.ndarray, max_shift: int = 16) -> tuple[np.ndarray
     """The weight-decay mask one entry per granule of 2^shift parameters, the coarsest granule on
     which the mask is constant (every parameter tensor of the model starts and ends on a multiple of
     128 or 256): (packed, shift), packed[i >> shift] == mask[i]. At ANDREA-480M a byte per
-    parameter is 458 MiB; a byte per granule of 256, 1.8 MiB."""
+    parameter is 458 MiB; a byte per granule of 512 (its shift), 0.96 MiB."""
     n = mask.size
     for shift in range(max_shift, 0, -1):
         g = 1 << shift
