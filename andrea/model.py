@@ -246,25 +246,43 @@ class Activations:
         }
         if backward or saved:  # the training loss: probabilities (their gradient in place) and per-position losses
             shapes |= {"probs": (B, T, V), "losses": (B, T)}
-        # the one GELU buffer of a backend that recomputes it lives inside the probabilities, which are
-        # dead while the layers run (written by the loss's forward after the last layer, read by its
-        # backward before the first layer's): no memory of its own
+        # The probabilities are dead while the layers run (written by the loss's forward after the last
+        # layer, read by its backward before the first layer's), so buffers of one phase live inside
+        # them with no memory of their own: at their head the one GELU buffer of a backend that
+        # recomputes it; at their tail the forward's branch (last read by the last layer) and the
+        # backward's d_y (written and read inside one layer's backward). The part before the tail is
+        # `arena`: scratch the backend may use in the layers' backward (Backend.set_backward_arena).
         self.aliased = set()
-        share = be.recomputes_gelu and "probs" in shapes
-        self.saved = {name: z(name, *shape) for name, shape in shapes.items() if not (share and name == "mlp_a")}
-        if share:
-            a_shape, a_dt = be.plan_buffer("mlp_a", shapes["mlp_a"], dtype, H)
-            probs = self.saved["probs"]
-            need = int(np.prod(a_shape)) * np.dtype(a_dt).itemsize
-            if probs.flags.c_contiguous and probs.nbytes >= need:
-                self.saved["mlp_a"] = probs.reshape(-1).view(np.uint8)[:need].view(a_dt).reshape(a_shape)
-                self.aliased.add("mlp_a")
-            else:
-                self.saved["mlp_a"] = be.zeros(a_shape, a_dt)
-        self.scratch = {name: z(name, *shape) for name, shape in {"branch": (B, T, d)}.items()}
+        self.arena = None
+        inside = {"mlp_a"} if be.recomputes_gelu and "probs" in shapes else set()
+        self.saved = {name: z(name, *shape) for name, shape in shapes.items() if name not in inside}
+        self.scratch = {}
+        tail = {"branch": (B, T, d)} | ({"d_y": (B, T, d)} if backward else {})
+        probs = self.saved.get("probs")
+        if probs is not None and probs.flags.c_contiguous:
+            flat = probs.reshape(-1).view(np.uint8)
+            tail_start = flat.size
+            if inside:
+                a_shape, a_dt = be.plan_buffer("mlp_a", shapes["mlp_a"], dtype, H)
+                head_end = _nbytes(a_shape, a_dt)
+                if head_end <= flat.size:
+                    self.saved["mlp_a"] = flat[:head_end].view(a_dt).reshape(a_shape)
+                    self.aliased.add("mlp_a")
+            head_end = -(-self.saved["mlp_a"].nbytes // 256) * 256 if "mlp_a" in self.aliased else 0
+            for name, shape in tail.items():
+                t_shape, t_dt = be.plan_buffer(name, shape, dtype, H)
+                start = (flat.size - _nbytes(t_shape, t_dt)) // 256 * 256
+                if start >= head_end:
+                    self.scratch[name] = flat[start:start + _nbytes(t_shape, t_dt)].view(t_dt).reshape(t_shape)
+                    self.aliased.add(name)
+                    tail_start = min(tail_start, start)
+            self.arena = flat[:tail_start]
+        for name in inside - self.aliased:
+            self.saved[name] = z(name, *shapes[name])
+        self.scratch |= {name: z(name, *shape) for name, shape in tail.items() if name not in self.aliased}
         if backward:
             self.scratch |= {name: z(name, *shape) for name, shape in {
-                "d_res": (B, T, d), "d_branch": (B, T, d), "d_ln": (B, T, d), "d_y": (B, T, d), "d_qkv": (3, B, H, T, D),
+                "d_res": (B, T, d), "d_branch": (B, T, d), "d_ln": (B, T, d), "d_qkv": (3, B, H, T, D),
             }.items()}
         A = self.saved
         # each layer's views, made once (a pass asks for them per layer, per token when generating)
@@ -285,7 +303,7 @@ class Activations:
     def nbytes(self) -> tuple[int, int]:
         """(saved activations, scratch) in bytes; a buffer inside another counted once."""
         return (sum(a.nbytes for k, a in self.saved.items() if k not in self.aliased),
-                sum(a.nbytes for a in self.scratch.values()))
+                sum(a.nbytes for k, a in self.scratch.items() if k not in self.aliased))
 
 
 class KVCache:
@@ -346,6 +364,10 @@ def forward(cfg: ModelConfig, be, W: Weights, A: Activations, tokens, targets=No
         be.advance_position(cache.pos_dev, T)
         return be.logits_fwd(A.lnf[:, -1:] if last else A.lnf, W.head)
     return be.loss_fwd(A.lnf, W.head, targets, A.saved["probs"], A.saved["losses"])
+
+
+def _nbytes(shape: tuple, dtype) -> int:
+    return int(np.prod(shape)) * np.dtype(dtype).itemsize
 
 
 def _next_norm(A: Activations, l: int, L: int) -> tuple:

@@ -348,7 +348,7 @@ def test_cudnn_attention_backward_in_batch_slices_under_a_workspace_cap(monkeypa
     rows, ws, d_rows, own = backward()
     assert rows == Bb // 2 and ws < ws_whole and own, (whole, rows, ws, ws_whole)
     assert rel(d_rows, d_whole) < 1e-6
-    monkeypatch.delenv("ANDREA_ATTENTION_WORKSPACE_MIB")  # the default: nothing beyond the arena
+    monkeypatch.setenv("ANDREA_ATTENTION_WORKSPACE_MIB", "0")  # nothing beyond the arena
     rows, ws, d_arena, own = backward(arena_bytes=int(cap) // 16 * 16)
     assert rows == Bb // 2 and not own  # the slices' workspace is the arena
     assert rel(d_arena, d_whole) < 1e-6
@@ -589,14 +589,16 @@ def test_whole_step_gradients_match_numpy_float64():
 
 
 def test_bf16_step_with_buffers_inside_the_probabilities_matches_numpy():
-    """bf16: the GELU buffer, the MLP backward's scratch and cuDNN's attention workspace live inside
-    the loss's probabilities (dead while the layers run); the loss and every parameter's gradient
+    """bf16: the GELU buffer, the MLP backward's scratch, the forward's branch, the attention's output
+    gradient, the q/k/v weight copy and cuDNN's attention workspace live inside the loss's probabilities (dead while the layers run); the loss and every parameter's gradient
     still match the float64 reference within bf16's precision, twice in a row (the second pass
     reads nothing the first left there)."""
+    cfg = ModelConfig(vocab_size=1024, d_model=128, n_head=4, n_layer=2, context=128)  # V >= d_mlp + d: all fit
     inputs, targets = batch(0)
-    ref = Engine(CFG, 4, 128, dtype="float64", seed=1)
-    gpu = Engine(CFG, 4, 128, backend="cupy", seed=1, precision="bf16")
-    assert "mlp_a" in gpu.A.aliased and gpu.be.backward_arena is not None
+    ref = Engine(cfg, 4, 128, dtype="float64", seed=1)
+    gpu = Engine(cfg, 4, 128, backend="cupy", seed=1, precision="bf16")
+    assert {"mlp_a", "branch", "d_y"} <= gpu.A.aliased and gpu.be.backward_arena is not None
+    assert gpu.be.backward_arena.data.ptr + gpu.be.backward_arena.size <= gpu.A.scratch["d_y"].data.ptr
     l_ref = ref.forward(inputs, targets)
     ref.backward()
     for _ in range(2):

@@ -77,9 +77,9 @@ class Backend(abc.ABC):
         return self.xp.zeros(shape, dtype=dtype)
 
     def set_backward_arena(self, buf) -> None:
-        """A buffer that is dead while the layers' backward runs (the loss's probabilities: written by
-        the forward's last step, read by the loss backward, which comes before the layers'), which
-        the backend may use as scratch there. Ignored here."""
+        """Bytes that are dead while the layers' backward runs (most of the loss's probabilities:
+        written by the forward's last step, read by the loss backward, which comes before the
+        layers'; Activations.arena), which the backend may use as scratch there. Ignored here."""
 
     def decay_buffer(self, mask: np.ndarray):
         """The weight-decay mask (decay_dtype, one entry per parameter) as adamw takes it."""

@@ -168,8 +168,8 @@ class Engine:
         self.ctrl = xp.zeros(len(CTRL), dtype=np.float64)
         self.A = Activations(cfg, self.B, self.T, self.be, self.dtype)
         self.acts, self.scratch = self.A.saved, self.A.scratch
-        if "probs" in self.acts:
-            self.be.set_backward_arena(self.acts["probs"])  # e.g. the attention backward's workspace
+        if self.A.arena is not None:
+            self.be.set_backward_arena(self.A.arena)  # e.g. the attention backward's workspace
         self.scratch["norm_partial"] = xp.zeros(max(1, -(-self.n_params // (1 << 16))), dtype=np.float64)
         self.tokens = xp.zeros((self.B, self.T), dtype=self.be.index_dtype)
         self.targets = xp.zeros((self.B, self.T), dtype=self.be.index_dtype)
