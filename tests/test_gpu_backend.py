@@ -285,12 +285,17 @@ def test_tensor_core_flash_attention_matches_reference(head_dim, T_, precision, 
         assert rel(got[i], dq_n[i]) < 1e-2, "qkv"[i]
 
 
-def test_at_head_size_32_our_backward_runs_instead_of_cudnn_slices():
-    """Where cuDNN's deterministic backward would need slices (no arena, no workspace of its own) at
-    head size 32, our flash backward runs it (as fast there, and without a workspace); the plan line
-    says so. The gradients match the NumPy reference."""
+@pytest.mark.parametrize("cap_mib", ["0", None])
+def test_at_head_size_32_our_backward_runs_instead_of_cudnn_slices(monkeypatch, cap_mib):
+    """Where cuDNN's deterministic backward would need slices (no arena, no workspace allowed) or a
+    workspace of its own (the default cap, no arena) at head size 32, our flash backward runs it (as
+    fast there, and with no workspace); the plan line says so. The gradients match the NumPy reference."""
     if cudnn_attention._cudnn() is None:
         pytest.skip("the cuDNN frontend is not installed (pip install nvidia-cudnn-frontend)")
+    if cap_mib is None:
+        monkeypatch.delenv("ANDREA_ATTENTION_WORKSPACE_MIB", raising=False)
+    else:
+        monkeypatch.setenv("ANDREA_ATTENTION_WORKSPACE_MIB", cap_mib)
     Bb, Tt, Hh, Dd = 4, 128, 2, 32
     gb = CupyBackend("bf16")
     gb.attention = "cudnn"

@@ -206,13 +206,17 @@ class CudnnAttention:
     def bwd(self, be, dy, qkv, y, lse, dqkv) -> bool:
         """dq, dk, dv into dqkv (overwritten) from dy and the forward's y and lse, rows_per_backward
         batch rows a call; False (our kernels run it) where cuDNN refuses the shape, or where it
-        would take slices at a head size where our kernel is as fast as its whole-batch call."""
+        would take slices or memory beyond the arena at a head size where our kernel is as fast as
+        its whole-batch call."""
         B, T, _, H, D = qkv.shape
         arena = be.backward_arena
-        rows = self.rows_per_backward(B, H, T, D, qkv.dtype, 0 if arena is None else arena.size)
-        if rows < B and D <= OURS_OVER_SLICES_HEAD_DIM:
-            self.ours_instead.add((B, H, T, D))
-            return False
+        arena_bytes = 0 if arena is None else arena.size
+        rows = self.rows_per_backward(B, H, T, D, qkv.dtype, arena_bytes)
+        if D <= OURS_OVER_SLICES_HEAD_DIM:
+            whole = None if rows < B else self._graph(("bwd", B, H, T, D, qkv.dtype))
+            if rows < B or (whole is not None and whole[2] > arena_bytes):
+                self.ours_instead.add((B, H, T, D))  # slices, or a workspace of its own: ours needs neither
+                return False
         hd = H * D * qkv.itemsize
         step_qkv, step_y, step_lse = rows * T * 3 * hd, rows * T * hd, rows * H * T * lse.itemsize  # bytes per slice
         for i in range(B // rows):
