@@ -14,11 +14,11 @@ implementations can stand in for each other). The backward runs cuDNN's determin
 (the same bits every run, as ours) unless ANDREA_ATTENTION_DETERMINISTIC=0 asks for the faster one
 that sums dq with atomics. Its workspace grows with the batch (fp32 partial dq per key
 tile: 770 MiB at ANDREA-12M B=32, more than PyTorch's whole margin). It lives in the backend's
-backward arena (the loss's probabilities, dead while the layers' backward runs: 69 MiB at
-ANDREA-12M B=8, 544 MiB at ANDREA-120M B=32), and the backward runs on slices of the batch where
-the whole would need more than that arena, or than ANDREA_ATTENTION_WORKSPACE_MIB where that is
-larger (256 by default); at head size 32 our flash backward runs instead of
-slices (as fast as cuDNN's whole-batch call there, with no workspace). A graph per shape is built on first use; a shape cuDNN refuses falls back to our kernels. Execution is host work plus kernel launches on the current stream, so
+backward arena (the loss's probabilities, dead while the layers' backward runs, less the tail
+that holds the attention output's gradient: Activations.arena), and the backward runs on slices of
+the batch where the whole would need more than that arena, or than ANDREA_ATTENTION_WORKSPACE_MIB
+where that is larger (256 by default); at head size 32 our flash backward runs instead of slices or
+a workspace beyond the arena (as fast as cuDNN's whole-batch call there, with no workspace). A graph per shape is built on first use; a shape cuDNN refuses falls back to our kernels. Execution is host work plus kernel launches on the current stream, so
 it can be captured in a CUDA graph.
 """
 
