@@ -251,7 +251,8 @@ class Activations:
         # them with no memory of their own: at their head the one GELU buffer of a backend that
         # recomputes it; at their tail the forward's branch (last read by the last layer) and the
         # backward's d_y (written and read inside one layer's backward). The part before the tail is
-        # `arena`: scratch the backend may use in the layers' backward (Backend.set_backward_arena).
+        # `arena`: scratch the backend may use in the layers' backward (Backend.set_backward_arena);
+        # scratch there may lie on the GELU buffer, which the MLP backward recomputes before reading.
         self.aliased = set()
         self.arena = None
         inside = {"mlp_a"} if be.recomputes_gelu and "probs" in shapes else set()

@@ -182,10 +182,14 @@ def test_loss_pair_and_row_losses():
 TINY = ModelConfig(vocab_size=23, d_model=8, n_head=2, n_layer=2, context=6)
 
 
-@pytest.mark.parametrize("tied", [True, False])
-def test_whole_model_gradient_float64(tied):
-    cfg = ModelConfig(**{**TINY.__dict__, "tied_head": tied})
+@pytest.mark.parametrize("tied,vocab", [(True, 23), (False, 23), (True, 6)])
+def test_whole_model_gradient_float64(tied, vocab):
+    """Analytic gradients against finite differences. With 23 entries the forward's branch and the
+    backward's d_y live inside the loss's probabilities; with 6 (fewer than d_model) they do not fit
+    there and get buffers of their own."""
+    cfg = ModelConfig(**{**TINY.__dict__, "tied_head": tied, "vocab_size": vocab})
     e = Engine(cfg, batch_size=2, seq_len=6, dtype="float64", seed=3)
+    assert ({"branch", "d_y"} <= e.A.aliased) == (vocab >= cfg.d_model)
     e.w[:] = init_weights(cfg, 3, np.float64) * 5  # larger weights: a less trivial function
     x = RNG.integers(0, cfg.vocab_size, (2, 7))
     e.zero_grads()

@@ -255,6 +255,8 @@ def test_tensor_core_flash_attention_matches_reference(head_dim, T_, precision, 
     monkeypatch.setenv("ANDREA_ATTENTION_WORKSPACE_MIB", "1024")  # cuDNN's backward on the whole batch
     gb = CupyBackend(precision)
     gb.attention = impl
+    # an arena its workspace fits in: at head size 32 our backward would otherwise run instead
+    gb.set_backward_arena(cp.zeros(64 << 20, cp.uint8))
     hd = gb.half
     Hh = 2
     dd = Hh * head_dim
@@ -280,6 +282,7 @@ def test_tensor_core_flash_attention_matches_reference(head_dim, T_, precision, 
     assert runs[0].tobytes() == runs[1].tobytes()  # deterministic
     if impl == "cudnn" and head_dim >= 32:
         assert len(graphs) == 2 and all(v is not None for v in graphs.values()), "cuDNN's backward did not run"
+        assert not any(c.ours_instead for c in gb._cudnn.values()), "our backward ran instead of cuDNN's"
     got = runs[0].astype(np.float32).transpose(2, 0, 3, 1, 4)
     for i in range(3):
         assert rel(got[i], dq_n[i]) < 1e-2, "qkv"[i]
@@ -407,6 +410,12 @@ def test_16bit_pairs_match_numpy(precision):
     close(dx_g, dx_n, "qkv dx")
     for i in range(3):
         close(dws_g[i], dws_n[i], f"qkv dw{i}")
+    # weights that are not back to back (W_O stands in for W_V): copied one by one into [W_Q W_K W_O]
+    nb.attn_qkv_bwd(np.ascontiguousarray(dqkv.transpose(2, 0, 3, 1, 4)), x, host["wq"], host["wk"], host["wo"], dx_n,
+                    *[np.zeros((d, d), np.float32) for _ in range(3)])
+    dx_g = cp.zeros((B, T, d), cp.float32)
+    gb.attn_qkv_bwd(g(dqkv).astype(bf), xb, W["wq"], W["wk"], W["wo"], dx_g, *[cp.zeros((d, d), cp.float32) for _ in range(3)])
+    close(dx_g, dx_n, "qkv dx, weights apart")
     # output projection, MLP (bf16 hidden and GELU output), residual gradient cast
     go = round16(r(B, T, d), bf)
     o_n, dy_n, dwo_n = np.zeros((B, T, d), np.float32), np.zeros((B, T, d), np.float32), np.zeros((d, d), np.float32)
@@ -598,7 +607,8 @@ def test_bf16_step_with_buffers_inside_the_probabilities_matches_numpy():
     gradient, the q/k/v weight copy and cuDNN's attention workspace live inside the loss's probabilities (dead while the layers run); the loss and every parameter's gradient
     still match the float64 reference within bf16's precision, twice in a row (the second pass
     reads nothing the first left there)."""
-    cfg = ModelConfig(vocab_size=1024, d_model=128, n_head=4, n_layer=2, context=128)  # V >= d_mlp + d: all fit
+    # V >= 2 d_mlp + d: the GELU buffer, its gradient and the tail all fit at once, as in the shipped models
+    cfg = ModelConfig(vocab_size=1280, d_model=128, n_head=4, n_layer=2, context=128)
     inputs, targets = batch(0)
     ref = Engine(cfg, 4, 128, dtype="float64", seed=1)
     gpu = Engine(cfg, 4, 128, backend="cupy", seed=1, precision="bf16")
@@ -614,6 +624,37 @@ def test_bf16_step_with_buffers_inside_the_probabilities_matches_numpy():
         for p in gpu.layout:
             a, b = gpu.host(gpu.g)[p.offset : p.offset + p.size], ref.g[p.offset : p.offset + p.size]
             assert rel(a, b) < 5e-2, p.name
+    # none of them took memory of its own: no fallback scratch, no attention workspace beyond the arena
+    own = {k[0] for k in gpu.be._scratch}
+    assert not own & {"mlp_da", "qkv_wcat"}, own
+    for c in gpu.be._cudnn.values():
+        bwd = [built[2] for key, built in c.graphs.items() if key[0] == "bwd" and built is not None]
+        assert c.ours_instead or not any(k[0] == "cudnn_attention_ws" and k[1][0] >= min(bwd) for k in gpu.be._scratch)
+
+
+def test_head_gradient_of_a_vocabulary_one_past_a_multiple_of_64():
+    """The shipped vocabularies are 256 + N + 1 entries: the head's weight gradient runs as the rows up to a
+    multiple of 64 and then the last row alone; every row matches NumPy, the last one on its own."""
+    Vv, dd = 321, 64
+    gb = CupyBackend("bf16")
+    w = round16(r(Vv, dd, scale=0.1))
+    flat = g(w.ravel())
+    gb.register_weights(flat, head=flat.reshape(Vv, dd))
+    x = round16(r(2, 100, dd))
+    tgt = RNG.integers(0, Vv, (2, 100))
+    probs_n, losses_n = np.zeros((2, 100, Vv), np.float32), np.zeros((2, 100), np.float32)
+    nb.loss_fwd(x, w, tgt, probs_n, losses_n)
+    ldx_n, ldw_n = np.zeros((2, 100, dd), np.float32), np.zeros((Vv, dd), np.float32)
+    nb.loss_bwd(x, w, tgt, probs_n, ldx_n, ldw_n, 1.0)
+    shape, dtype = gb.plan_buffer("probs", (2, 100, Vv), np.float32, 1)
+    probs_g, losses_g = cp.zeros(shape, dtype), cp.zeros((2, 100), cp.float32)
+    xb, tg = g(x).astype(BF16), g(tgt.astype(np.int32))
+    gb.loss_fwd(xb, flat.reshape(Vv, dd), tg, probs_g, losses_g)
+    ldx_g, ldw_g = cp.zeros((2, 100, dd), cp.float32), cp.full((Vv, dd), 0.25, cp.float32)  # it accumulates
+    gb.loss_bwd(xb, flat.reshape(Vv, dd), tg, probs_g, ldx_g, ldw_g, 1.0)
+    got = h(ldw_g) - 0.25
+    assert rel(got[:320], ldw_n[:320]) < 1e-2 and rel(got[320:], ldw_n[320:]) < 1e-2
+    assert rel(h(ldx_g), ldx_n) < 1e-2
 
 
 def test_whole_step_gradients_match_pytorch_autograd():

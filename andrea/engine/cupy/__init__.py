@@ -243,7 +243,7 @@ class CupyBackend(Backend):
             att += f" (our kernels for the shapes it refused: {refused})"
         instead = sorted({key for c in self._cudnn.values() for key in c.ours_instead})
         if instead:  # (B, H, T, D)
-            att += f" (our backward instead of cuDNN's in batch slices: {instead})"
+            att += f" (our backward instead of cuDNN's in batch slices or a workspace of its own: {instead})"
         return f"{att}, cuBLASLt{' with timed algorithms' if tune_from_env() else ''}"
 
     def _cudnn_attention(self, *buffers):
@@ -323,7 +323,9 @@ class CupyBackend(Backend):
     def _from_arena(self, shape, dtype, avoid=None, head=False):
         """A buffer in the backward arena for scratch of the layers' backward, at its end (or its
         start: `head`), where it fits without overlapping `avoid` (a buffer the same pass uses,
-        which may live there too: the model's GELU buffer); None where it does not."""
+        which may live there too: the model's GELU buffer); None where it does not. A buffer at the
+        head lies on the GELU buffer: only for a pass outside the MLP backward, which recomputes
+        that buffer before reading it."""
         arena = self.backward_arena
         need = int(np.prod(shape)) * np.dtype(dtype).itemsize
         if arena is None or need > arena.size:
@@ -838,7 +840,7 @@ class CupyBackend(Backend):
                 self.gemm(dl, wp, dx.reshape(-1, d), alpha=dloss / N)
             else:
                 self.gemm(dl[:, :V], self._operand(w, weight=True), dx.reshape(-1, d), alpha=dloss / N)
-            # dW = dlᵀ · x. The vocabulary (256 + N + 1) is one past a multiple of 64, and cuBLAS takes
+            # dW = dlᵀ · x. The vocabulary (256 bytes + segments + BOS) is one past a multiple of 64, and cuBLASLt takes
             # such a row count to an sm80 kernel at half the speed (ANDREA-120M B=32: 1.01 ms): the
             # rows up to a multiple of 64 as one product, the rest as another
             x2 = self._operand(x.reshape(-1, d))

@@ -32,6 +32,7 @@ import warnings
 import cupy as cp
 import numpy as np
 
+from andrea.engine.cupy import attention
 from andrea.engine.cupy.weights import BF16
 
 IMPLEMENTATIONS = ("cudnn", "flash")
@@ -39,8 +40,10 @@ IMPLEMENTATIONS = ("cudnn", "flash")
 
 INSTALL = "pip install nvidia-cudnn-frontend==1.16.0 nvidia-cudnn-cu13 (the gpu extra has both)"
 # the backward's workspace beyond the arena at most (decision): above it, slices of the batch. 256 MiB
-# lets ANDREA-120M B=8 (192 MiB, 3x its arena) run the whole batch in one call: 0.34 ms a step faster
-# than two slices, at a peak still below PyTorch's; the larger shapes' slices fit in their arenas
+# lets ANDREA-120M B=8 (192 MiB, 1.6x its arena) run the whole batch in one call: 0.3 ms a step faster
+# than two slices, at a peak still below PyTorch's. The price: wherever the whole batch's workspace is
+# under 256 MiB but over the arena (also 120M and 480M at B=4), it takes memory of its own rather
+# than slices inside the arena; the larger shapes' slices fit in their arenas (120M B=32, 480M B=8)
 WORKSPACE_MIB = 256
 # at head sizes up to this our flash backward (no workspace, deterministic too) is as fast as cuDNN's
 # whole-batch one (0.578 against 0.569 ms at ANDREA-12M B=32), and faster than its slices (decision)
@@ -105,7 +108,7 @@ class CudnnAttention:
         self.stream = None
         self.graphs: dict = {}  # (direction, B, H, T, D, dtype) -> (graph, tensors, workspace bytes), or None: refused
         self.slices: dict = {}  # (B, H, T, D, dtype) -> batch rows per backward call
-        self.ours_instead: set = set()  # (B, H, T, D) whose backward our kernel runs instead of slices
+        self.ours_instead: set = set()  # (B, H, T, D) whose backward our kernel runs instead of slices or a workspace of its own
 
     def _bind(self) -> None:
         ptr = cp.cuda.get_current_stream().ptr
@@ -212,7 +215,7 @@ class CudnnAttention:
         arena = be.backward_arena
         arena_bytes = 0 if arena is None else arena.size
         rows = self.rows_per_backward(B, H, T, D, qkv.dtype, arena_bytes)
-        if D <= OURS_OVER_SLICES_HEAD_DIM:
+        if D <= OURS_OVER_SLICES_HEAD_DIM and attention.flash_takes(D):
             whole = None if rows < B else self._graph(("bwd", B, H, T, D, qkv.dtype))
             if rows < B or (whole is not None and whole[2] > arena_bytes):
                 self.ours_instead.add((B, H, T, D))  # slices, or a workspace of its own: ours needs neither
