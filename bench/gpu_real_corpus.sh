@@ -9,8 +9,8 @@
 #   bash bench/gpu_real_corpus.sh parity MODEL     bench/loss_parity.py on that run's first recorded batches
 #
 # Results are packed into $OUT (the device tool's output folder; results/device-out elsewhere).
-# The config: config/config.yaml, the corpus overlay (.device/real/real-corpus.yaml, read through
-# --config data_profile=embedded: the overlay replaces the top-level sources) and
+# The config: config/config.yaml, the corpus overlay (.device/real/real-corpus.yaml: its data profile,
+# real-corpus, for every model) and
 # .device/gpu.yaml (written here: max_steps, a shorter curriculum warm-up for a minutes-long run,
 # the first 300 batches recorded for the parity check).
 set -euo pipefail
@@ -20,9 +20,6 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 [ -d /tmp/site ] && export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
 CONF="config/config.yaml .device/real/real-corpus.yaml .device/gpu.yaml"
-# the overlay replaces the top-level sources (the `embedded` profile's locations) with the corpus's
-# folders; the models' own profile (`real`) would read the hub
-PROFILE="--config data_profile=embedded"
 CORES=${CORES:-$(nproc)}
 
 gpu_yaml() {  # max_steps per model: $1 for 12M, $2 for 120M
@@ -41,7 +38,7 @@ setup)
   echo "setup done: $(ls .device/real)"
   ;;
 data)
-  python3 -m snakemake results/ANDREA-12M/shards.json results/ANDREA-120M/shards.json --cores "$CORES" --configfile $CONF $PROFILE \
+  python3 -m snakemake results/ANDREA-12M/shards.json results/ANDREA-120M/shards.json --cores "$CORES" --configfile $CONF \
     > "$OUT/data.log" 2>&1 || { tail -40 "$OUT/data.log"; exit 1; }
   for f in results/benchmarks/*/*.tsv; do echo "$f: $(tail -1 "$f" | cut -f1)"; done
   python3 - <<'PY'
@@ -56,7 +53,7 @@ train)
   if [ "$MODEL" = ANDREA-12M ]; then gpu_yaml "$3" "$(grep -o 'ANDREA-120M: {max_steps: [0-9]*' .device/gpu.yaml | grep -o '[0-9]*$')"
   else gpu_yaml "$(grep -o 'ANDREA-12M: {max_steps: [0-9]*' .device/gpu.yaml | grep -o '[0-9]*$')" "$3"; fi
   start=$(date +%s)
-  python3 -m snakemake "results/$MODEL/audit" --cores 4 --configfile $CONF $PROFILE > "$OUT/snakemake-$MODEL.log" 2>&1 \
+  python3 -m snakemake "results/$MODEL/audit" --cores 4 --configfile $CONF > "$OUT/snakemake-$MODEL.log" 2>&1 \
     || { tail -60 "$OUT/snakemake-$MODEL.log"; tail -30 "results/logs/train/$MODEL.log"; exit 1; }
   echo "snakemake results/$MODEL/audit: $(( $(date +%s) - start )) s"
   run=$(python3 -c "import json; print(json.load(open('results/$MODEL/ckpt/run.json'))['run_dir'])")

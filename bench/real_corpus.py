@@ -461,6 +461,9 @@ SOURCE_ADAPTER = {"gutenberg": "plaintext", "dictionary": "dictionary", "repo-do
 # ---------------------------------------------------------------- the overlay
 
 
+PROFILE = "real-corpus"  # the data profile the overlay defines and puts every model on
+
+
 def overlay_yaml(out: Path, root: Path) -> str:
     rel = lambda p: os.path.relpath(out / p, root)  # noqa: E731
     q = json.dumps  # a JSON string is a valid YAML scalar, whatever the path holds
@@ -473,9 +476,27 @@ def overlay_yaml(out: Path, root: Path) -> str:
 # Paths are relative to {q(str(root))}, the directory snakemake runs in (written with
 # --root); moving this directory keeps working as long as it keeps its place relative to that one.
 
-hermes3:
-  # the BYU Chit-Chat corpus (human-human chat) stands in for Hermes-3, which needs the hub
-  location: {q(rel('hermes3/chitchat.jsonl'))}
+# every model trains on this corpus (the models' own profile, `real`, reads the hub)
+data_profile: {PROFILE}
+
+profiles:
+  {PROFILE}:
+    description: "bench/real_corpus.sh: ~37 MB from Debian and PyPI packages (MANIFEST.json)"
+    sources:
+      # the BYU Chit-Chat corpus (human-human chat) stands in for Hermes-3, which needs the hub
+      hermes3: {{location: {q(rel('hermes3/chitchat.jsonl'))}}}
+      chat: {{location: {q(rel('chat'))}}}
+      gutenberg: {{location: {q(rel('gutenberg'))}}}
+      dictionary: {{location: {q(rel('dictionary'))}}}
+      repo-docs: {{location: {q(rel('repo-docs'))}}}
+      # no real counterpart in the registries: the embedded demo texts (written for the project,
+      # a few KB each) are left out rather than mixed, tiny and over-sampled, into real data
+      smoltalk: {{enabled: false}}
+      oasst: {{enabled: false}}
+      irc: {{enabled: false}}
+      synthetic-chat: {{enabled: false}}
+      # repo-docstrings (the running Python's standard library) and repo-commits (this checkout's
+      # history) are real text already and stay as config/config.yaml has them
 
 sources:
   # chitchat has no creative-writing or roleplay category: those parts would be empty
@@ -483,18 +504,7 @@ sources:
   hermes3-roleplay: {{enabled: false}}
   # ChatterBot's English corpus is ~50 KB of text: at the embedded chat's floor of 0.8 the bandit would
   # repeat it thousands of times, so it gets a small weight and no floor
-  chat: {{location: {q(rel('chat'))}, weight: 0.1, floor: 0.0}}
-  gutenberg: {{location: {q(rel('gutenberg'))}}}
-  dictionary: {{location: {q(rel('dictionary'))}}}
-  repo-docs: {{location: {q(rel('repo-docs'))}}}
-  # no real counterpart in the registries: the embedded demo texts (written for the project,
-  # a few KB each) are left out rather than mixed, tiny and over-sampled, into real data
-  smoltalk: {{enabled: false}}
-  oasst: {{enabled: false}}
-  irc: {{enabled: false}}
-  synthetic-chat: {{enabled: false}}
-  # repo-docstrings (the running Python's standard library) and repo-commits (this checkout's
-  # history) are real text already and stay as config/config.yaml has them
+  chat: {{weight: 0.1, floor: 0.0}}
 
 curriculum:
   warmup_sources: [hermes3-general, chat, gutenberg]

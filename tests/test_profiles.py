@@ -271,3 +271,32 @@ def test_the_mission_command_offline_fails_fast_before_any_stage(workflow_dir, m
     assert "andrea data fetch --profile real --dir data/hub" in out and "--config data_profile=embedded" in out
     assert "hermes3 (NousResearch/Hermes-3-Dataset@main)" in out and "Traceback" not in out
     assert not (workflow_dir / "results" / "data" / "pull_hermes3").exists()
+
+
+def test_the_real_corpus_overlay_puts_every_model_on_its_local_profile(tmp_path):
+    """bench/real_corpus.sh's overlay, merged over config/config.yaml as `snakemake --configfile
+    config/config.yaml OUT/real-corpus.yaml` merges it: every model trains on the overlay's profile,
+    which reads nothing from the hub (the models' own profile, `real`, would)."""
+    import importlib.util
+
+    from andrea.config import deep_merge, read_config_file
+    from andrea.profiles import hub_inputs
+
+    spec = importlib.util.spec_from_file_location("real_corpus", REPO / "bench" / "real_corpus.py")
+    rc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rc)
+    out = tmp_path / "data" / "real"
+    out.mkdir(parents=True)
+    (out / "real-corpus.yaml").write_text(rc.overlay_yaml(out, tmp_path))
+    raw = deep_merge(read_config_file(REPO / "config" / "config.yaml"), read_config_file(out / "real-corpus.yaml"))
+    config = validate_config(raw, "real-corpus.yaml")
+    assert {model_profile(config, m) for m in config["models"]} == {rc.PROFILE}
+    p = profile_config(config, rc.PROFILE)
+    assert hub_inputs(p) == []
+    assert p["hermes3"]["location"] == "data/real/hermes3/chitchat.jsonl"
+    assert {k: p["sources"][k]["location"] for k in ("chat", "gutenberg", "dictionary", "repo-docs")} == {
+        "chat": "data/real/chat", "gutenberg": "data/real/gutenberg", "dictionary": "data/real/dictionary",
+        "repo-docs": "data/real/repo-docs"}
+    assert (p["sources"]["chat"]["weight"], p["sources"]["chat"]["floor"]) == (0.1, 0.0)
+    assert not any(p["sources"][k]["enabled"] for k in ("smoltalk", "oasst", "irc", "synthetic-chat",
+                                                        "hermes3-creative", "hermes3-roleplay"))
