@@ -476,7 +476,9 @@ def overlay_yaml(out: Path, root: Path) -> str:
 # Paths are relative to {q(str(root))}, the directory snakemake runs in (written with
 # --root); moving this directory keeps working as long as it keeps its place relative to that one.
 
-# every model trains on this corpus (the models' own profile, `real`, reads the hub)
+# every model trains on this corpus (ANDREA-12M/120M/480M's own profile, `real`, reads the hub;
+# `--config data_profile=` (empty) puts each model back on its own profile, with the top-level
+# changes below still in place)
 data_profile: {PROFILE}
 
 profiles:

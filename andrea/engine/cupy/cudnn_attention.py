@@ -17,8 +17,8 @@ tile: 770 MiB at ANDREA-12M B=32, more than PyTorch's whole margin). It lives in
 backward arena (the loss's probabilities, dead while the layers' backward runs, less the tail
 that holds the attention output's gradient: Activations.arena), and the backward runs on slices of
 the batch where the whole would need more than that arena, or than ANDREA_ATTENTION_WORKSPACE_MIB
-where that is larger (256 by default); at head size 32 our flash backward runs instead of slices or
-a workspace beyond the arena (as fast as cuDNN's whole-batch call there, with no workspace). A graph per shape is built on first use; a shape cuDNN refuses falls back to our kernels. Execution is host work plus kernel launches on the current stream, so
+where that is larger (256 by default); at head sizes up to 32 that our kernels take, our flash
+backward runs instead of slices or a workspace beyond the arena (as fast as cuDNN's whole-batch call there, with no workspace). A graph per shape is built on first use; a shape cuDNN refuses falls back to our kernels. Execution is host work plus kernel launches on the current stream, so
 it can be captured in a CUDA graph.
 """
 
