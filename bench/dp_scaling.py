@@ -62,11 +62,10 @@ def worker(args) -> None:
         batch = e.prepare(x[:, :-1], x[:, 1:])
         oc = OptimConfig(lr=3e-4, warmup_steps=1)
 
-        def step_with(reduce: bool):
-            e.zero_grads()
-            e.forward_backward(batch, reduce=reduce)
-            e.grad_norm()  # a host sync, as every training step has
-            e.adamw(1e-4, 0.9, 0.95, 1e-8, 0.0)
+        def step_with(reduce: bool):  # as optim.launch_step queues a step, read at once as with several ranks
+            e.forward_backward(batch, reduce=reduce, zero_grads=True)
+            e.update(1e-4, 0.9, 0.95, 1e-8, 0.0, 1.0)
+            e.readback([e.ctrl]).get()  # a host sync, as every training step with several ranks has
 
         def allreduce_alone():  # the whole gradient as the backward pass sends it (casts included)
             e.be.reduce_async(comm, e.g, rdt)

@@ -329,12 +329,6 @@ class Engine:
     def scale_grads(self, scale: float) -> None:
         self.be.grad_scale(self.g, scale)
 
-    def adamw(self, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, gscale: float = 1.0) -> None:
-        """One AdamW update; the gradients are multiplied by gscale first (clipping, fused)."""
-        self.adam_t += 1
-        self.be.adamw(self.w, self.g, self.m, self.v, self.decay, lr, beta1, beta2, eps, weight_decay, self.adam_t, gscale)
-        self.ctrl[CTRL_T] = self.adam_t
-
     def update(self, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, clip: float) -> None:
         """The optimizer step without a host sync: the gradient norm, the decisions (clip to `clip`,
         undo the loss scale, skip a non-finite step: Backend.step_control) and AdamW all queued on
