@@ -198,7 +198,6 @@ class Engine:
         # (and an untied head)
         starts = [0] + [first[f"h{l}"] for l in range(cfg.n_layer)] + [first["lnf"], self.n_params]
         self.update_parts = list(zip(starts[:-1], starts[1:]))
-        self.update_ahead = self.update_ahead and all(lo % 4 == 0 for lo in starts)  # the kernel's vectors
         # fp16 loss scaling (decision): start at 2^15, the largest at which the classifier's scaled
         # gradient (|softmax - onehot| <= 1) still fits fp16; halve on overflow (andrea/optim.py),
         # double after LOSS_SCALE_WINDOW clean steps, never above the start

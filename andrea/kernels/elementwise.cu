@@ -170,22 +170,8 @@ extern "C" __global__ void adamw_h16(float* __restrict__ w, const float* __restr
 // launched on a side stream at the start of the next pass so that it runs beside that pass's forward
 // (andrea/engine/engine.py: update ahead). lr comes from the device (a captured pass replays it with
 // each step's rate); ctrl is required. With zero_g the gradient is cleared once read (the pass's
-// gradients then accumulate from zero), also in a skipped step. Four elements a thread at a time
-// (lo a multiple of 4; the 16-bit copy's gap too): a few blocks keep enough loads in flight to
-// stream the buffers without taking the forward's multiprocessors; a grid-stride loop.
-__device__ __forceinline__ void adamw_ahead_one(long i, float* __restrict__ w, float* __restrict__ g,
-                                                float* __restrict__ m, float* __restrict__ v,
-                                                const unsigned char* __restrict__ decay, h16* __restrict__ wb,
-                                                long gap_at, long gap, bool apply, float rate, float beta1,
-                                                float beta2, float eps, float wd, float gscale, float bc1, float bc2,
-                                                int decay_shift, int zero_g) {
-    if (apply) {
-        const float wi = adamw_update(i, w, g, m, v, decay, decay_shift, gscale, rate, beta1, beta2, eps, wd, bc1, bc2);
-        if (wb) wb[gapped(i, gap_at, gap)] = to_h16(wi);
-    }
-    if (zero_g) g[i] = 0.f;
-}
-
+// gradients then accumulate from zero), also in a skipped step. A grid-stride loop: the host sizes
+// the grid to share the GPU with the forward's kernels.
 extern "C" __global__ void adamw_ahead(float* __restrict__ w, float* __restrict__ g, float* __restrict__ m,
                                        float* __restrict__ v, const unsigned char* __restrict__ decay,
                                        h16* __restrict__ wb, long gap_at, long gap, const float* __restrict__ lr,
@@ -194,40 +180,13 @@ extern "C" __global__ void adamw_ahead(float* __restrict__ w, float* __restrict_
     float gscale = 1.f, bc1 = 1.f, bc2 = 1.f;
     const bool apply = controlled(ctrl, gscale, bc1, bc2);
     const float rate = *lr;
-    const long stride = (long)gridDim.x * blockDim.x * 4, vec_end = lo + (hi - lo) / 4 * 4;
-    for (long i = lo + ((long)blockIdx.x * blockDim.x + threadIdx.x) * 4; i < vec_end; i += stride) {
-        float4 w4 = *reinterpret_cast<const float4*>(w + i), g4 = *reinterpret_cast<const float4*>(g + i);
-        float4 m4 = *reinterpret_cast<const float4*>(m + i), v4 = *reinterpret_cast<const float4*>(v + i);
-        if (zero_g) *reinterpret_cast<float4*>(g + i) = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (!apply) continue;
-        float* wp = &w4.x;
-        const float* gp = &g4.x;
-        float* mp = &m4.x;
-        float* vp = &v4.x;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {  // adamw_update's arithmetic, on registers
-            const float gi = gp[k] * gscale;
-            const float mi = beta1 * mp[k] + (1.f - beta1) * gi;
-            const float vi = beta2 * vp[k] + (1.f - beta2) * gi * gi;
-            mp[k] = mi;
-            vp[k] = vi;
-            float wi = wp[k];
-            wi -= rate * wd * decay[(i + k) >> decay_shift] * wi;
-            wi -= rate * (mi / bc1) / (sqrtf(vi / bc2) + eps);
-            wp[k] = wi;
+    for (long i = lo + (long)blockIdx.x * blockDim.x + threadIdx.x; i < hi; i += (long)gridDim.x * blockDim.x) {
+        if (apply) {
+            const float wi = adamw_update(i, w, g, m, v, decay, decay_shift, gscale, rate, beta1, beta2, eps, wd, bc1, bc2);
+            if (wb) wb[gapped(i, gap_at, gap)] = to_h16(wi);
         }
-        *reinterpret_cast<float4*>(w + i) = w4;
-        *reinterpret_cast<float4*>(m + i) = m4;
-        *reinterpret_cast<float4*>(v + i) = v4;
-        if (wb) {
-            const h16x2 a = pack_h16x2(w4.x, w4.y), b = pack_h16x2(w4.z, w4.w);
-            *reinterpret_cast<uint2*>(wb + gapped(i, gap_at, gap)) =
-                make_uint2(*reinterpret_cast<const unsigned*>(&a), *reinterpret_cast<const unsigned*>(&b));
-        }
+        if (zero_g) g[i] = 0.f;
     }
-    if (blockIdx.x == 0 && vec_end + threadIdx.x < hi)  // the last few elements
-        adamw_ahead_one(vec_end + threadIdx.x, w, g, m, v, decay, wb, gap_at, gap, apply, rate, beta1, beta2, eps, wd,
-                        gscale, bc1, bc2, decay_shift, zero_g);
 }
 
 // Embedding backward planned on the host (andrea/engine/cupy: plan_tokens, upload_tokens): positions

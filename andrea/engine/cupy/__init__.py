@@ -897,11 +897,9 @@ class CupyBackend(Backend):
 
     def adamw_ahead(self, w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, ctrl, parts, zero_g: bool) -> None:
         """Backend.adamw_ahead: a kernel per stretch on a side stream (forked from the current one, so
-        a capture takes it in), each followed by an event that weights_ready waits for. The first
-        two stretches (the embeddings and block 0: the forward waits for them at once) take the
-        whole GPU; the others a grid of ANDREA_UPDATE_AHEAD_BLOCKS blocks (default: one per four
-        multiprocessors) that leaves the forward's kernels room beside them. Every stretch starts at
-        a multiple of 4 (the kernel's vectors)."""
+        a capture takes it in), each followed by an event that weights_ready waits for. Its grid
+        (ANDREA_UPDATE_AHEAD_BLOCKS, default two blocks per multiprocessor) leaves room for the
+        forward's kernels beside it."""
         self.weights.copies.clear()
         decay, shift = self._decay_bytes(w, decay)
         mirror = self.weights.mirror_of(w)
@@ -912,20 +910,17 @@ class CupyBackend(Backend):
             self._ahead_fork = cp.cuda.Event(disable_timing=True)
         while len(self._ahead_events) < len(parts):
             self._ahead_events.append(cp.cuda.Event(disable_timing=True))
-        grid = self._ahead_blocks or max(1, self._sm_count() // 4)
+        grid = self._ahead_blocks or 2 * self._sm_count()
         fn = self.kernel("elementwise", "adamw_ahead")
         f = np.float32
         wb = 0 if mirror is None else mirror.copy
         gap_at, gap = (mirror.gap_at, mirror.gap) if mirror is not None else (w.size, 0)
-        if any(lo % 4 for lo, _ in parts) or gap_at % 4 or gap % 4:
-            raise ValueError(f"adamw_ahead: stretches {parts} (and the 16-bit copy's gap) must start at multiples of 4")
         self._ahead_fork.record()
         side = self._ahead_stream
         side.wait_event(self._ahead_fork)
         with side:
-            for i, ((lo, hi), done) in enumerate(zip(parts, self._ahead_events)):
-                whole = blocks(-(-(hi - lo) // 4))
-                fn((max(1, whole if i < 2 else min(grid, whole)),), (256,), (
+            for (lo, hi), done in zip(parts, self._ahead_events):
+                fn((max(1, min(grid, blocks(hi - lo))),), (256,), (
                     w, g, m, v, decay, wb, np.int64(gap_at), np.int64(gap), lr, f(beta1), f(beta2), f(eps),
                     f(weight_decay), np.int64(lo), np.int64(hi), ctrl, np.int32(shift), np.int32(zero_g)))
                 done.record(side)
