@@ -328,28 +328,23 @@ class KVCache:
 
 
 def forward(cfg: ModelConfig, be, W: Weights, A: Activations, tokens, targets=None, cache: KVCache | None = None,
-            last: bool = False, ready=None):
+            last: bool = False):
     """The forward pass over token IDs [B, T] already on the backend.
 
     Training (`targets`): returns the mean cross-entropy (per-position losses stay in A.saved
     ["losses"]; None while a CUDA graph is captured). Generation (`cache`): the positions follow
     the cache's, their keys and values are added to it, and the logits [B·T, V] come back (with
-    `last`, of each row's last position only: [B, V]). `ready(part)`, when given, is called before
-    the weights of each part are first read: 0 the embeddings, 1 + l block l, L + 1 LN_f and the
-    head (the engine's update ahead: the last step's AdamW still running beside this pass)."""
+    `last`, of each row's last position only: [B, V])."""
     L, H = cfg.n_layer, cfg.n_head
-    ready = ready or (lambda part: None)
     T = tokens.shape[1]
     pos = cache.pos if cache is not None else 0
     if pos + T > cfg.context:
         raise ValueError(f"{pos + T} positions exceed the context of {cfg.context}")
-    ready(0)
     if cache is None:
         be.embed_fwd(tokens, W.wte, W.wpe[:T], A.res(0))
     else:
         be.embed_cached_fwd(tokens, W.wte, W.wpe, pos, cache.pos_dev, A.res(0))
     first = A.layer(0)
-    ready(1)
     be.layernorm_fwd(A.res(0), W.blocks[0].ln1_g, W.blocks[0].ln1_b, first.ln1, first.ln1_mean, first.ln1_rstd, LN_EPS)
     for l in range(L):
         w, a = W.blocks[l], A.layer(l)
@@ -364,7 +359,6 @@ def forward(cfg: ModelConfig, be, W: Weights, A: Activations, tokens, targets=No
         # MLP: x = x + gelu(LN2(x)·W_1)·W_2, then the next LayerNorm (LN1 of the next block, or LN_f)
         be.mlp_fwd(a.ln2, w.w1, w.w2, a.mlp_h, a.mlp_a, A.branch)
         g, b = (W.blocks[l + 1].ln1_g, W.blocks[l + 1].ln1_b) if l + 1 < L else (W.lnf_g, W.lnf_b)
-        ready(l + 2)  # block l + 1 (whose LN1 follows), or LN_f and the head
         be.add_layernorm_fwd(A.res(2 * l + 1), A.branch, A.res(2 * l + 2), g, b, *_next_norm(A, l, L), LN_EPS)
     if cache is not None:
         cache.pos = pos + T

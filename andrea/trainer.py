@@ -542,7 +542,6 @@ class Trainer:
         """The generation model over the engine's own weights, on its device and in its precision
         (read in place, never written: samples see every update; the coherence gate judges text
         made in the precision the run trains in)."""
-        self.engine.flush()  # the last step's update, where it waits for the next pass (update ahead)
         if self._inference is None:
             self._inference = InferenceModel(self.cfg, self.engine.w, backend=self.engine.backend,
                                              precision=self.engine.precision)

@@ -76,8 +76,7 @@ PEAK_TRACKER = PeakTracker()
 class Ours:
     """Our engine at one precision: fp32, bf16, fp16 or fp8 (CUDA graphs); "-eager": without graphs;
     "-nondet": cuDNN attention's non-deterministic backward (ANDREA_ATTENTION_DETERMINISTIC=0);
-    "-wsN": ANDREA_ATTENTION_WORKSPACE_MIB=N; "-noahead": AdamW at the end of each step
-    (ANDREA_UPDATE_AHEAD=0); "-aheadN": the update ahead in N blocks (ANDREA_UPDATE_AHEAD_BLOCKS=N)."""
+    "-wsN": ANDREA_ATTENTION_WORKSPACE_MIB=N."""
 
     def __init__(self, cfg, B, T, precision, warmup):
         import cupy as cp
@@ -93,8 +92,6 @@ class Ours:
         flags = precision.split("-")[1:]
         env = {"ANDREA_ATTENTION_DETERMINISTIC": "0" if "nondet" in flags else os.environ.get("ANDREA_ATTENTION_DETERMINISTIC", "1")}
         env.update({"ANDREA_ATTENTION_WORKSPACE_MIB": f[2:] for f in flags if f.startswith("ws")})
-        env.update({"ANDREA_UPDATE_AHEAD": "0" for f in flags if f == "noahead"})
-        env.update({"ANDREA_UPDATE_AHEAD_BLOCKS": f[5:] for f in flags if f.startswith("ahead") and f[5:].isdigit()})
         with mock.patch.dict(os.environ, env):  # the backend reads them when it is made
             self.e = Engine(cfg, batch_size=B, seq_len=T, backend="cupy", precision=precision.split("-")[0])
         self.e.graphs = self.e.graphs and "eager" not in flags

@@ -49,7 +49,6 @@ class Backend(abc.ABC):
     # ------------------------------------------------------------------ capabilities (declared)
     precisions: ClassVar[tuple[str, ...]] = ("fp32",)
     can_capture: ClassVar[bool] = False  # capture(fn) records a pass as a replayable CUDA graph
-    can_update_ahead: ClassVar[bool] = False  # adamw_ahead and weights_ready (update beside the next forward)
     plans_tokens: ClassVar[bool] = False  # plan_tokens() makes an embedding-backward plan on the host
     index_dtype: ClassVar[type] = np.int64  # token and target IDs on the device
     decay_dtype: ClassVar[type] = np.float32  # the weight-decay mask
@@ -292,17 +291,6 @@ class Backend(abc.ABC):
         """One fused AdamW update over the flat buffers (gradients times gscale first). With `ctrl`
         (step_control's buffer) the update takes gscale and the bias corrections from there, and
         is skipped where it says so; `step` and `gscale` are then ignored."""
-
-    def adamw_ahead(self, w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, ctrl, parts, zero_g: bool) -> None:
-        """adamw with `ctrl` (the same arithmetic) queued beside the work that follows, stretch by
-        stretch of the flat buffers (`parts`: [(lo, hi)]), the learning rate read from the device
-        array `lr` as the update runs; with zero_g the gradients are cleared once read.
-        weights_ready(i) makes the work queued after it wait for stretch i (can_update_ahead)."""
-        raise NotImplementedError(f"the {self.name} backend cannot update beside a pass")
-
-    def weights_ready(self, part: int) -> None:
-        """What is queued from now on waits for stretch `part` of the last adamw_ahead."""
-        raise NotImplementedError(f"the {self.name} backend cannot update beside a pass")
 
     def step_control(self, partial, ctrl, clip: float, scale: float, beta1: float, beta2: float) -> None:
         """The optimizer step's decisions from the gradient norm's partial sums, into `ctrl` (CTRL:

@@ -153,17 +153,16 @@ class Engine:
         self.dtype = np.dtype(dtype)
         self.layout = param_layout(cfg)
         self.n_params = n_params(cfg)
-        # one flat buffer each for weights, gradients, Adam m and v (self.w, .g, .m, .v: read through
-        # properties that first apply an update still queued for the next pass: see update)
+        # one flat buffer each for weights, gradients, Adam m and v
         xp = self.xp
-        self._w = xp.asarray(init_weights(cfg, seed, self.dtype))
-        self._g = xp.zeros_like(self._w)
-        self._m = xp.zeros_like(self._w)
-        self._v = xp.zeros_like(self._w)
+        self.w = xp.asarray(init_weights(cfg, seed, self.dtype))
+        self.g = xp.zeros_like(self.w)
+        self.m = xp.zeros_like(self.w)
+        self.v = xp.zeros_like(self.w)
         self.decay = self.be.decay_buffer(decay_mask(self.layout, self.be.decay_dtype))
-        self._P = views(self._w, self.layout)  # by checkpoint name ("h0.wq"), for tools and tests
-        self.W = Weights(cfg, self._w, self.layout)  # by role (W.blocks[0].wq), for the passes
-        self.G = Weights(cfg, self._g, self.layout)
+        self.P = views(self.w, self.layout)  # by checkpoint name ("h0.wq"), for tools and tests
+        self.W = Weights(cfg, self.w, self.layout)  # by role (W.blocks[0].wq), for the passes
+        self.G = Weights(cfg, self.g, self.layout)
         self.adam_t = 0  # updates applied so far (bias correction), as the host last learnt it
         # the optimizer step's decisions on the device (Backend.step_control; CTRL_T: the device's adam_t)
         self.ctrl = xp.zeros(len(CTRL), dtype=np.float64)
@@ -174,30 +173,12 @@ class Engine:
         self.scratch["norm_partial"] = xp.zeros(max(1, -(-self.n_params // (1 << 16))), dtype=np.float64)
         self.tokens = xp.zeros((self.B, self.T), dtype=self.be.index_dtype)
         self.targets = xp.zeros((self.B, self.T), dtype=self.be.index_dtype)
-        self.be.register_weights(self._w, head=self.W.head)  # e.g. a bf16 copy that AdamW keeps fresh
+        self.be.register_weights(self.w, head=self.W.head)  # e.g. a bf16 copy that AdamW keeps fresh
         self.buckets = self._gradient_buckets()
         # CUDA graphs: the 16-bit GPU paths replay forward + backward as one captured graph
         self.graphs = self.be.can_capture and precision in ("bf16", "fp16", "fp8") and \
             os.environ.get("ANDREA_CUDA_GRAPHS", "1") != "0"
-        self._captured = {}  # (reduce, zero_grads, the update queued ahead or None) -> the captured pass
-        # update ahead (decision): with CUDA graphs, AdamW is not launched at the end of its step but
-        # at the start of the next pass, on a side stream, block by block in the order the forward
-        # reads the weights; the forward waits for each block's update, so the update (bandwidth-bound,
-        # 0.78 ms at ANDREA-120M) runs beside the first blocks' matrix products instead of after the
-        # backward. The same kernels' arithmetic: the same bits. Anything else that reads or writes the
-        # weights, m, v or the gradients applies it first (flush). One process only (with several
-        # ranks the pass also carries the gradient all-reduce); ANDREA_UPDATE_AHEAD=0 turns it off.
-        self.update_ahead = self.graphs and self.be.can_update_ahead and self.comm.size == 1 and \
-            os.environ.get("ANDREA_UPDATE_AHEAD", "1") != "0"
-        self._pending = None  # the update queued for the next pass: (lr, beta1, beta2, eps, weight_decay)
-        self.lr_dev = xp.zeros(1, dtype=np.float32) if self.update_ahead else None  # its learning rate
-        first = {}
-        for p in self.layout:
-            first.setdefault(p.name.split(".")[0], p.offset)
-        # the stretches of the flat buffers the forward reads in turn: the embeddings, each block, LN_f
-        # (and an untied head)
-        starts = [0] + [first[f"h{l}"] for l in range(cfg.n_layer)] + [first["lnf"], self.n_params]
-        self.update_parts = list(zip(starts[:-1], starts[1:]))
+        self._captured = {}  # reduce (bool) -> the captured pass
         # fp16 loss scaling (decision): start at 2^15, the largest at which the classifier's scaled
         # gradient (|softmax - onehot| <= 1) still fits fp16; halve on overflow (andrea/optim.py),
         # double after LOSS_SCALE_WINDOW clean steps, never above the start
@@ -207,7 +188,7 @@ class Engine:
     def memory_plan(self) -> MemoryPlan:
         saved, scratch = self.A.nbytes()
         return MemoryPlan(
-            parameters=sum(a.nbytes for a in (self._w, self._g, self._m, self._v, self.decay)),
+            parameters=sum(a.nbytes for a in (self.w, self.g, self.m, self.v, self.decay)),
             activations=saved + self.tokens.nbytes + self.targets.nbytes,
             scratch=scratch,  # the gradient norm's partial sums included (they live in A.scratch)
             n_params=self.n_params,
@@ -237,7 +218,6 @@ class Engine:
     def forward(self, tokens, targets=None) -> float:
         """Mean cross-entropy over B×T; per-position losses stay in acts['losses']. `tokens` may be
         a PreparedBatch (then no targets)."""
-        self.flush()
         self._upload(tokens, targets)
         return self._forward()
 
@@ -254,18 +234,11 @@ class Engine:
         self._upload(tokens, targets)
         reduce = reduce and self.comm.size > 1
         if self.graphs:
-            # the update queued by the last step runs in this pass, where the pass clears the
-            # gradients (AdamW reads them first, then clears them); anywhere else it runs now
-            ahead = self._pending[1:] if self._pending is not None and zero_grads else None
-            if ahead is None:
-                self.flush()
-            key = (reduce, zero_grads, ahead)
+            key = (reduce, zero_grads)
             if key not in self._captured:
-                self._captured[key] = self.be.capture(lambda: self._forward_backward(reduce, zero_grads, ahead))
-            self._pending = None
+                self._captured[key] = self.be.capture(lambda: self._forward_backward(reduce, zero_grads))
             self._captured[key]()
         else:
-            self.flush()
             self._forward_backward(reduce, zero_grads)
         return self.row_losses(on_host)
 
@@ -275,26 +248,19 @@ class Engine:
         communicator closed (or collected at exit) while a graph lives hangs the process."""
         self._captured.clear()
 
-    def _forward_backward(self, reduce: bool = False, zero_grads: bool = False, ahead: tuple | None = None) -> None:
-        ready = None
-        if ahead is not None:  # the last step's AdamW beside this forward; it clears the gradients
-            beta1, beta2, eps, weight_decay = ahead
-            self.be.adamw_ahead(self._w, self._g, self._m, self._v, self.decay, self.lr_dev, beta1, beta2, eps,
-                                weight_decay, self.ctrl, self.update_parts, zero_g=True)
-            ready = self.be.weights_ready
-        elif zero_grads:
-            self._g[:] = 0
-        self._forward(ready)
+    def _forward_backward(self, reduce: bool = False, zero_grads: bool = False) -> None:
+        if zero_grads:
+            self.zero_grads()
+        self._forward()
         self.backward(reduce=reduce)
 
-    def _forward(self, ready=None):
+    def _forward(self):
         self.be.begin_pass()
-        return model.forward(self.cfg, self.be, self.W, self.A, self.tokens, self.targets, ready=ready)
+        return model.forward(self.cfg, self.be, self.W, self.A, self.tokens, self.targets)
 
     def backward(self, dloss: float = 1.0, reduce: bool = False) -> None:
         """Gradients of the last forward's mean loss (times dloss, and times loss_scale in fp16),
         added into self.g; with `reduce`, averaged over the ranks, bucket by bucket."""
-        self.flush()
         hook = self._reduce_bucket if reduce else None
         model.backward(self.cfg, self.be, self.W, self.G, self.A, self.tokens, self.targets, dloss, grads_final=hook)
         if reduce:
@@ -311,7 +277,7 @@ class Engine:
         first = {}  # "h3" -> the offset of block 3's first parameter
         for p in self.layout:
             first.setdefault(p.name.split(".")[0], p.offset)
-        bucket = self.reduce_bucket_mb * (1 << 20) / self._g.itemsize
+        bucket = self.reduce_bucket_mb * (1 << 20) / self.g.itemsize
         buckets, hi = {}, self.n_params
         for l in reversed(range(self.cfg.n_layer)):
             lo = first[f"h{l}"]
@@ -323,7 +289,7 @@ class Engine:
     def _reduce_bucket(self, l: int) -> None:
         if l in self.buckets:
             lo, hi = self.buckets[l]
-            self.be.reduce_async(self.comm, self._g[lo:hi], self.reduce_dtype)
+            self.be.reduce_async(self.comm, self.g[lo:hi], self.reduce_dtype)
 
     def row_losses(self, on_host: bool = True):
         """Mean loss of each batch row (what the curriculum attributes to a row's source), on the host
@@ -367,48 +333,10 @@ class Engine:
         """The optimizer step without a host sync: the gradient norm, the decisions (clip to `clip`,
         undo the loss scale, skip a non-finite step: Backend.step_control) and AdamW all queued on
         the device. self.ctrl holds the decisions (CTRL) until the next update; read them with
-        readback, then set adam_t from CTRL_T. With update_ahead, AdamW itself waits for the next
-        pass that clears the gradients (it runs beside that pass's forward), or for flush()."""
-        self.flush()
-        self.be.grad_norm_partial(self._g, self.scratch["norm_partial"])
+        readback, then set adam_t from CTRL_T."""
+        self.be.grad_norm_partial(self.g, self.scratch["norm_partial"])
         self.be.step_control(self.scratch["norm_partial"], self.ctrl, clip, self.loss_scale, beta1, beta2)
-        if self.update_ahead:
-            self.lr_dev.fill(lr)  # a kernel argument, queued in order: the pass that runs the update reads it
-            self._pending = (lr, beta1, beta2, eps, weight_decay)
-        else:
-            self.be.adamw(self._w, self._g, self._m, self._v, self.decay, lr, beta1, beta2, eps, weight_decay, 1,
-                          ctrl=self.ctrl)
-
-    def flush(self) -> None:
-        """Apply the update queued for the next pass (update_ahead) now, on the current stream."""
-        if self._pending is not None:
-            lr, beta1, beta2, eps, weight_decay = self._pending
-            self._pending = None
-            self.be.adamw(self._w, self._g, self._m, self._v, self.decay, lr, beta1, beta2, eps, weight_decay, 1,
-                          ctrl=self.ctrl)
-
-    # the flat buffers, as of every update queued so far; assigning one writes into it (`e.w *= 2`
-    # works in place; the buffers themselves never change: views and captured graphs hold them)
-    def _buffer(name: str):
-        def get(self):
-            self.flush()
-            return getattr(self, name)
-
-        def put(self, value):
-            self.flush()
-            buf = getattr(self, name)
-            if value is not buf:
-                buf[...] = value
-
-        return property(get, put)
-
-    w, g, m, v = _buffer("_w"), _buffer("_g"), _buffer("_m"), _buffer("_v")
-    del _buffer
-
-    @property
-    def P(self) -> dict:
-        self.flush()
-        return self._P
+        self.be.adamw(self.w, self.g, self.m, self.v, self.decay, lr, beta1, beta2, eps, weight_decay, 1, ctrl=self.ctrl)
 
     def readback(self, arrays):
         """Host copies of device arrays (e.g. self.ctrl and row losses) as of now: .get() returns them,
@@ -429,8 +357,7 @@ class Engine:
     # -------------------------------------------------------------- state
     def load_state(self, weights, m=None, v=None, adam_t: int = 0) -> None:
         """Copy weights (and optimizer state) in, e.g. from a checkpoint."""
-        self.flush()
-        for dst, src in ((self._w, weights), (self._m, m), (self._v, v)):
+        for dst, src in ((self.w, weights), (self.m, m), (self.v, v)):
             if src is not None:
                 if src.shape != dst.shape:
                     raise ValueError(f"state has {src.shape[0]} parameters, this model {dst.shape[0]}")

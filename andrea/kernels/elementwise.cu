@@ -166,29 +166,6 @@ extern "C" __global__ void adamw_h16(float* __restrict__ w, const float* __restr
     if (i < n) wb[gapped(i, gap_at, gap)] = to_h16(adamw_update(i, w, g, m, v, decay, decay_shift, gscale, lr, beta1, beta2, eps, wd, bc1, bc2));
 }
 
-// AdamW as adamw_h16 (the same arithmetic: the same bits) on the stretch [lo, hi) of the flat buffers,
-// launched on a side stream at the start of the next pass so that it runs beside that pass's forward
-// (andrea/engine/engine.py: update ahead). lr comes from the device (a captured pass replays it with
-// each step's rate); ctrl is required. With zero_g the gradient is cleared once read (the pass's
-// gradients then accumulate from zero), also in a skipped step. A grid-stride loop: the host sizes
-// the grid to share the GPU with the forward's kernels.
-extern "C" __global__ void adamw_ahead(float* __restrict__ w, float* __restrict__ g, float* __restrict__ m,
-                                       float* __restrict__ v, const unsigned char* __restrict__ decay,
-                                       h16* __restrict__ wb, long gap_at, long gap, const float* __restrict__ lr,
-                                       float beta1, float beta2, float eps, float wd, long lo, long hi,
-                                       const double* __restrict__ ctrl, int decay_shift, int zero_g) {
-    float gscale = 1.f, bc1 = 1.f, bc2 = 1.f;
-    const bool apply = controlled(ctrl, gscale, bc1, bc2);
-    const float rate = *lr;
-    for (long i = lo + (long)blockIdx.x * blockDim.x + threadIdx.x; i < hi; i += (long)gridDim.x * blockDim.x) {
-        if (apply) {
-            const float wi = adamw_update(i, w, g, m, v, decay, decay_shift, gscale, rate, beta1, beta2, eps, wd, bc1, bc2);
-            if (wb) wb[gapped(i, gap_at, gap)] = to_h16(wi);
-        }
-        if (zero_g) g[i] = 0.f;
-    }
-}
-
 // Embedding backward planned on the host (andrea/engine/cupy: plan_tokens, upload_tokens): positions
 // sorted (stably) by token, seg[k]..seg[k+1] the positions of the k-th distinct token uniq[k],
 // count[0] distinct tokens. One block per distinct token sums its rows in position order:

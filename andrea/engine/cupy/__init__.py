@@ -161,7 +161,6 @@ class CupyBackend(Backend):
     name = "cupy"
     precisions = ("fp32", "bf16", "fp16", "fp8")
     can_capture = True
-    can_update_ahead = True
     plans_tokens = True
     index_dtype = np.int32
     decay_dtype = np.uint8  # the weight-decay mask as bytes (a quarter of an fp32 mask's memory)
@@ -197,11 +196,6 @@ class CupyBackend(Backend):
         self.attention_workspace_cap = workspace_cap()
         self._cudnn: dict = {}  # device -> CudnnAttention
         self.backward_arena = None  # bytes dead during the layers' backward (set_backward_arena)
-        # the update ahead (adamw_ahead): its stream, the event it forks from, an event per stretch
-        self._ahead_stream = None
-        self._ahead_fork = None
-        self._ahead_events: list = []
-        self._ahead_blocks = int(os.environ.get("ANDREA_UPDATE_AHEAD_BLOCKS", "0")) or None  # None: 2 per SM
 
     @property
     def recomputes_gelu(self) -> bool:
@@ -882,59 +876,15 @@ class CupyBackend(Backend):
     def readback(self, arrays) -> "Readback":
         return Readback(arrays)
 
-    @staticmethod
-    def _decay_bytes(w, decay) -> tuple:
-        """The weight-decay mask as bytes, and its granule: one byte per 2^shift parameters
-        (decay_buffer), or per parameter."""
+    def adamw(self, w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale=1.0, ctrl=None) -> None:
+        self.weights.copies.clear()  # the weights change: copies not kept by the kernel below are stale
         if decay.dtype != np.uint8:
             decay = (decay != 0).astype(np.uint8)
-        shift = 0
+        shift = 0  # decay: one byte per 2^shift parameters (decay_buffer), or per parameter
         while (w.size + (1 << shift) - 1) >> shift > decay.size:
             shift += 1
         if (w.size + (1 << shift) - 1) >> shift != decay.size:
             raise ValueError(f"a weight-decay mask of {decay.size} entries fits no granule of {w.size} parameters")
-        return decay, shift
-
-    def adamw_ahead(self, w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, ctrl, parts, zero_g: bool) -> None:
-        """Backend.adamw_ahead: a kernel per stretch on a side stream (forked from the current one, so
-        a capture takes it in), each followed by an event that weights_ready waits for. Its grid
-        (ANDREA_UPDATE_AHEAD_BLOCKS, default two blocks per multiprocessor) leaves room for the
-        forward's kernels beside it."""
-        self.weights.copies.clear()
-        decay, shift = self._decay_bytes(w, decay)
-        mirror = self.weights.mirror_of(w)
-        if mirror is not None:
-            mirror.stale = False
-        if self._ahead_stream is None:
-            self._ahead_stream = cp.cuda.Stream(non_blocking=True)
-            self._ahead_fork = cp.cuda.Event(disable_timing=True)
-        while len(self._ahead_events) < len(parts):
-            self._ahead_events.append(cp.cuda.Event(disable_timing=True))
-        grid = self._ahead_blocks or 2 * self._sm_count()
-        fn = self.kernel("elementwise", "adamw_ahead")
-        f = np.float32
-        wb = 0 if mirror is None else mirror.copy
-        gap_at, gap = (mirror.gap_at, mirror.gap) if mirror is not None else (w.size, 0)
-        self._ahead_fork.record()
-        side = self._ahead_stream
-        side.wait_event(self._ahead_fork)
-        with side:
-            for (lo, hi), done in zip(parts, self._ahead_events):
-                fn((max(1, min(grid, blocks(hi - lo))),), (256,), (
-                    w, g, m, v, decay, wb, np.int64(gap_at), np.int64(gap), lr, f(beta1), f(beta2), f(eps),
-                    f(weight_decay), np.int64(lo), np.int64(hi), ctrl, np.int32(shift), np.int32(zero_g)))
-                done.record(side)
-
-    def weights_ready(self, part: int) -> None:
-        cp.cuda.get_current_stream().wait_event(self._ahead_events[part])
-
-    @staticmethod
-    def _sm_count() -> int:
-        return cp.cuda.Device().attributes["MultiProcessorCount"]
-
-    def adamw(self, w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale=1.0, ctrl=None) -> None:
-        self.weights.copies.clear()  # the weights change: copies not kept by the kernel below are stale
-        decay, shift = self._decay_bytes(w, decay)
         bc1 = 1 - beta1**step
         bc2 = 1 - beta2**step
         f = np.float32
