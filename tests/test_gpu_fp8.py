@@ -64,15 +64,17 @@ def test_casts_and_delayed_scales_follow_the_reference():
     assert got == want and want["overflow"] > 0 and want["underflow"] > 0
 
 
-def test_gelu_casts_forward_and_backward_agree():
+@pytest.mark.parametrize("name, tiles", [("fp8_gelu_bwd_cast", 1), ("fp8_gelu_bwd_cast_tiles", 4)])
+def test_gelu_casts_forward_and_backward_agree(name, tiles):
     """The forward casts a = gelu(h) straight from h; the backward's one pass over h and a's gradient
-    (fp8_gelu_bwd_cast) casts a again at the same scale, transposed, for dW2: exactly the forward's
+    (fp8_gelu_bwd_cast, a tile a block, and the production's _tiles, four: here a block with
+    one tile left) casts a again at the same scale, transposed, for dW2: exactly the forward's
     operand. Its other output, h's gradient in e5m2 (and transposed), is the bf16 path's
     da·gelu'(h) to e5m2's precision."""
     be = CupyBackend("fp8")
     f = be.fp8
     rng = np.random.default_rng(1)
-    rows, cols = 64, 256
+    rows, cols = 128, 320
     h = cp.asarray((rng.standard_normal((rows, cols)) * 2).astype(BF16))
     g = cp.asarray(rng.standard_normal((rows, cols)).astype(BF16))
     anchor = cp.zeros(1, cp.float32)
@@ -81,7 +83,7 @@ def test_gelu_casts_forward_and_backward_agree():
     f.cast(h, sa, "e4m3", q=q, gelu=True)
     f.scale[sd] = 2.0  # dh's scale as a delayed scale would have it
     dq, dqt, aqt = cp.zeros((rows, cols), cp.uint8), cp.zeros((cols, rows), cp.uint8), cp.zeros((cols, rows), cp.uint8)
-    be.kernel("fp8", "fp8_gelu_bwd_cast")((cols // 64, rows // 64), (256,), (
+    be.kernel("fp8", name)((-(-cols // (64 * tiles)), rows // 64), (256,), (
         g, h, np.int32(rows), np.int32(cols), dq, dqt, np.int32(sd), aqt, np.int32(sa), f.scale, f.amax_now, f.counts,
         np.int32(1), np.int32(1)))
     assert np.array_equal(q.get().T, aqt.get())

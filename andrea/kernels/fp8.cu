@@ -187,43 +187,62 @@ FP8_CAST(fp8_cast_h16_e4m3_gelu, h16, FP8_E4M3, true)
 // any gradient's cast), and a = gelu(h) in 16 bits, the forward's operand, cast again to e4m3 at
 // its site's scale into aqt, transposed (the dW2 product's operand; neither recorded nor counted).
 // dh goes to fp8 from fp32, never stored in 16 bits. Null outputs are skipped (a first cast
-// records the amax alone).
-extern "C" __global__ void __launch_bounds__(256) fp8_gelu_bwd_cast(
-    const h16* __restrict__ da, const h16* __restrict__ h, int rows, int cols, unsigned char* __restrict__ dq,
-    unsigned char* __restrict__ dqt, int site_d, unsigned char* __restrict__ aqt, int site_a,
-    const float* __restrict__ scale, float* __restrict__ amax_now, unsigned long long* __restrict__ counts,
-    int record, int count) {
+// records the amax alone). TILES tiles of 64 x 64 side by side per block (grid: cols / (64 TILES)
+// by rows / 64, rounded up): fp8_gelu_bwd_cast one (24,576 blocks at ANDREA-120M B=32, each
+// with its reduction and three atomics on the site's counters), fp8_gelu_bwd_cast_tiles FP8_TILES.
+template <int TILES>
+__device__ void gelu_bwd_cast(const h16* __restrict__ da, const h16* __restrict__ h, int rows, int cols,
+                              unsigned char* __restrict__ dq, unsigned char* __restrict__ dqt, int site_d,
+                              unsigned char* __restrict__ aqt, int site_a, const float* __restrict__ scale,
+                              float* __restrict__ amax_now, unsigned long long* __restrict__ counts, int record,
+                              int count) {
     __shared__ unsigned char tile_d[64][64 + 8], tile_a[64][64 + 8];
     const float sd = scale[site_d], sa = scale[site_a];
-    const int row0 = blockIdx.y * 64, col0 = blockIdx.x * 64;
+    const int row0 = blockIdx.y * 64;
     CastStats st, unused;
+    for (int ct = 0; ct < TILES; ct++) {  // block-uniform: every thread reaches the barriers
+        const int col0 = (blockIdx.x * TILES + ct) * 64;
+        if (col0 >= cols) break;
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int c = threadIdx.x + 256 * i, r = c / 8, cc = (c % 8) * 8;
-        const int row = row0 + r, col = col0 + cc;
-        if (row < rows && col < cols) {
-            float g[8], x[8], a[8];
-            load8<h16>(da + (long)row * cols + col, g);
-            load8<h16>(h + (long)row * cols + col, x);
+        for (int i = 0; i < 2; i++) {
+            const int c = threadIdx.x + 256 * i, r = c / 8, cc = (c % 8) * 8;
+            const int row = row0 + r, col = col0 + cc;
+            if (row < rows && col < cols) {
+                float g[8], x[8], a[8];
+                load8<h16>(da + (long)row * cols + col, g);
+                load8<h16>(h + (long)row * cols + col, x);
 #pragma unroll
-            for (int k = 0; k < 8; k++) {  // as gelu_bwd_recompute_h16x8
-                const float u = x[k] * x[k];
-                const float t = tanh_approx(GELU_C * (x[k] + 0.044715f * x[k] * x[k] * x[k]));
-                a[k] = from_h16(to_h16(0.5f * x[k] * (1.f + t)));
-                g[k] *= 0.5f * (1.f + t) + 0.5f * x[k] * (1.f - t * t) * GELU_C * (1.f + 3.f * 0.044715f * u);
+                for (int k = 0; k < 8; k++) {  // as gelu_bwd_recompute_h16x8
+                    const float u = x[k] * x[k];
+                    const float t = tanh_approx(GELU_C * (x[k] + 0.044715f * x[k] * x[k] * x[k]));
+                    a[k] = from_h16(to_h16(0.5f * x[k] * (1.f + t)));
+                    g[k] *= 0.5f * (1.f + t) + 0.5f * x[k] * (1.f - t * t) * GELU_C * (1.f + 3.f * 0.044715f * u);
+                }
+                const uint2 pd = cast8<FP8_E5M2>(g, sd, st, count);
+                const uint2 pa = cast8<FP8_E4M3>(a, sa, unused, false);
+                if (dq) *reinterpret_cast<uint2*>(dq + (long)row * cols + col) = pd;
+                *reinterpret_cast<uint2*>(&tile_d[r][cc]) = pd;
+                *reinterpret_cast<uint2*>(&tile_a[r][cc]) = pa;
             }
-            const uint2 pd = cast8<FP8_E5M2>(g, sd, st, count);
-            const uint2 pa = cast8<FP8_E4M3>(a, sa, unused, false);
-            if (dq) *reinterpret_cast<uint2*>(dq + (long)row * cols + col) = pd;
-            *reinterpret_cast<uint2*>(&tile_d[r][cc]) = pd;
-            *reinterpret_cast<uint2*>(&tile_a[r][cc]) = pa;
         }
+        __syncthreads();
+        if (dqt) store_transposed(tile_d, dqt, rows, row0, col0, rows, cols);
+        if (aqt) store_transposed(tile_a, aqt, rows, row0, col0, rows, cols);
+        __syncthreads();  // the tiles are written again by the next column tile
     }
-    __syncthreads();
-    if (dqt) store_transposed(tile_d, dqt, rows, row0, col0, rows, cols);
-    if (aqt) store_transposed(tile_a, aqt, rows, row0, col0, rows, cols);
     if (record || count) block_record(st, site_d, amax_now, counts, record, count);
 }
+
+#define FP8_GELU_BWD_CAST(name, TILES)                                                                         \
+    extern "C" __global__ void __launch_bounds__(256) name(                                                  \
+        const h16* __restrict__ da, const h16* __restrict__ h, int rows, int cols, unsigned char* __restrict__ dq, \
+        unsigned char* __restrict__ dqt, int site_d, unsigned char* __restrict__ aqt, int site_a,              \
+        const float* __restrict__ scale, float* __restrict__ amax_now, unsigned long long* __restrict__ counts, \
+        int record, int count) {                                                                              \
+        gelu_bwd_cast<TILES>(da, h, rows, cols, dq, dqt, site_d, aqt, site_a, scale, amax_now, counts, record, count); \
+    }
+FP8_GELU_BWD_CAST(fp8_gelu_bwd_cast, 1)
+FP8_GELU_BWD_CAST(fp8_gelu_bwd_cast_tiles, FP8_TILES)
 
 // the scale from an amax (a power of two: amax·s <= max < amax·2s); 1 when there is nothing to go on
 __device__ __forceinline__ float scale_for(float amax, float fmax) {

@@ -32,8 +32,9 @@ VERSIONS = [
     V("fp8_cast", "W fp32 -> e4m3 + transpose", ("fp8_cast_f32_e4m3",), SRC, BF),
     V("fp8_cast", "gelu(h) bf16 -> e4m3", ("fp8_cast_h16_e4m3_gelu", "gelu_bwd_recompute_h16x8"), SRC, BF),
     V("fp8_update", "update + first scale", ("fp8_update", "fp8_scale_from_now"), SRC, BF),
-    V("fp8_cast", "gelu bwd: dh -> e5m2 + transpose, a -> e4m3 transpose", ("fp8_gelu_bwd_cast", "gelu_bwd_recompute_h16x8"),
-      SRC, BF),
+    V("fp8_cast", "gelu bwd: dh -> e5m2 + transpose, a -> e4m3 transpose, a tile a block",
+      ("fp8_gelu_bwd_cast", "gelu_bwd_recompute_h16x8"), SRC, BF, production=False),
+    V("fp8_cast", "gelu bwd, 4 tiles a block", ("fp8_gelu_bwd_cast_tiles", "gelu_bwd_recompute_h16x8"), SRC, BF),
 ]
 HISTORY = 16
 CAST_COLS = 4 * 64  # columns per block of fp8_cast_* (fp8.cu: FP8_TILES tiles of 64; andrea/engine/cupy/fp8.py)
@@ -127,7 +128,11 @@ def run_gelu_bwd(cp, report, shape, rng, reps):
     transposed. a's bytes: exactly the host cast of the a that gelu_bwd_recompute_h16x8 computes
     (the forward cast's values, fp8_cast's gelu version); dh: the bf16 path's dh (the same kernel)
     to within one e5m2 rounding (2^-3 relative) and bf16's, since dh goes to fp8 from fp32."""
-    ver = VERSIONS[5]
+    for ver, tiles in ((VERSIONS[5], 1), (VERSIONS[6], CAST_COLS // 64)):
+        _gelu_bwd_case(cp, report, shape, rng, reps, ver, tiles)
+
+
+def _gelu_bwd_case(cp, report, shape, rng, reps, ver, tiles):
     rows, cols = shape.B * shape.T, 4 * shape.C
     k = common.build(cp, ver, "bf16")
     h = cp.asarray(common.to_h16(rng.standard_normal((rows, cols)) * 1.5, "bf16"))
@@ -143,7 +148,7 @@ def run_gelu_bwd(cp, report, shape, rng, reps):
     dq, dqt, aqt = cp.zeros((rows, cols), cp.uint8), cp.zeros((cols, rows), cp.uint8), cp.zeros((cols, rows), cp.uint8)
     args = (g, h, np.int32(rows), np.int32(cols), dq, dqt, np.int32(0), aqt, np.int32(1), scale, amax, counts,
             np.int32(1), np.int32(1))
-    run = lambda: k[ver.kernels[0]](((cols + 63) // 64, (rows + 63) // 64), (256,), args)  # noqa: E731
+    run = lambda: k[ver.kernels[0]]((-(-cols // (64 * tiles)), (rows + 63) // 64), (256,), args)  # noqa: E731
 
     def case():
         run()

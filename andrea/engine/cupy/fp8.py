@@ -238,8 +238,8 @@ class Fp8:
         sd = self._site("mlp1.dy", w1, "e5m2")
         # their own names: with M = d, g{M}/gt{M} would be the dout casts above, still to be read
         dq, dqt, aqt = self._u8(f"dh{M}", (m, M)), self._u8(f"dht{M}", (M, m)), self._u8(f"at{M}", (M, m))
-        fn = self.be.kernel("fp8", "fp8_gelu_bwd_cast")
-        grid = ((M + 63) // 64, (m + 63) // 64)
+        fn = self.be.kernel("fp8", "fp8_gelu_bwd_cast_tiles")  # FP8_TILES tiles of 64 x 64 a block, as the casts
+        grid = (-(-M // CAST_COLS), (m + 63) // 64)
 
         def launch(outs, record, count):
             fn(grid, (256,), (da, h, np.int32(m), np.int32(M), *outs[:2], np.int32(sd), outs[2], np.int32(sa),
