@@ -64,6 +64,42 @@ def test_casts_and_delayed_scales_follow_the_reference():
     assert got == want and want["overflow"] > 0 and want["underflow"] > 0
 
 
+def test_weights_cast_in_one_launch_match_their_casts_one_by_one():
+    """A pass casts each weight as its product first needs it; every later pass casts them all at its
+    start in one launch (fp8_cast_f32_e4m3_jobs) and the products find them done. The launch gives
+    the same bytes (the copy and its transpose, side by side where weights share a site), the same
+    amaxes and counts, for weights whose blocks end partway (rows and columns not multiples of 64 or
+    256), and leaves nothing for the products to cast again."""
+    be = CupyBackend("fp8")
+    f = be.fp8
+    rng = np.random.default_rng(4)
+    flat = cp.asarray((rng.standard_normal(3 * 96 * 80 + 96 * 328) * 0.02).astype(np.float32))
+    qkv = [flat[i * 96 * 80:(i + 1) * 96 * 80].reshape(96, 80) for i in range(3)]  # one site, side by side
+    other = flat[3 * 96 * 80:].reshape(96, 328)
+    f.begin_pass()
+    assert not f.weights_cast  # nothing to cast in one launch yet
+    first = [f.cast_weights(qkv), f.cast_weights((other,))]
+    want = [(site, wt.get(), wp.get()) for site, wt, wp in first]
+    counts, amax = f.counts.get().copy(), f.amax_now.get().copy()
+    assert len(f.jobs) == 4
+    for _, wt, wp in first:
+        wt.fill(0)
+        wp.fill(0)
+    f.amax_now.fill(-1.0)  # as fp8_update leaves it, without moving these amaxes into the histories
+    f.weights_cast = True
+    ptrs, ints, nblocks, _ = f.job_table
+    be.kernel("fp8", "fp8_cast_f32_e4m3_jobs")((nblocks,), (256,), (ptrs, ints, np.int32(len(ints)), f.scale,
+                                                                    f.amax_now, f.counts))
+    again = [f.cast_weights(qkv), f.cast_weights((other,))]  # found done: no launch
+    for (site, wt, wp), (site0, wt0, wp0) in zip(again, want):
+        assert site == site0 and np.array_equal(wt.get(), wt0) and np.array_equal(wp.get(), wp0)
+    sites = [s for s, *_ in want]
+    assert np.array_equal(f.amax_now.get()[sites], amax[sites])
+    assert np.array_equal(f.counts.get()[sites], 2 * counts[sites])  # each weight counted once more
+    f.begin_pass()  # a later pass: the scales from the histories, then the one launch
+    assert f.weights_cast and np.array_equal(f.counts.get()[sites], 3 * counts[sites])
+
+
 @pytest.mark.parametrize("name, tiles", [("fp8_gelu_bwd_cast", 1), ("fp8_gelu_bwd_cast_tiles", 4)])
 def test_gelu_casts_forward_and_backward_agree(name, tiles):
     """The forward casts a = gelu(h) straight from h; the backward's one pass over h and a's gradient

@@ -77,7 +77,6 @@ def run_cast(cp, report, shape, rng, reps):
         x.flat[5] = 50 * amax_typ  # saturates at the scale of the typical values
         x.flat[7] = 1e-30  # underflows
         x.flat[9] = 0.0
-        fmax = formats()[fmt].max
         scale = scale_reference([amax_typ], fmt)
         if src == "bf16":
             bits = common.to_h16(x, "bf16")

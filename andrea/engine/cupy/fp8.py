@@ -92,15 +92,22 @@ class Fp8:
         self.sites: dict = {}  # (role, weight pointer) -> index
         self.primed: set = set()  # sites cast at least once (their scale has something to go on)
         self.weights: dict = {}  # first weight's pointer -> (Wᵀ [n, k], W [k, n]) e4m3 copies
+        # every weight cast seen, as jobs of one launch (fp8_cast_f32_e4m3_jobs) that casts them all at
+        # the start of each later pass: {(x, q) pointers: (x, q, qt, site)}, and the device tables
+        self.jobs: dict = {}
+        self.job_table = None  # (pointers [n, 6] int64, ints [n, 5] int32, blocks, sites) on the device
+        self.weights_cast = False  # this pass's weights were cast by the jobs' launch
         self.products = products_from_env()
 
     def buffers(self) -> list:
         """What a captured pass reads and writes besides the backend's scratch."""
         return [self.amax_now, self.hist, self.scale, self.inv, self.fmax, self.counts,
-                list(self.weights.values())]
+                list(self.weights.values()), self.job_table]
 
     def release(self) -> None:
         self.weights.clear()
+        self.jobs.clear()
+        self.job_table = None
 
     # ------------------------------------------------------------------ scales and casts
     def _site(self, role: str, w, fmt: str) -> int:
@@ -114,11 +121,34 @@ class Fp8:
         return i
 
     def begin_pass(self) -> None:
-        """Each site's amaxes since the last call join its history; scales from the histories."""
+        """Each site's amaxes since the last call join its history; scales from the histories. Then
+        every weight cast an earlier pass made, in one launch (the pass's products find them done)."""
         n = len(self.sites)
         if n:
             self.be.kernel("fp8", "fp8_update")(((n + 127) // 128,), (128,), (self.amax_now, self.hist, self.scale, self.inv,
                                                                       self.fmax, np.int32(n)))
+        self.weights_cast = self.job_table is not None
+        if self.weights_cast:
+            ptrs, ints, blocks, _ = self.job_table
+            self.be.kernel("fp8", "fp8_cast_f32_e4m3_jobs")((blocks,), (256,), (
+                ptrs, ints, np.int32(len(ints)), self.scale, self.amax_now, self.counts))
+
+    def _add_job(self, x, q, qt, site: int) -> None:
+        """A weight cast for the jobs' launch (made on the eager pass that casts it first: the tables
+        are device arrays)."""
+        key = (x.data.ptr, q.data.ptr)
+        if key in self.jobs or cp.cuda.get_current_stream().is_capturing():
+            return
+        self.jobs[key] = (x, q, qt, site)
+        ptrs, ints, first = [], [], 0
+        for x_, q_, qt_, site_ in self.jobs.values():
+            rows, cols = x_.shape
+            bx = -(-cols // CAST_COLS)
+            ptrs.append([x_.data.ptr, x_.strides[0] // 4, q_.data.ptr, q_.strides[0], qt_.data.ptr, qt_.strides[0]])
+            ints.append([rows, cols, site_, first, bx])
+            first += bx * -(-rows // 64)
+        self.job_table = (cp.asarray(np.array(ptrs, np.int64)), cp.asarray(np.array(ints, np.int32)), first,
+                          {site_ for *_, site_ in self.jobs.values()})
 
     def cast(self, x, site: int, fmt: str, q=None, qt=None, record: bool = True, gelu: bool = False) -> None:
         """x [rows, cols] (bf16; fp32 for e4m3 weights; unit column stride) cast at the site's scale
@@ -166,13 +196,19 @@ class Fp8:
         return site, wt, wp
 
     def cast_weights(self, ws) -> tuple:
+        """The weights' e4m3 copies (site, Wᵀ, W): cast here on a pass that the jobs' launch has not
+        cast them on (their first), which adds them to it."""
         site, wt, wp = self._weights(ws)
+        if self.weights_cast and site in self.job_table[3]:
+            return site, wt, wp
         if site not in self.primed:
             self.prime(site, ws, "e4m3")
         at = 0
         for w in ws:
             ni = w.shape[1]
-            self.cast(w, site, "e4m3", q=wp[:, at:at + ni], qt=wt[at:at + ni])
+            q, qt = wp[:, at:at + ni], wt[at:at + ni]
+            self.cast(w, site, "e4m3", q=q, qt=qt)
+            self._add_job(w, q, qt, site)
             at += ni
         return site, wt, wp
 
