@@ -345,7 +345,8 @@ def forward(cfg: ModelConfig, be, W: Weights, A: Activations, tokens, targets=No
     else:
         be.embed_cached_fwd(tokens, W.wte, W.wpe, pos, cache.pos_dev, A.res(0))
     first = A.layer(0)
-    be.layernorm_fwd(A.res(0), W.blocks[0].ln1_g, W.blocks[0].ln1_b, first.ln1, first.ln1_mean, first.ln1_rstd, LN_EPS)
+    be.layernorm_fwd(A.res(0), W.blocks[0].ln1_g, W.blocks[0].ln1_b, first.ln1, first.ln1_mean, first.ln1_rstd, LN_EPS,
+                     feeds=("qkv", W.blocks[0].wq))
     for l in range(L):
         w, a = W.blocks[l], A.layer(l)
         # attention: x = x + attn(LN1(x))
@@ -355,11 +356,13 @@ def forward(cfg: ModelConfig, be, W: Weights, A: Activations, tokens, targets=No
         else:
             be.attn_cached_fwd(a.qkv, cache.k[l], cache.v[l], pos, a.att_y, cache.pos_dev)
         be.attn_out_fwd(a.att_y, w.wo, A.branch)
-        be.add_layernorm_fwd(A.res(2 * l), A.branch, A.res(2 * l + 1), w.ln2_g, w.ln2_b, a.ln2, a.ln2_mean, a.ln2_rstd, LN_EPS)
+        be.add_layernorm_fwd(A.res(2 * l), A.branch, A.res(2 * l + 1), w.ln2_g, w.ln2_b, a.ln2, a.ln2_mean, a.ln2_rstd, LN_EPS,
+                             feeds=("mlp1", w.w1))
         # MLP: x = x + gelu(LN2(x)·W_1)·W_2, then the next LayerNorm (LN1 of the next block, or LN_f)
         be.mlp_fwd(a.ln2, w.w1, w.w2, a.mlp_h, a.mlp_a, A.branch)
         g, b = (W.blocks[l + 1].ln1_g, W.blocks[l + 1].ln1_b) if l + 1 < L else (W.lnf_g, W.lnf_b)
-        be.add_layernorm_fwd(A.res(2 * l + 1), A.branch, A.res(2 * l + 2), g, b, *_next_norm(A, l, L), LN_EPS)
+        feeds = ("qkv", W.blocks[l + 1].wq) if l + 1 < L else None  # LN_f feeds the head
+        be.add_layernorm_fwd(A.res(2 * l + 1), A.branch, A.res(2 * l + 2), g, b, *_next_norm(A, l, L), LN_EPS, feeds=feeds)
     if cache is not None:
         cache.pos = pos + T
         be.advance_position(cache.pos_dev, T)

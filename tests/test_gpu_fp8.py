@@ -100,6 +100,52 @@ def test_weights_cast_in_one_launch_match_their_casts_one_by_one():
     assert f.weights_cast and np.array_equal(f.counts.get()[sites], 3 * counts[sites])
 
 
+@pytest.mark.parametrize("C", [64, 768, 1536])
+@pytest.mark.parametrize("add", [False, True])
+def test_layernorm_casts_its_output_as_the_16bit_layernorm_then_the_cast(C, add):
+    """A LayerNorm that feeds an fp8 product (add_layernorm_fp8) writes the product's e4m3 operand and
+    its transpose itself: the same bytes, amax and counts as the bf16 LayerNorm's output cast by
+    fp8_cast_h16_e4m3, and the same residual sum, mean and rstd; rows not a multiple of its 32 (the
+    first LayerNorm without the residual add, and the others with it); a site's first cast takes its
+    scale from the output's own amax."""
+    rng = np.random.default_rng(C + add)
+    N = 80
+    x = cp.asarray(rng.standard_normal((N, C)).astype(np.float32) * 3)
+    f = cp.asarray((rng.standard_normal((N, C)) * 2).astype(BF16)) if add else None
+    g = cp.asarray(rng.standard_normal(C).astype(np.float32))
+    b = cp.asarray(rng.standard_normal(C).astype(np.float32) * 0.1)
+    out = {}
+    for fused in (False, True):
+        be = CupyBackend("fp8")
+        fp = be.fp8
+        w = cp.zeros((C, 16), cp.float32)  # the product's weight: the site's key
+        res = cp.zeros((N, C), cp.float32) if add else None
+        mean, rstd = cp.zeros(N, cp.float32), cp.zeros(N, cp.float32)
+        site = fp._site("qkv.x", w, "e4m3")
+        if fused:
+            ln = cp.zeros((N, C), cp.uint8)
+            for _ in range(2):  # the first: the scale from its own amax; the second from the history
+                if add:
+                    be.add_layernorm_fwd(x, f, res, g, b, ln, mean, rstd, 1e-5, feeds=("qkv", w))
+                else:
+                    be.layernorm_fwd(x, g, b, ln, mean, rstd, 1e-5, feeds=("qkv", w))
+                fp.begin_pass()
+            q, qt = fp._u8(f"x{C}", (N, C)), ln.reshape(C, N)
+        else:
+            ln = cp.zeros((N, C), BF16)
+            q, qt = cp.zeros((N, C), cp.uint8), cp.zeros((C, N), cp.uint8)
+            for _ in range(2):
+                if add:
+                    be.add_layernorm_fwd(x, f, res, g, b, ln, mean, rstd, 1e-5)
+                else:
+                    be.layernorm_fwd(x, g, b, ln, mean, rstd, 1e-5)
+                fp.cast(ln, site, "e4m3", q=q, qt=qt)
+                fp.begin_pass()
+        out[fused] = [a.get().tobytes() for a in (q, qt, mean, rstd, fp.scale[site:site + 1], fp.hist[site],
+                                                  fp.counts[site])] + ([res.get().tobytes()] if add else [])
+    assert out[True] == out[False]
+
+
 @pytest.mark.parametrize("name, tiles", [("fp8_gelu_bwd_cast", 1), ("fp8_gelu_bwd_cast_tiles", 4)])
 def test_gelu_casts_forward_and_backward_agree(name, tiles):
     """The forward casts a = gelu(h) straight from h; the backward's one pass over h and a's gradient

@@ -164,12 +164,14 @@ class Backend(abc.ABC):
 
     # ------------------------------------------------------------------ layernorm
     @abc.abstractmethod
-    def layernorm_fwd(self, x, g, b, out, mean, rstd, eps) -> None:
-        """out = (x − mean)·rstd·γ + β over the last axis; saves mean and rstd."""
+    def layernorm_fwd(self, x, g, b, out, mean, rstd, eps, feeds=None) -> None:
+        """out = (x − mean)·rstd·γ + β over the last axis; saves mean and rstd. `feeds`: (product,
+        its first weight) that reads out ("qkv" or "mlp1"), or None: a backend that planned out in
+        its own form for that product (plan_buffer; the CuPy fp8 mode: its e4m3 operand) writes it so."""
 
     @abc.abstractmethod
-    def add_layernorm_fwd(self, x, f, res, g, b, out, mean, rstd, eps) -> None:
-        """res = x + f (the residual add), out = LayerNorm(res)."""
+    def add_layernorm_fwd(self, x, f, res, g, b, out, mean, rstd, eps, feeds=None) -> None:
+        """res = x + f (the residual add), out = LayerNorm(res); `feeds` as layernorm_fwd."""
 
     @abc.abstractmethod
     def layernorm_bwd(self, dout, x, mean, rstd, g, dx, dg, db, branch=None) -> None:

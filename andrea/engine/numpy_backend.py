@@ -44,8 +44,9 @@ def embed_bwd(dout, tokens, dwte, dwpe):
 # ----------------------------------------------------------------------------- layernorm
 
 
-def layernorm_fwd(x, g, b, out, mean, rstd, eps=1e-5):
-    """out = (x − mean) · rstd · γ + β over the last axis; saves mean and rstd."""
+def layernorm_fwd(x, g, b, out, mean, rstd, eps=1e-5, feeds=None):
+    """out = (x − mean) · rstd · γ + β over the last axis; saves mean and rstd. (`feeds`: the product
+    reading out; here out is always the plain output.)"""
     np.mean(x, axis=-1, out=mean)
     xc = x - mean[..., None]
     var = np.mean(xc * xc, axis=-1)
@@ -55,7 +56,7 @@ def layernorm_fwd(x, g, b, out, mean, rstd, eps=1e-5):
     out += b
 
 
-def add_layernorm_fwd(x, f, res, g, b, out, mean, rstd, eps=1e-5):
+def add_layernorm_fwd(x, f, res, g, b, out, mean, rstd, eps=1e-5, feeds=None):
     """The residual add and the LayerNorm after it: res = x + f, out = LayerNorm(res). (One pair
     of passes on the CPU; the GPU backend fuses them into one kernel.)"""
     residual_add(x, f, res)

@@ -17,6 +17,7 @@
 // The _gelu versions read h and cast a = gelu(h) rounded to 16 bits, the very value the backward
 // pass recomputes (gelu_bwd_recompute_h16x8), so the backward's cast of a is the forward's, bit for bit.
 #include "elementwise.cu"
+#include "layernorm.cu"
 
 #define FP8_HISTORY 16
 #define FP8_TILES 4  // 64 x 64 tiles per block, along the columns: the block's reduction and atomics amortised
@@ -269,6 +270,127 @@ __device__ void gelu_bwd_cast(const h16* __restrict__ da, const h16* __restrict_
     }
 FP8_GELU_BWD_CAST(fp8_gelu_bwd_cast, 1)
 FP8_GELU_BWD_CAST(fp8_gelu_bwd_cast_tiles, FP8_TILES)
+
+// four floats times s to fp8 (packed, the first in the low byte), counted into st
+template <int FMT>
+__device__ __forceinline__ unsigned cast4(const float v[4], float s, CastStats& st, bool count) {
+    unsigned short b[2];
+#pragma unroll
+    for (int k = 0; k < 4; k++) st.amax = fmaxf(st.amax, fabsf(v[k]));
+    b[0] = cvt2<FMT>(v[0] * s, v[1] * s);
+    b[1] = cvt2<FMT>(v[2] * s, v[3] * s);
+    if (count) {
+        st.values += 4;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const unsigned char byte = (b[k / 2] >> (8 * (k % 2))) & 0xFF;
+            st.over += fabsf(v[k] * s) > Fp8Max<FMT>::value;
+            st.under += v[k] != 0.f && (byte & 0x7F) == 0;
+        }
+    }
+    return b[0] | ((unsigned)b[1] << 16);
+}
+
+// A LayerNorm whose output feeds an fp8 product (andrea/engine/cupy/fp8.py layernorm_fwd): res = x + f
+// (f 16-bit; null: none, and res null: not written) and LayerNorm(res), computed as
+// add_layernorm_vec does (the same sums, the same 16-bit rounding of the output), then cast to e4m3
+// at the site's scale as fp8_cast_h16_e4m3 casts that 16-bit output: into q [N, C] (the forward
+// product's operand; null: not written) and its transpose qt [C, N] (the weight gradient's, kept
+// for the backward pass instead of the 16-bit output; null: not written), recorded and counted as
+// a cast. The 16-bit output is never stored. A block of 8 warps takes LN_FP8_ROWS rows (a warp a
+// row at a time, in registers) into a shared tile of bytes, then writes the tile's columns as rows
+// of qt (LN_FP8_ROWS bytes each: whole 32-byte sectors). C a multiple of 4, at most 128 NV.
+#define LN_FP8_ROWS 32
+
+template <int NV>
+__device__ void add_layernorm_fp8(const float* __restrict__ x, const h16* __restrict__ f, float* __restrict__ res,
+                                  const float* __restrict__ g, const float* __restrict__ b,
+                                  unsigned char* __restrict__ q, unsigned char* __restrict__ qt,
+                                  float* __restrict__ mean, float* __restrict__ rstd, int N, int C, float eps,
+                                  int site, const float* __restrict__ scale, float* __restrict__ amax_now,
+                                  unsigned long long* __restrict__ counts, int record, int count) {
+    extern __shared__ __align__(16) unsigned char tile[];  // [LN_FP8_ROWS][C + 4]: rows 4 bytes apart in banks
+    const int ld = C + 4;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row0 = blockIdx.x * LN_FP8_ROWS;
+    const float s = scale[site];
+    CastStats st;
+    for (int rr = warp; rr < LN_FP8_ROWS && row0 + rr < N; rr += 8) {
+        const int row = row0 + rr;
+        const long off = (long)row * C;
+        const int nv = C / 4;
+        float4 v[NV];
+        float sum = 0.f;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int c = (lane + 32 * k) * 4;
+            if (c < C) {
+                float4 a = f ? add4(load4(x + off + c), load4(f + off + c)) : load4(x + off + c);
+                v[k] = a;
+                if (res) store4(res + off + c, a);
+                sum += a.x + a.y + a.z + a.w;
+            }
+        }
+        const float m = warp_sum(sum) / C;
+        float sq = 0.f;
+#pragma unroll
+        for (int k = 0; k < NV; k++)
+            if ((lane + 32 * k) < nv) {
+                float4 a = v[k];
+                sq += (a.x - m) * (a.x - m) + (a.y - m) * (a.y - m) + (a.z - m) * (a.z - m) + (a.w - m) * (a.w - m);
+            }
+        const float r = rsqrtf(warp_sum(sq) / C + eps);
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int c = (lane + 32 * k) * 4;
+            if (c < C) {
+                const float4 a = v[k], gg = *reinterpret_cast<const float4*>(g + c), bb = *reinterpret_cast<const float4*>(b + c);
+                const float4 o = make_float4((a.x - m) * r * gg.x + bb.x, (a.y - m) * r * gg.y + bb.y,
+                                             (a.z - m) * r * gg.z + bb.z, (a.w - m) * r * gg.w + bb.w);
+                const float2 lo = unpack_h16x2(pack_h16x2(o.x, o.y)), hi = unpack_h16x2(pack_h16x2(o.z, o.w));
+                const float o16[4] = {lo.x, lo.y, hi.x, hi.y};  // the 16-bit output, as the bf16 path stores it
+                const unsigned packed = cast4<FP8_E4M3>(o16, s, st, count);
+                if (q) *reinterpret_cast<unsigned*>(q + off + c) = packed;
+                *reinterpret_cast<unsigned*>(tile + rr * ld + c) = packed;
+            }
+        }
+        if (lane == 0) {
+            mean[row] = m;
+            rstd[row] = r;
+        }
+    }
+    __syncthreads();
+    if (qt) {  // column j of the tile, rows r8..r8+7, as 8 bytes of qt's row j
+        for (int i = threadIdx.x; i < C * (LN_FP8_ROWS / 8); i += blockDim.x) {
+            const int j = i / (LN_FP8_ROWS / 8), r8 = (i % (LN_FP8_ROWS / 8)) * 8;
+            if (row0 + r8 < N) {
+                unsigned lo = 0, hi = 0;
+#pragma unroll
+                for (int k = 0; k < 4; k++) lo |= (unsigned)tile[(r8 + k) * ld + j] << (8 * k);
+#pragma unroll
+                for (int k = 0; k < 4; k++) hi |= (unsigned)tile[(r8 + 4 + k) * ld + j] << (8 * k);
+                *reinterpret_cast<uint2*>(qt + (long)j * N + row0 + r8) = make_uint2(lo, hi);
+            }
+        }
+    }
+    if (record || count) block_record(st, site, amax_now, counts, record, count);
+}
+
+#define LN_FP8(NV)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(256) add_layernorm_fp8_##NV(                                  \
+        const float* x, const h16* f, float* res, const float* g, const float* b, unsigned char* q,           \
+        unsigned char* qt, float* mean, float* rstd, int N, int C, float eps, int site, const float* scale,      \
+        float* amax_now, unsigned long long* counts, int record, int count) {                                 \
+        add_layernorm_fp8<NV>(x, f, res, g, b, q, qt, mean, rstd, N, C, eps, site, scale, amax_now, counts,    \
+                              record, count);                                                                 \
+    }
+LN_FP8(1)
+LN_FP8(2)
+LN_FP8(3)
+LN_FP8(4)
+LN_FP8(6)
+LN_FP8(8)
+LN_FP8(12)
 
 // the scale from an amax (a power of two: amax·s <= max < amax·2s); 1 when there is nothing to go on
 __device__ __forceinline__ float scale_for(float amax, float fmax) {

@@ -65,6 +65,9 @@ H16_BUFFERS = {"ln1", "ln2", "lnf", "att_y", "mlp_h", "mlp_a", "d_y", "d_branch"
 # product adds to the residual stream, and the gradient of a LayerNorm's output (both written by
 # matrix products, as PyTorch's autocast writes them; the residual stream and its gradient stay fp32)
 H16_LN_SIDES = {"branch", "d_ln"}
+# fp8: the LayerNorm outputs that feed an fp8 product, stored as its e4m3 operand (transposed, one byte a
+# value) by the LayerNorm itself, and the product that reads them
+FP8_LN_OUTPUTS = {"ln1": "qkv", "ln2": "mlp"}
 LN_MAXV = 12  # kernels/layernorm.cu: float4s per lane in the vectorised row kernels
 LN_ROWS = 64  # rows per partial sum of the LayerNorm parameter gradients (the two-kernel path)
 LN_FUSED_NV = (1, 2, 3, 4, 6, 8, 12)  # layernorm.cu: the layernorm_bwd_fused_<NV> kernels (float4s per lane)
@@ -305,6 +308,8 @@ class CupyBackend(Backend):
         if self.fp8 is not None and name == "mlp_h":
             *_, B, T, M = shape
             check_shapes(B * T, M)
+        if name in FP8_LN_OUTPUTS and self._fp8(FP8_LN_OUTPUTS[name]) and _ln_vec(shape[-1]):
+            return shape, np.dtype(np.uint8)  # the fp8 product's operand, transposed (Fp8.layernorm_fwd)
         if name in ("qkv", "d_qkv"):  # [..., 3, B, H, T, D] -> [..., B, T, 3, H, D]
             *lead, three, B, H, T, D = shape
             return (*lead, B, T, three, H, D), self.half
@@ -538,7 +543,10 @@ class CupyBackend(Backend):
                                                                       np.int32(C)))
 
     # ------------------------------------------------------------------ layernorm
-    def layernorm_fwd(self, x, g, b, out, mean, rstd, eps=1e-5) -> None:
+    def layernorm_fwd(self, x, g, b, out, mean, rstd, eps=1e-5, feeds=None) -> None:
+        if out.dtype == np.uint8:  # fp8: planned as the cast operand of the product it feeds
+            self.fp8.layernorm_fwd(x, None, None, g, b, out, mean, rstd, eps, feeds)
+            return
         C = x.shape[-1]
         N = x.size // C
         if _ln_vec(C):  # the residual-add kernel with no residual
@@ -549,8 +557,14 @@ class CupyBackend(Backend):
         self.kernel("layernorm", "layernorm_fwd_h16" if is_16bit(out) else "layernorm_fwd")(
             (blocks(N, 8),), (256,), (x, g, b, out, mean, rstd, np.int32(N), np.int32(C), np.float32(eps)))
 
-    def add_layernorm_fwd(self, x, f, res, g, b, out, mean, rstd, eps=1e-5) -> None:
-        """res = x + f and out = LayerNorm(res) in one kernel."""
+    def add_layernorm_fwd(self, x, f, res, g, b, out, mean, rstd, eps=1e-5, feeds=None) -> None:
+        """res = x + f and out = LayerNorm(res) in one kernel (fp8: out as the cast operand of the
+        product it feeds)."""
+        if out.dtype == np.uint8:
+            if not is_16bit(f):
+                raise ValueError("an fp8 LayerNorm output needs the 16-bit branch of the 16-bit modes")
+            self.fp8.layernorm_fwd(x, f, res, g, b, out, mean, rstd, eps, feeds)
+            return
         C = x.shape[-1]
         N = x.size // C
         vec = "_vec" if _ln_vec(C) else ""

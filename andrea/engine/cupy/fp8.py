@@ -39,6 +39,7 @@ MAX_SITES = 4096  # device arrays allocated once (a graph holds them); a 480M mo
 FORMATS = {"e4m3": 448.0, "e5m2": 57344.0}
 INV_STRIDE = 4  # kernels/fp8.cu FP8_INV_STRIDE
 CAST_COLS = 4 * 64  # columns per block of the fp8_cast_* kernels (kernels/fp8.cu: FP8_TILES tiles of 64)
+LN_FP8_ROWS = 32  # rows per block of add_layernorm_fp8 (kernels/fp8.cu)
 # the products that run in fp8 (ANDREA_FP8_PRODUCTS, comma-separated, picks a subset: for measuring
 # what each gains; the others run as in bf16)
 ALL_PRODUCTS = ("qkv", "out", "mlp")
@@ -222,13 +223,47 @@ class Fp8:
     def _u8(self, key: str, shape) -> cp.ndarray:
         return self.be.scratch("fp8_" + key, tuple(shape), cp.uint8)
 
+    # ------------------------------------------------------------------ the LayerNorms before products
+    def layernorm_fwd(self, x, f, res, g, b, out, mean, rstd, eps, feeds) -> None:
+        """res = x + f (f None: no add, res None) and LayerNorm(res) cast to e4m3 for the product `feeds`
+        ((role, its first weight)): into that product's operand (the scratch linear_fwd reads) and,
+        transposed, into `out` (bytes [rows, C] seen as [C, rows]: what the product's weight gradient
+        reads in the backward pass, instead of casting a 16-bit output again). kernels/fp8.cu
+        add_layernorm_fp8: the values, amax and counts of the 16-bit LayerNorm then its cast."""
+        role, w = feeds
+        C = x.shape[-1]
+        N = x.size // C
+        site = self._site(role + ".x", w, "e4m3")
+        xq = self._u8(f"x{C}", (N, C))
+        nv = next(v for v in (1, 2, 3, 4, 6, 8, 12) if 128 * v >= C)
+        fn = self.be.kernel("fp8", f"add_layernorm_fp8_{nv}")
+        smem = LN_FP8_ROWS * (C + 4)
+        if fn.max_dynamic_shared_size_bytes < smem:
+            fn.max_dynamic_shared_size_bytes = smem
+
+        def launch(q, qt, record, count):
+            fn((-(-N // LN_FP8_ROWS),), (256,), (x, 0 if f is None else f, 0 if res is None else res, g, b, q, qt, mean,
+                                                rstd, np.int32(N), np.int32(C), np.float32(eps), np.int32(site), self.scale,
+                                                self.amax_now, self.counts, np.int32(record), np.int32(count)),
+               shared_mem=smem)
+
+        if site not in self.primed:  # the first cast: the scale from the output's own amax
+            _not_capturing()
+            launch(0, 0, 1, 0)
+            self._scale_from_own_amax(site)
+        launch(xq, out.reshape(C, N), 1, 1)
+
     # ------------------------------------------------------------------ the products
     def linear_fwd(self, x2, ws, out2, role: str, gelu: bool = False) -> None:
-        """out2 [m, Σn] = x2 · [ws side by side] with x2 [m, k] cast to e4m3 (`gelu`: x2 is h, a = gelu(h) is cast)."""
+        """out2 [m, Σn] = x2 · [ws side by side] with x2 [m, k] cast to e4m3 (`gelu`: x2 is h, a = gelu(h) is
+        cast); x2 in bytes: the LayerNorm before it has cast it already (layernorm_fwd)."""
         m, k = x2.shape
         sx = self._site(role + ".x", ws[0], "e4m3")
         xq = self._u8(f"x{k}", (m, k))
-        self.cast(x2, sx, "e4m3", q=xq, gelu=gelu)
+        if x2.dtype != np.uint8:
+            self.cast(x2, sx, "e4m3", q=xq, gelu=gelu)
+        elif sx not in self.primed:
+            raise RuntimeError(f"the fp8 operand of {role} was not cast by the LayerNorm before it")
         sw, wt, _ = self.cast_weights(ws)
         self.mm(xq, sx, "e4m3", wt, sw, "e4m3", out2, fast=True)
 
@@ -247,8 +282,11 @@ class Fp8:
         sw, _, wp = self._weights(ws)
         self.mm(gq, sg, "e5m2", wp, sw, "e4m3", dx2)
         sx = self._site(role + ".x", ws[0], "e4m3")
-        xt = self._u8(f"xt{k}", (k, m))
-        self.cast(x2, sx, "e4m3", qt=xt, record=False)
+        if x2.dtype == np.uint8:  # the forward's LayerNorm kept x's cast, transposed
+            xt = x2.reshape(k, m)
+        else:
+            xt = self._u8(f"xt{k}", (k, m))
+            self.cast(x2, sx, "e4m3", qt=xt, record=False)
         at = 0
         for dw in dws:
             ni = dw.shape[1]
