@@ -393,16 +393,21 @@ def backward(cfg: ModelConfig, be, W: Weights, G: Weights, A: Activations, token
     d_res, d_branch, d_ln = S["d_res"], S["d_branch"], S["d_ln"]
     be.loss_bwd(A.lnf, W.head, targets, A.saved["probs"], d_ln, G.head, dloss)
     d_res[...] = 0
-    be.layernorm_bwd(d_ln, A.res(2 * cfg.n_layer), A.lnf_mean, A.lnf_rstd, W.lnf_g, d_res, G.lnf_g, G.lnf_b, branch=d_branch)
-    for l in reversed(range(cfg.n_layer)):
+    # each LayerNorm backward hands the branch's gradient to the product whose backward comes next
+    # (feeds: a backend may write it in that product's form, as for the forward's LayerNorms)
+    L = cfg.n_layer
+    be.layernorm_bwd(d_ln, A.res(2 * L), A.lnf_mean, A.lnf_rstd, W.lnf_g, d_res, G.lnf_g, G.lnf_b, branch=d_branch,
+                     feeds=("mlp2", W.blocks[L - 1].w2))
+    for l in reversed(range(L)):
         w, g, a = W.blocks[l], G.blocks[l], A.layer(l)
         be.mlp_bwd(d_branch, a.ln2, a.mlp_h, a.mlp_a, w.w1, w.w2, d_ln, g.w1, g.w2)
-        be.layernorm_bwd(d_ln, A.res(2 * l + 1), a.ln2_mean, a.ln2_rstd, w.ln2_g, d_res, g.ln2_g, g.ln2_b, branch=d_branch)
+        be.layernorm_bwd(d_ln, A.res(2 * l + 1), a.ln2_mean, a.ln2_rstd, w.ln2_g, d_res, g.ln2_g, g.ln2_b, branch=d_branch,
+                         feeds=("out", w.wo))
         be.attn_out_bwd(d_branch, a.att_y, w.wo, S["d_y"], g.wo)
         be.attn_bwd(S["d_y"], a.qkv, a.att_y, a.att_lse, S["d_qkv"])
         be.attn_qkv_bwd(S["d_qkv"], a.ln1, w.wq, w.wk, w.wv, d_ln, g.wq, g.wk, g.wv)
         be.layernorm_bwd(d_ln, A.res(2 * l), a.ln1_mean, a.ln1_rstd, w.ln1_g, d_res, g.ln1_g, g.ln1_b,
-                         branch=d_branch if l > 0 else None)
+                         branch=d_branch if l > 0 else None, feeds=("mlp2", W.blocks[l - 1].w2) if l > 0 else None)
         if grads_final is not None:
             grads_final(l)
     be.embed_bwd(d_res, tokens, G.wte, G.wpe)

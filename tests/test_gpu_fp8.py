@@ -146,6 +146,41 @@ def test_layernorm_casts_its_output_as_the_16bit_layernorm_then_the_cast(C, add)
     assert out[True] == out[False]
 
 
+@pytest.mark.parametrize("N, C", [(80, 64), (16384, 768)])  # blocks of 8 rows; of 64 (the tile at its largest)
+def test_layernorm_backward_casts_the_branch_gradient_as_the_16bit_copy_then_the_cast(N, C):
+    """The LayerNorm backward whose branch gradient feeds fp8 products (layernorm_bwd_fused_fp8)
+    writes their e5m2 operand and its transpose itself: the same bytes, amax and counts as its 16-bit
+    copy cast by fp8_cast_h16_e5m2, and the same dx, dγ and dβ. The site's first cast goes the
+    16-bit way (its scale from its own amax); the second runs the fused kernel."""
+    rng = np.random.default_rng(N)
+    x = cp.asarray(rng.standard_normal((N, C)).astype(np.float32) * 2)
+    mean, rstd = x.mean(axis=1), 1 / cp.sqrt(x.var(axis=1) + 1e-5)
+    gamma = cp.asarray(rng.standard_normal(C).astype(np.float32))
+    dout = [cp.asarray((rng.standard_normal((N, C)) * 1e-3).astype(BF16)) for _ in range(2)]
+    out = {}
+    for fused in (False, True):
+        be = CupyBackend("fp8")
+        fp = be.fp8
+        w = cp.zeros((16, C), cp.float32)
+        site = fp._site("out.dy", w, "e5m2")
+        dx = cp.asarray(rng.standard_normal((N, C)).astype(np.float32) * 1e-3) if not fused else out["dx0"].copy()
+        if not fused:
+            out["dx0"] = dx.copy()
+        dg, db = cp.zeros(C, cp.float32), cp.zeros(C, cp.float32)
+        branch = cp.zeros((2, N, C), cp.uint8)
+        q, qt = branch[0], branch[1].reshape(C, N)
+        for i in range(2):
+            if fused:
+                be.layernorm_bwd(dout[i], x, mean, rstd, gamma, dx, dg, db, branch=branch, feeds=("out", w))
+            else:
+                copy = cp.zeros((N, C), BF16)
+                be.layernorm_bwd(dout[i], x, mean, rstd, gamma, dx, dg, db, branch=copy)
+                fp.cast(copy, site, "e5m2", q=q, qt=qt)
+            fp.begin_pass()
+        out[fused] = [a.get().tobytes() for a in (q, qt, dx, dg, db, fp.scale[site:site + 1], fp.hist[site], fp.counts[site])]
+    assert out[True] == out[False]
+
+
 @pytest.mark.parametrize("name, tiles", [("fp8_gelu_bwd_cast", 1), ("fp8_gelu_bwd_cast_tiles", 4)])
 def test_gelu_casts_forward_and_backward_agree(name, tiles):
     """The forward casts a = gelu(h) straight from h; the backward's one pass over h and a's gradient

@@ -174,9 +174,10 @@ class Backend(abc.ABC):
         """res = x + f (the residual add), out = LayerNorm(res); `feeds` as layernorm_fwd."""
 
     @abc.abstractmethod
-    def layernorm_bwd(self, dout, x, mean, rstd, g, dx, dg, db, branch=None) -> None:
+    def layernorm_bwd(self, dout, x, mean, rstd, g, dx, dg, db, branch=None, feeds=None) -> None:
         """dx += LayerNorm's input gradient; dγ, dβ +=; with `branch`, the updated dx is copied
-        there too (the gradient of the residual branch that joined the stream here)."""
+        there too (the gradient of the residual branch that joined the stream here), in the form a
+        backend planned for the product `feeds` ((product, its weight), as layernorm_fwd's)."""
 
     # ------------------------------------------------------------------ attention
     @abc.abstractmethod

@@ -63,7 +63,7 @@ def add_layernorm_fwd(x, f, res, g, b, out, mean, rstd, eps=1e-5, feeds=None):
     layernorm_fwd(res, g, b, out, mean, rstd, eps)
 
 
-def layernorm_bwd(dout, x, mean, rstd, g, dx, dg, db, branch=None):
+def layernorm_bwd(dout, x, mean, rstd, g, dx, dg, db, branch=None, feeds=None):
     """dx += LayerNorm's input gradient (the residual stream sums into it); dγ, dβ += . With
     `branch`, the updated dx is also copied there (residual_add_bwd for the branch that
     follows, fused)."""

@@ -392,6 +392,61 @@ LN_FP8(6)
 LN_FP8(8)
 LN_FP8(12)
 
+// The one-pass LayerNorm backward (layernorm.cu layernorm_bwd_fused) whose 16-bit copy of dx is the
+// gradient an fp8 product reads (the residual branch's: the attention output's and the second MLP
+// product's): instead of that copy, dx rounded to 16 bits is cast to e5m2 at the site's scale (as
+// fp8_cast_h16_e5m2 casts the copy) into q [N, C] and, through a tile of bytes in shared memory
+// after the warps' sums, its transpose qt [C, N]; recorded and counted as a gradient's cast. The
+// 16-bit copy is never stored.
+struct Fp8GradCast {
+    unsigned char* __restrict__ q;
+    unsigned char* __restrict__ qt;
+    unsigned char* __restrict__ tile;  // [rows][C + 4]
+    int ld;
+    float s;
+    int count;
+    CastStats st;
+    __device__ __forceinline__ void row(int local, long off, int c, float4 v) {
+        const float2 lo = unpack_h16x2(pack_h16x2(v.x, v.y)), hi = unpack_h16x2(pack_h16x2(v.z, v.w));
+        const float v16[4] = {lo.x, lo.y, hi.x, hi.y};
+        const unsigned packed = cast4<FP8_E5M2>(v16, s, st, count);
+        if (q) *reinterpret_cast<unsigned*>(q + off + c) = packed;
+        *reinterpret_cast<unsigned*>(tile + local * ld + c) = packed;
+    }
+    __device__ __forceinline__ void finish(int r0, int r1, int N, int C) {  // rows r0..r1: whole 8s
+        const int chunks = (r1 - r0) / 8;
+        if (qt)
+            for (int i = threadIdx.x; i < C * chunks; i += blockDim.x) {
+                const int j = i / chunks, r8 = (i % chunks) * 8;
+                unsigned lo = 0, hi = 0;
+#pragma unroll
+                for (int k = 0; k < 4; k++) lo |= (unsigned)tile[(r8 + k) * ld + j] << (8 * k);
+#pragma unroll
+                for (int k = 0; k < 4; k++) hi |= (unsigned)tile[(r8 + 4 + k) * ld + j] << (8 * k);
+                *reinterpret_cast<uint2*>(qt + (long)j * N + r0 + r8) = make_uint2(lo, hi);
+            }
+    }
+};
+
+// dynamic shared memory: the warps' sums (LN_WARPS · 2C floats), then the tile (`rows` x (C + 4) bytes)
+#define LN_BWD_FP8(NV)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(LN_WARPS * 32) layernorm_bwd_fused_fp8_##NV(                  \
+        const h16* dout, const float* x, const float* mean, const float* rstd, const float* g, float* dx,       \
+        unsigned char* q, unsigned char* qt, float* partial, int N, int C, int rows, int site,                 \
+        const float* scale, float* amax_now, unsigned long long* counts, int record, int count) {             \
+        extern __shared__ __align__(16) float lnb_smem[];                                                      \
+        Fp8GradCast emit{q, qt, reinterpret_cast<unsigned char*>(lnb_smem + LN_WARPS * 2 * C), C + 4,          \
+                         scale[site], count, CastStats()};                                                    \
+        layernorm_bwd_fused<NV, h16>(dout, x, mean, rstd, g, dx, emit, partial, N, C, rows);                   \
+        if (record || count) block_record(emit.st, site, amax_now, counts, record, count);                    \
+    }
+LN_BWD_FP8(1)
+LN_BWD_FP8(2)
+LN_BWD_FP8(3)
+LN_BWD_FP8(4)
+LN_BWD_FP8(6)
+LN_BWD_FP8(8)
+
 // the scale from an amax (a power of two: amax·s <= max < amax·2s); 1 when there is nothing to go on
 __device__ __forceinline__ float scale_for(float amax, float fmax) {
     if (!(amax > 0.f) || isinf(amax)) return 1.f;

@@ -270,10 +270,21 @@ extern "C" __global__ void layernorm_bwd_dx_vec(const float* __restrict__ dout, 
 // 4·NV extra float4 registers a thread left room for fewer warps.
 #define LN_WARPS 8
 
-template <int NV, typename DOut>
+// What the one-pass backward does with each updated float4 of dx besides storing it (`emit.row(row -
+// r0, row offset, column, value)`), and once the block's rows are done and its threads synchronised
+// (`emit.finish(r0, r1, N, C)`): here the 16-bit copy (dx_h16 nullable); fp8.cu's casts it to e5m2.
+struct H16Copy {
+    h16* __restrict__ dx_h16;
+    __device__ __forceinline__ void row(int, long off, int c, float4 v) {
+        if (dx_h16) store4(dx_h16 + off + c, v);
+    }
+    __device__ __forceinline__ void finish(int, int, int, int) {}
+};
+
+template <int NV, typename DOut, typename Emit>
 __device__ void layernorm_bwd_fused(const DOut* __restrict__ dout, const float* __restrict__ x,
                                     const float* __restrict__ mean, const float* __restrict__ rstd,
-                                    const float* __restrict__ g, float* __restrict__ dx, h16* __restrict__ dx_h16,
+                                    const float* __restrict__ g, float* __restrict__ dx, Emit& emit,
                                     float* __restrict__ partial, int N, int C, int rows) {
     extern __shared__ __align__(16) float acc[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
@@ -327,7 +338,7 @@ __device__ void layernorm_bwd_fused(const DOut* __restrict__ dout, const float* 
                 ov.z += (dv[k].z * gg.z - s1 - xh[k].z * s2) * r;
                 ov.w += (dv[k].w * gg.w - s1 - xh[k].w * s2) * r;
                 store4(dx + off + c, ov);
-                if (dx_h16) store4(dx_h16 + off + c, ov);
+                emit.row(row - r0, off, c, ov);
             }
         }
     }
@@ -339,6 +350,7 @@ __device__ void layernorm_bwd_fused(const DOut* __restrict__ dout, const float* 
         for (int w = 1; w < nw; w++) v += acc[(long)w * 2 * C + c];
         dst[c] = v;
     }
+    emit.finish(r0, r1, N, C);
 }
 
 // the kernels layernorm_bwd_fused_<NV> (fp32 dout) and layernorm_bwd_fused_h16_<NV> (the 16-bit
@@ -348,7 +360,8 @@ __device__ void layernorm_bwd_fused(const DOut* __restrict__ dout, const float* 
                                                                      const float* mean, const float* rstd,       \
                                                                      const float* g, float* dx, h16* dx_h16,     \
                                                                      float* partial, int N, int C, int rows) {   \
-        layernorm_bwd_fused<NV, DOUT>(dout, x, mean, rstd, g, dx, dx_h16, partial, N, C, rows);                  \
+        H16Copy emit{dx_h16};                                                                                    \
+        layernorm_bwd_fused<NV, DOUT>(dout, x, mean, rstd, g, dx, emit, partial, N, C, rows);                    \
     }
 LN_BWD_FUSED(layernorm_bwd_fused_1, 1, float)
 LN_BWD_FUSED(layernorm_bwd_fused_2, 2, float)

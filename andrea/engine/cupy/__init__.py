@@ -68,6 +68,11 @@ H16_LN_SIDES = {"branch", "d_ln"}
 # fp8: the LayerNorm outputs that feed an fp8 product, stored as its e4m3 operand (transposed, one byte a
 # value) by the LayerNorm itself, and the product that reads them
 FP8_LN_OUTPUTS = {"ln1": "qkv", "ln2": "mlp"}
+# fp8: the residual branch's gradient (the LayerNorm backward's 16-bit copy of dx, read by the attention
+# output's and the second MLP product's backward) as those products' e5m2 operand and its transpose,
+# written by the LayerNorm backward itself, where its tile fits beside the warps' sums in this many
+# bytes of shared memory (decision: two blocks a multiprocessor; ANDREA-120M's width, not 480M's)
+FP8_LN_BWD_SMEM = 100 * 1024
 LN_MAXV = 12  # kernels/layernorm.cu: float4s per lane in the vectorised row kernels
 LN_ROWS = 64  # rows per partial sum of the LayerNorm parameter gradients (the two-kernel path)
 LN_FUSED_NV = (1, 2, 3, 4, 6, 8, 12)  # layernorm.cu: the layernorm_bwd_fused_<NV> kernels (float4s per lane)
@@ -310,6 +315,8 @@ class CupyBackend(Backend):
             check_shapes(B * T, M)
         if name in FP8_LN_OUTPUTS and self._fp8(FP8_LN_OUTPUTS[name]) and _ln_vec(shape[-1]):
             return shape, np.dtype(np.uint8)  # the fp8 product's operand, transposed (Fp8.layernorm_fwd)
+        if name == "d_branch" and self._fp8_ln_bwd(shape[-1], int(np.prod(shape[:-1]))):
+            return (2, *shape), np.dtype(np.uint8)  # e5m2: the operand, then its transpose (_layernorm_bwd_fp8)
         if name in ("qkv", "d_qkv"):  # [..., 3, B, H, T, D] -> [..., B, T, 3, H, D]
             *lead, three, B, H, T, D = shape
             return (*lead, B, T, three, H, D), self.half
@@ -500,6 +507,11 @@ class CupyBackend(Backend):
         """Does this product ("qkv", "out", "mlp") run in fp8?"""
         return self.fp8 is not None and product in self.fp8.products
 
+    def _fp8_ln_bwd(self, C: int, N: int) -> bool:
+        """Does the LayerNorm backward cast the residual branch's gradient for fp8 products itself?"""
+        return (self._fp8("out") and self._fp8("mlp") and _ln_vec(C) and C <= 128 * 8
+                and ln_fused_smem(C) + ln_fused_rows(N) * (C + 4) <= min(FP8_LN_BWD_SMEM, smem_optin()))
+
     def begin_pass(self) -> None:
         """fp8: each site's amaxes of the last pass join its history, and its scale follows (on the device)."""
         if self.fp8 is not None:
@@ -577,11 +589,14 @@ class CupyBackend(Backend):
         self.kernel("layernorm", name)((blocks(N, 8),), (256,), (x, f, res, g, b, out, mean, rstd, np.int32(N), np.int32(C),
                                                                  np.float32(eps)))
 
-    def layernorm_bwd(self, dout, x, mean, rstd, g, dx, dg, db, branch=None) -> None:
+    def layernorm_bwd(self, dout, x, mean, rstd, g, dx, dg, db, branch=None, feeds=None) -> None:
         """dx += the input gradient; dγ and dβ += their gradients (per-block partials, then one ordered
         sum). Where the vectorised kernels apply, one pass does both (dout fp32 or 16-bit); elsewhere a
         warp-per-row kernel and a column-partials kernel. With `branch`, the updated dx is also written
-        there (in the same kernel when it is 16-bit)."""
+        there (in the same kernel when it is 16-bit; fp8: cast for the product `feeds`)."""
+        if branch is not None and branch.dtype == np.uint8:
+            self._layernorm_bwd_fp8(dout, x, mean, rstd, g, dx, dg, db, branch, feeds)
+            return
         C = x.shape[-1]
         N = x.size // C
         fused_copy = branch is not None and is_16bit(branch)
@@ -612,6 +627,35 @@ class CupyBackend(Backend):
                                                       (partial, dg, db, np.int32(chunks), np.int32(C)))
         if branch is not None and not fused_copy:
             branch[...] = dx
+
+    def _layernorm_bwd_fp8(self, dout, x, mean, rstd, g, dx, dg, db, branch, feeds) -> None:
+        """layernorm_bwd whose branch is the e5m2 gradient of the product `feeds` ((role, its weight)):
+        branch [2, N, C] bytes holds the operand [N, C], then its transpose [C, N]
+        (layernorm_bwd_fused_fp8: the 16-bit copy's cast, as fp8_cast_h16_e5m2 casts it). The site's
+        first cast (eager) runs the 16-bit path and casts its copy, which sets the site's scale."""
+        C = x.shape[-1]
+        N = x.size // C
+        role, w = feeds
+        f = self.fp8
+        site = f._site(role + ".dy", w, "e5m2")
+        flat = branch.reshape(-1)
+        q, qt = flat[:N * C].reshape(N, C), flat[N * C:].reshape(C, N)
+        if site not in f.primed:
+            copy = cp.empty((N, C), self.half)
+            self.layernorm_bwd(dout, x, mean, rstd, g, dx, dg, db, branch=copy)
+            f.cast(copy, site, "e5m2", q=q, qt=qt)
+            return
+        rows = ln_fused_rows(N)
+        chunks = (N + rows - 1) // rows
+        partial = self.scratch("ln_partial", (chunks, 2 * C), cp.float32)
+        smem = ln_fused_smem(C) + rows * (C + 4)
+        kern = self.kernel("fp8", "layernorm_bwd_fused_fp8_" + _ln_fused(C, True).rsplit("_", 1)[1])
+        if kern.max_dynamic_shared_size_bytes < smem:
+            kern.max_dynamic_shared_size_bytes = smem
+        kern((chunks,), (256,), (dout, x, mean, rstd, g, dx, q, qt, partial, np.int32(N), np.int32(C), np.int32(rows),
+                                 np.int32(site), f.scale, f.amax_now, f.counts, np.int32(1), np.int32(1)), shared_mem=smem)
+        self.kernel("layernorm", "ln_partials_final")((blocks(2 * C, 32),), (32, 8),
+                                                      (partial, dg, db, np.int32(chunks), np.int32(C)))
 
     # ------------------------------------------------------------------ attention
     def attn_qkv_fwd(self, x, wq, wk, wv, qkv, n_head) -> None:
@@ -791,12 +835,14 @@ class CupyBackend(Backend):
     def mlp_bwd(self, dout, x, h, a, w1, w2, dx, dw1, dw2) -> None:
         d = x.shape[-1]
         M = h.shape[-1]
+        m = x.size // d
         fast = is_16bit(h)
-        g = self._operand(dout.reshape(-1, d))
+        # fp8: dout may be the e5m2 operand and its transpose already (_layernorm_bwd_fp8)
+        g = dout.reshape(-1, d) if dout.dtype == np.uint8 else self._operand(dout.reshape(-1, d))
         da_dtype = h.dtype if fast else cp.float32
-        da = self._from_arena((g.shape[0], M), da_dtype, avoid=a)
+        da = self._from_arena((m, M), da_dtype, avoid=a)
         if da is None:
-            da = self.scratch("mlp_da", (g.shape[0], M), da_dtype)
+            da = self.scratch("mlp_da", (m, M), da_dtype)
         if self._fp8("mlp"):
             self.fp8.mlp_bwd(g, x.reshape(-1, d), h, w1, w2, dx.reshape(-1, d), dw1, dw2, da)
             return

@@ -270,11 +270,22 @@ class Fp8:
     def linear_bwd(self, g2, x2, ws, dx2, dws, role: str) -> None:
         """dx2 = g2 · Wᵀ (overwritten) and dws[i] += x2ᵀ · g2[:, block i], g2 [m, Σn] cast to e5m2 and
         x2 [m, k] cast again at its forward scale."""
-        m, n = g2.shape
         sg = self._site(role + ".dy", ws[0], "e5m2")
+        gq, gt = self._grad_cast(g2, x2.shape[0], sg)
+        self._linear_bwd_cast(gq, gt, sg, x2, ws, dx2, dws, role)
+
+    def _grad_cast(self, g2, m: int, sg: int) -> tuple:
+        """A product's output gradient g2 [m, n] cast to e5m2 at site sg: (operand [m, n], its transpose);
+        g2 in bytes [2m, n]: the LayerNorm backward cast it already (both, back to back)."""
+        n = g2.shape[1]
+        if g2.dtype == np.uint8:
+            if sg not in self.primed:
+                raise RuntimeError("an fp8 gradient was not cast by the LayerNorm backward before it")
+            flat = g2.reshape(-1)
+            return flat[:m * n].reshape(m, n), flat[m * n:].reshape(n, m)
         gq, gt = self._u8(f"g{n}", (m, n)), self._u8(f"gt{n}", (n, m))
         self.cast(g2, sg, "e5m2", q=gq, qt=gt)
-        self._linear_bwd_cast(gq, gt, sg, x2, ws, dx2, dws, role)
+        return gq, gt
 
     def _linear_bwd_cast(self, gq, gt, sg, x2, ws, dx2, dws, role: str) -> None:
         """linear_bwd from the gradient already cast: gq [m, Σn] and its transpose gt, site sg."""
@@ -302,10 +313,8 @@ class Fp8:
         casts h's gradient to e5m2 (and its transpose) and a = gelu(h) again for dW2, so neither
         h's gradient nor a is ever stored in 16 bits."""
         m, M = da.shape
-        d = g2.shape[1]
         sg = self._site("mlp2.dy", w2, "e5m2")
-        gq, gt = self._u8(f"g{d}", (m, d)), self._u8(f"gt{d}", (d, m))
-        self.cast(g2, sg, "e5m2", q=gq, qt=gt)
+        gq, gt = self._grad_cast(g2, m, sg)
         sw2, _, w2p = self._weights((w2,))
         self.mm(gq, sg, "e5m2", w2p, sw2, "e4m3", da)
         sa = self._site("mlp2.x", w2, "e4m3")
