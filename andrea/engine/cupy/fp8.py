@@ -13,11 +13,17 @@ each product reads its operands in the layout it needs, made by the cast kernels
   input     dx = dy·Wᵀ   dy [m, n] as cast (e5m2);         W [k, n] as cast
   weight    dW += xᵀ·dy  xᵀ [k, m]: x cast again;          dyᵀ [n, m] (e5m2, with dy's cast)
 
-The backward pass casts the saved 16-bit activations again at the scale the forward used, which
-gives the forward's 8-bit values bit for bit (the reference's `requantize`), instead of keeping
-8-bit transposed copies of every layer's inputs. The MLP's GELU is fused into casts both ways:
-the forward casts a = gelu(h) straight from h (a is never stored), and one backward pass over h
-and a's gradient writes h's gradient in e5m2 (and transposed) and a again, transposed, for dW2.
+Where a LayerNorm makes the operand, it casts it itself: the LayerNorms before the q/k/v and first
+MLP products write x as cast and xᵀ (kept for the weight gradient in place of the 16-bit output,
+which is never stored: a byte a value instead of two), and the LayerNorm backward writes the
+residual branch's gradient, the dy of the attention-output and second MLP products, as cast and
+transposed (layernorm_fwd, CupyBackend._layernorm_bwd_fp8; the same bytes as the 16-bit value's
+cast). The attention output, which attention's backward needs in 16 bits, is cast again at the
+scale the forward used, which gives the forward's 8-bit values bit for bit (the reference's
+`requantize`). The MLP's GELU is fused into casts both ways: the forward casts a = gelu(h)
+straight from h (a is never stored), and one backward pass over h and a's gradient writes h's
+gradient in e5m2 (and transposed) and a again, transposed, for dW2. The weights are cast once a
+pass, all in one launch at its start (after the first pass, which casts each as it comes).
 
 Scales, amax histories and the counts of overflows and underflows live on the device (fp8_update
 moves each pass's amaxes into the histories before its first cast), so a pass captured as a CUDA
