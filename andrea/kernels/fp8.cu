@@ -61,24 +61,41 @@ struct CastStats {
     unsigned values = 0, over = 0, under = 0;
 };
 
-// eight values times s to fp8 (packed), counted into st
+// four floats times s to fp8 (packed, the first in the low byte), counted into st
 template <int FMT>
-__device__ __forceinline__ uint2 cast8(const float v[8], float s, CastStats& st, bool count) {
-    unsigned short b[4];
+__device__ __forceinline__ unsigned cast4(const float v[4], float s, CastStats& st, bool count) {
+    unsigned short b[2];
 #pragma unroll
-    for (int k = 0; k < 8; k++) st.amax = fmaxf(st.amax, fabsf(v[k]));
-#pragma unroll
-    for (int k = 0; k < 4; k++) b[k] = cvt2<FMT>(v[2 * k] * s, v[2 * k + 1] * s);
+    for (int k = 0; k < 4; k++) st.amax = fmaxf(st.amax, fabsf(v[k]));
+    b[0] = cvt2<FMT>(v[0] * s, v[1] * s);
+    b[1] = cvt2<FMT>(v[2] * s, v[3] * s);
     if (count) {
-        st.values += 8;
+        st.values += 4;
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
+        for (int k = 0; k < 4; k++) {
             const unsigned char byte = (b[k / 2] >> (8 * (k % 2))) & 0xFF;
             st.over += fabsf(v[k] * s) > Fp8Max<FMT>::value;
             st.under += v[k] != 0.f && (byte & 0x7F) == 0;
         }
     }
-    return make_uint2(b[0] | ((unsigned)b[1] << 16), b[2] | ((unsigned)b[3] << 16));
+    return b[0] | ((unsigned)b[1] << 16);
+}
+
+// eight values times s to fp8 (packed), counted into st
+template <int FMT>
+__device__ __forceinline__ uint2 cast8(const float v[8], float s, CastStats& st, bool count) {
+    return make_uint2(cast4<FMT>(v, s, st, count), cast4<FMT>(v + 4, s, st, count));
+}
+
+// rows r8..r8+7 of column j of a tile of bytes (row stride ld), packed as 8 bytes (row r8 lowest):
+// a stretch of a row of the tile's transpose
+__device__ __forceinline__ uint2 tile_column8(const unsigned char* __restrict__ tile, int ld, int r8, int j) {
+    unsigned lo = 0, hi = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) lo |= (unsigned)tile[(r8 + k) * ld + j] << (8 * k);
+#pragma unroll
+    for (int k = 0; k < 4; k++) hi |= (unsigned)tile[(r8 + 4 + k) * ld + j] << (8 * k);
+    return make_uint2(lo, hi);
 }
 
 // a 64 x 64 tile of bytes (tile[r][c]: input row r, column c) to qt [cols, rows] (row stride ldqt)
@@ -87,14 +104,8 @@ __device__ __forceinline__ void store_transposed(const unsigned char (*tile)[64 
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int c = threadIdx.x + 256 * i, j = c / 8, r8 = (c % 8) * 8;  // output row col0 + j, input rows r8..r8+7
-        if (col0 + j < cols && row0 + r8 < rows) {
-            unsigned lo = 0, hi = 0;
-#pragma unroll
-            for (int k = 0; k < 4; k++) lo |= (unsigned)tile[r8 + k][j] << (8 * k);
-#pragma unroll
-            for (int k = 0; k < 4; k++) hi |= (unsigned)tile[r8 + 4 + k][j] << (8 * k);
-            *reinterpret_cast<uint2*>(qt + (long)(col0 + j) * ldqt + row0 + r8) = make_uint2(lo, hi);
-        }
+        if (col0 + j < cols && row0 + r8 < rows)
+            *reinterpret_cast<uint2*>(qt + (long)(col0 + j) * ldqt + row0 + r8) = tile_column8(tile[0], 64 + 8, r8, j);
     }
 }
 
@@ -271,26 +282,6 @@ __device__ void gelu_bwd_cast(const h16* __restrict__ da, const h16* __restrict_
 FP8_GELU_BWD_CAST(fp8_gelu_bwd_cast, 1)
 FP8_GELU_BWD_CAST(fp8_gelu_bwd_cast_tiles, FP8_TILES)
 
-// four floats times s to fp8 (packed, the first in the low byte), counted into st
-template <int FMT>
-__device__ __forceinline__ unsigned cast4(const float v[4], float s, CastStats& st, bool count) {
-    unsigned short b[2];
-#pragma unroll
-    for (int k = 0; k < 4; k++) st.amax = fmaxf(st.amax, fabsf(v[k]));
-    b[0] = cvt2<FMT>(v[0] * s, v[1] * s);
-    b[1] = cvt2<FMT>(v[2] * s, v[3] * s);
-    if (count) {
-        st.values += 4;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const unsigned char byte = (b[k / 2] >> (8 * (k % 2))) & 0xFF;
-            st.over += fabsf(v[k] * s) > Fp8Max<FMT>::value;
-            st.under += v[k] != 0.f && (byte & 0x7F) == 0;
-        }
-    }
-    return b[0] | ((unsigned)b[1] << 16);
-}
-
 // A LayerNorm whose output feeds an fp8 product (andrea/engine/cupy/fp8.py layernorm_fwd): res = x + f
 // (f 16-bit; null: none, and res null: not written) and LayerNorm(res), computed as
 // add_layernorm_vec does (the same sums, the same 16-bit rounding of the output), then cast to e4m3
@@ -318,35 +309,14 @@ __device__ void add_layernorm_fp8(const float* __restrict__ x, const h16* __rest
     for (int rr = warp; rr < LN_FP8_ROWS && row0 + rr < N; rr += 8) {
         const int row = row0 + rr;
         const long off = (long)row * C;
-        const int nv = C / 4;
         float4 v[NV];
-        float sum = 0.f;
+        float m, r;
+        add_ln_row<NV, h16>(x, f, res, off, C, eps, lane, v, m, r);
 #pragma unroll
         for (int k = 0; k < NV; k++) {
             const int c = (lane + 32 * k) * 4;
             if (c < C) {
-                float4 a = f ? add4(load4(x + off + c), load4(f + off + c)) : load4(x + off + c);
-                v[k] = a;
-                if (res) store4(res + off + c, a);
-                sum += a.x + a.y + a.z + a.w;
-            }
-        }
-        const float m = warp_sum(sum) / C;
-        float sq = 0.f;
-#pragma unroll
-        for (int k = 0; k < NV; k++)
-            if ((lane + 32 * k) < nv) {
-                float4 a = v[k];
-                sq += (a.x - m) * (a.x - m) + (a.y - m) * (a.y - m) + (a.z - m) * (a.z - m) + (a.w - m) * (a.w - m);
-            }
-        const float r = rsqrtf(warp_sum(sq) / C + eps);
-#pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int c = (lane + 32 * k) * 4;
-            if (c < C) {
-                const float4 a = v[k], gg = *reinterpret_cast<const float4*>(g + c), bb = *reinterpret_cast<const float4*>(b + c);
-                const float4 o = make_float4((a.x - m) * r * gg.x + bb.x, (a.y - m) * r * gg.y + bb.y,
-                                             (a.z - m) * r * gg.z + bb.z, (a.w - m) * r * gg.w + bb.w);
+                const float4 o = ln_out4(v[k], m, r, g, b, c);
                 const float2 lo = unpack_h16x2(pack_h16x2(o.x, o.y)), hi = unpack_h16x2(pack_h16x2(o.z, o.w));
                 const float o16[4] = {lo.x, lo.y, hi.x, hi.y};  // the 16-bit output, as the bf16 path stores it
                 const unsigned packed = cast4<FP8_E4M3>(o16, s, st, count);
@@ -363,34 +333,27 @@ __device__ void add_layernorm_fp8(const float* __restrict__ x, const h16* __rest
     if (qt) {  // column j of the tile, rows r8..r8+7, as 8 bytes of qt's row j
         for (int i = threadIdx.x; i < C * (LN_FP8_ROWS / 8); i += blockDim.x) {
             const int j = i / (LN_FP8_ROWS / 8), r8 = (i % (LN_FP8_ROWS / 8)) * 8;
-            if (row0 + r8 < N) {
-                unsigned lo = 0, hi = 0;
-#pragma unroll
-                for (int k = 0; k < 4; k++) lo |= (unsigned)tile[(r8 + k) * ld + j] << (8 * k);
-#pragma unroll
-                for (int k = 0; k < 4; k++) hi |= (unsigned)tile[(r8 + 4 + k) * ld + j] << (8 * k);
-                *reinterpret_cast<uint2*>(qt + (long)j * N + row0 + r8) = make_uint2(lo, hi);
-            }
+            if (row0 + r8 < N) *reinterpret_cast<uint2*>(qt + (long)j * N + row0 + r8) = tile_column8(tile, ld, r8, j);
         }
     }
     if (record || count) block_record(st, site, amax_now, counts, record, count);
 }
 
-#define LN_FP8(NV)                                                                                            \
-    extern "C" __global__ void __launch_bounds__(256) add_layernorm_fp8_##NV(                                  \
+#define LN_FP8(name, NV)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(256) name(                                                    \
         const float* x, const h16* f, float* res, const float* g, const float* b, unsigned char* q,           \
         unsigned char* qt, float* mean, float* rstd, int N, int C, float eps, int site, const float* scale,      \
         float* amax_now, unsigned long long* counts, int record, int count) {                                 \
         add_layernorm_fp8<NV>(x, f, res, g, b, q, qt, mean, rstd, N, C, eps, site, scale, amax_now, counts,    \
                               record, count);                                                                 \
     }
-LN_FP8(1)
-LN_FP8(2)
-LN_FP8(3)
-LN_FP8(4)
-LN_FP8(6)
-LN_FP8(8)
-LN_FP8(12)
+LN_FP8(add_layernorm_fp8_1, 1)
+LN_FP8(add_layernorm_fp8_2, 2)
+LN_FP8(add_layernorm_fp8_3, 3)
+LN_FP8(add_layernorm_fp8_4, 4)
+LN_FP8(add_layernorm_fp8_6, 6)
+LN_FP8(add_layernorm_fp8_8, 8)
+LN_FP8(add_layernorm_fp8_12, 12)
 
 // The one-pass LayerNorm backward (layernorm.cu layernorm_bwd_fused) whose 16-bit copy of dx is the
 // gradient an fp8 product reads (the residual branch's: the attention output's and the second MLP
@@ -418,19 +381,14 @@ struct Fp8GradCast {
         if (qt)
             for (int i = threadIdx.x; i < C * chunks; i += blockDim.x) {
                 const int j = i / chunks, r8 = (i % chunks) * 8;
-                unsigned lo = 0, hi = 0;
-#pragma unroll
-                for (int k = 0; k < 4; k++) lo |= (unsigned)tile[(r8 + k) * ld + j] << (8 * k);
-#pragma unroll
-                for (int k = 0; k < 4; k++) hi |= (unsigned)tile[(r8 + 4 + k) * ld + j] << (8 * k);
-                *reinterpret_cast<uint2*>(qt + (long)j * N + r0 + r8) = make_uint2(lo, hi);
+                *reinterpret_cast<uint2*>(qt + (long)j * N + r0 + r8) = tile_column8(tile, ld, r8, j);
             }
     }
 };
 
 // dynamic shared memory: the warps' sums (LN_WARPS · 2C floats), then the tile (`rows` x (C + 4) bytes)
-#define LN_BWD_FP8(NV)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(LN_WARPS * 32) layernorm_bwd_fused_fp8_##NV(                  \
+#define LN_BWD_FP8(name, NV)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(LN_WARPS * 32) name(                                          \
         const h16* dout, const float* x, const float* mean, const float* rstd, const float* g, float* dx,       \
         unsigned char* q, unsigned char* qt, float* partial, int N, int C, int rows, int site,                 \
         const float* scale, float* amax_now, unsigned long long* counts, int record, int count) {             \
@@ -440,12 +398,12 @@ struct Fp8GradCast {
         layernorm_bwd_fused<NV, h16>(dout, x, mean, rstd, g, dx, emit, partial, N, C, rows);                   \
         if (record || count) block_record(emit.st, site, amax_now, counts, record, count);                    \
     }
-LN_BWD_FP8(1)
-LN_BWD_FP8(2)
-LN_BWD_FP8(3)
-LN_BWD_FP8(4)
-LN_BWD_FP8(6)
-LN_BWD_FP8(8)
+LN_BWD_FP8(layernorm_bwd_fused_fp8_1, 1)
+LN_BWD_FP8(layernorm_bwd_fused_fp8_2, 2)
+LN_BWD_FP8(layernorm_bwd_fused_fp8_3, 3)
+LN_BWD_FP8(layernorm_bwd_fused_fp8_4, 4)
+LN_BWD_FP8(layernorm_bwd_fused_fp8_6, 6)
+LN_BWD_FP8(layernorm_bwd_fused_fp8_8, 8)
 
 // the scale from an amax (a power of two: amax·s <= max < amax·2s); 1 when there is nothing to go on
 __device__ __forceinline__ float scale_for(float amax, float fmax) {

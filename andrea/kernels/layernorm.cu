@@ -163,6 +163,42 @@ __device__ __forceinline__ void store4(h16* p, float4 v) {
     *reinterpret_cast<uint2*>(p) = u;
 }
 
+// One row's residual add and LayerNorm statistics in a warp's registers: v[k] = x + f (f nullable; also
+// stored into res where given) for the lane's float4s, and the row's mean m and rstd r.
+template <int NV, typename F>
+__device__ __forceinline__ void add_ln_row(const float* __restrict__ x, const F* __restrict__ f, float* __restrict__ res,
+                                           long off, int C, float eps, int lane, float4 (&v)[NV], float& m, float& r) {
+    const int nv = C / 4;
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        int c = (lane + 32 * k) * 4;
+        if (c < C) {
+            float4 a = f ? add4(load4(x + off + c), load4(f + off + c)) : load4(x + off + c);
+            v[k] = a;
+            if (res) store4(res + off + c, a);
+            s += a.x + a.y + a.z + a.w;
+        }
+    }
+    m = warp_sum(s) / C;
+    float q = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; k++)
+        if ((lane + 32 * k) < nv) {
+            float4 a = v[k];
+            q += (a.x - m) * (a.x - m) + (a.y - m) * (a.y - m) + (a.z - m) * (a.z - m) + (a.w - m) * (a.w - m);
+        }
+    r = rsqrtf(warp_sum(q) / C + eps);
+}
+
+// columns c..c+3 of a row normalised: (v − m)·r·γ + β
+__device__ __forceinline__ float4 ln_out4(float4 a, float m, float r, const float* __restrict__ g,
+                                          const float* __restrict__ b, int c) {
+    const float4 gg = *reinterpret_cast<const float4*>(g + c), bb = *reinterpret_cast<const float4*>(b + c);
+    return make_float4((a.x - m) * r * gg.x + bb.x, (a.y - m) * r * gg.y + bb.y, (a.z - m) * r * gg.z + bb.z,
+                       (a.w - m) * r * gg.w + bb.w);
+}
+
 // res = x + f; out = LayerNorm(res) (f fp32, or the 16-bit branch output of the 16-bit modes)
 template <typename Out, typename F = float>
 __device__ void add_layernorm_vec(const float* __restrict__ x, const F* __restrict__ f, float* __restrict__ res,
@@ -172,36 +208,13 @@ __device__ void add_layernorm_vec(const float* __restrict__ x, const F* __restri
     int lane = threadIdx.x % 32;
     if (row >= N) return;
     long off = (long)row * C;
-    const int nv = C / 4;
     float4 v[LN_MAXV];
-    float s = 0.f;
+    float m, r;
+    add_ln_row<LN_MAXV, F>(x, f, res, off, C, eps, lane, v, m, r);
 #pragma unroll
     for (int k = 0; k < LN_MAXV; k++) {
         int c = (lane + 32 * k) * 4;
-        if (c < C) {
-            float4 a = f ? add4(load4(x + off + c), load4(f + off + c)) : load4(x + off + c);
-            v[k] = a;
-            if (res) store4(res + off + c, a);
-            s += a.x + a.y + a.z + a.w;
-        }
-    }
-    float m = warp_sum(s) / C;
-    float q = 0.f;
-#pragma unroll
-    for (int k = 0; k < LN_MAXV; k++)
-        if ((lane + 32 * k) < nv) {
-            float4 a = v[k];
-            q += (a.x - m) * (a.x - m) + (a.y - m) * (a.y - m) + (a.z - m) * (a.z - m) + (a.w - m) * (a.w - m);
-        }
-    float r = rsqrtf(warp_sum(q) / C + eps);
-#pragma unroll
-    for (int k = 0; k < LN_MAXV; k++) {
-        int c = (lane + 32 * k) * 4;
-        if (c < C) {
-            float4 a = v[k], gg = *reinterpret_cast<const float4*>(g + c), bb = *reinterpret_cast<const float4*>(b + c);
-            store4(out + off + c, make_float4((a.x - m) * r * gg.x + bb.x, (a.y - m) * r * gg.y + bb.y,
-                                              (a.z - m) * r * gg.z + bb.z, (a.w - m) * r * gg.w + bb.w));
-        }
+        if (c < C) store4(out + off + c, ln_out4(v[k], m, r, g, b, c));
     }
     if (lane == 0) { mean[row] = m; rstd[row] = r; }
 }

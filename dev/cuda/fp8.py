@@ -11,6 +11,10 @@ fp8_cast     a matrix cast to e4m3 or e5m2 at a scale: its bytes, its transpose'
              backward pass recomputes (gelu_bwd_recompute_h16x8): the two casts must agree bit for bit
              and the MLP backward's one pass over h and a's gradient (fp8_gelu_bwd_cast): h's
              gradient to e5m2 and transposed, a again to e4m3 transposed (run_gelu_bwd)
+             The weights of a layer in one launch (fp8_cast_f32_e4m3_jobs, run_weight_jobs); the
+             LayerNorm that casts its own output for an fp8 product and the LayerNorm backward that
+             casts the branch's gradient (add_layernorm_fp8, layernorm_bwd_fused_fp8: run_layernorm),
+             against the host cast of production's bf16 kernels' 16-bit outputs, bit for bit
 fp8_update   the delayed scales: each site's amax joins its history (the oldest leaves), the scale is
              the largest power of two that keeps the history's largest amax within the format
              (andrea/fp8.py DelayedScale), and a site's first scale from its own amax
@@ -25,6 +29,8 @@ from andrea.fp8 import DelayedScale, formats
 
 SRC = "fp8.cu"
 V = common.Version
+LN_NV = (1, 2, 3, 4, 6, 8, 12)  # float4s per lane of the LayerNorm row kernels (the backward's fp8 one: up to 8)
+LN_FP8_ROWS = 32  # rows a block of add_layernorm_fp8 (fp8.cu)
 BF = ("bf16",)
 VERSIONS = [
     V("fp8_cast", "x bf16 -> e4m3", ("fp8_cast_h16_e4m3",), SRC, BF),
@@ -35,6 +41,12 @@ VERSIONS = [
     V("fp8_cast", "gelu bwd: dh -> e5m2 + transpose, a -> e4m3 transpose, a tile a block",
       ("fp8_gelu_bwd_cast", "gelu_bwd_recompute_h16x8"), SRC, BF, production=False),
     V("fp8_cast", "gelu bwd, 4 tiles a block", ("fp8_gelu_bwd_cast_tiles", "gelu_bwd_recompute_h16x8"), SRC, BF),
+    V("fp8_cast", "weights of a layer fp32 -> e4m3 + transpose, one launch", ("fp8_cast_f32_e4m3_jobs",), SRC, BF),
+    V("fp8_cast", "residual add + LayerNorm -> e4m3 + transpose",
+      (*(f"add_layernorm_fp8_{nv}" for nv in LN_NV), "add_h16_layernorm_fwd_vec_h16"), SRC, BF),
+    V("fp8_cast", "LayerNorm backward, branch gradient -> e5m2 + transpose",
+      (*(f"layernorm_bwd_fused_fp8_{nv}" for nv in LN_NV[:-1]), *(f"layernorm_bwd_fused_h16_{nv}" for nv in LN_NV[:-1])),
+      SRC, BF),
 ]
 HISTORY = 16
 CAST_COLS = 4 * 64  # columns per block of fp8_cast_* (fp8.cu: FP8_TILES tiles of 64; andrea/engine/cupy/fp8.py)
@@ -162,6 +174,149 @@ def _gelu_bwd_case(cp, report, shape, rng, reps, ver, tiles):
     report.attempt(ver.op, ver.name, "bf16", shape, case, ver.production)
 
 
+def _ln_nv(C: int) -> int:
+    return next(nv for nv in LN_NV if 128 * nv >= C)
+
+
+def run_weight_jobs(cp, report, shape, rng, reps):
+    """A layer's weights cast in one launch (fp8_cast_f32_e4m3_jobs): W_Q, W_K, W_V side by side at one
+    site, W_O, W_1, W_2 at their own; each copy and its transpose exactly the host cast's, each
+    site's amax and counts."""
+    ver = VERSIONS[7]
+    C = shape.C
+    k = common.build(cp, ver, "bf16")
+    shapes = [(C, C)] * 3 + [(C, C), (C, 4 * C), (4 * C, C)]
+    sites = [0, 0, 0, 1, 2, 3]
+    ws = [(rng.standard_normal(sh) * 0.02).astype(np.float32) for sh in shapes]
+    scales = [scale_reference([max(float(np.abs(w).max()) for w, s_ in zip(ws, sites) if s_ == s)], "e4m3") for s in range(4)]
+    d_w = [cp.asarray(w) for w in ws]
+    wt = [cp.zeros((3 * C, C), cp.uint8)] + [cp.zeros((sh[1], sh[0]), cp.uint8) for sh in shapes[3:]]  # Wᵀ per site
+    wp = [cp.zeros((C, 3 * C), cp.uint8)] + [cp.zeros(sh, cp.uint8) for sh in shapes[3:]]  # W per site
+    ptrs, ints, first = [], [], 0
+    for i, (w, site) in enumerate(zip(d_w, sites)):
+        rows, cols = w.shape
+        at = i * C if site == 0 else 0
+        q, qt = wp[site][:, at:at + cols], wt[site][at:at + cols]
+        ptrs.append([w.data.ptr, cols, q.data.ptr, q.strides[0], qt.data.ptr, qt.strides[0]])
+        bx = -(-cols // CAST_COLS)
+        ints.append([rows, cols, site, first, bx])
+        first += bx * -(-rows // 64)
+    d_ptrs, d_ints = cp.asarray(np.array(ptrs, np.int64)), cp.asarray(np.array(ints, np.int32))
+    d_scale = cp.asarray(np.array(scales, np.float32))
+    d_amax, d_counts = cp.full(4, -1.0, cp.float32), cp.zeros((4, 3), cp.uint64)
+    run = lambda: k[ver.kernels[0]]((first,), (256,), (d_ptrs, d_ints, np.int32(len(ints)), d_scale, d_amax, d_counts))  # noqa: E731
+
+    def case():
+        d_amax.fill(-1.0)
+        d_counts.fill(0)
+        run()
+        err = None
+        for site in range(4):
+            members = [w for w, s_ in zip(ws, sites) if s_ == site]
+            full = np.concatenate(members, axis=1)
+            want, over, under = cast_reference(full, scales[site], "e4m3")
+            e = common.exact(wp[site].get(), want, what="bytes").worst(
+                common.exact(wt[site].get(), np.ascontiguousarray(want.T), what="transposed bytes"))
+            e = e.worst(common.exact(np.array([float(d_amax.get()[site])]), np.array([float(np.abs(full).max())]), what="amax"))
+            e = e.worst(common.exact(d_counts.get()[site].astype(np.int64), np.array([full.size, over, under]), what="counts"))
+            err = e if err is None else err.worst(e)
+        ms = common.bench(cp, run, reps)
+        return err, ms, common.gbps(sum(w.size for w in ws) * (4 + 2), ms)
+
+    report.attempt(ver.op, ver.name, "bf16", shape, case, ver.production)
+
+
+def run_layernorm(cp, report, shape, rng, reps):
+    """The LayerNorm that feeds an fp8 product (add_layernorm_fp8): its operand and transpose exactly
+    the host cast of the 16-bit output of production's bf16 LayerNorm (add_h16_layernorm_fwd_vec_h16),
+    the same residual sum, mean and rstd, the amax and counts of that cast. And the LayerNorm
+    backward that casts the branch's gradient (layernorm_bwd_fused_fp8): the host e5m2 cast of the
+    16-bit copy of production's bf16 one-pass backward, the same dx and partial sums."""
+    N, C = shape.B * shape.T, shape.C
+    if C % 4 or C > 128 * LN_NV[-1]:
+        return
+    nv = _ln_nv(C)
+    ver = VERSIONS[8]
+    k = common.build(cp, ver, "bf16")
+    x = cp.asarray(rng.standard_normal((N, C)).astype(np.float32) * 2)
+    f = cp.asarray(common.to_h16(rng.standard_normal((N, C)), "bf16"))
+    g, b = cp.asarray(rng.standard_normal(C).astype(np.float32)), cp.asarray(rng.standard_normal(C).astype(np.float32) * 0.1)
+    res, mean, rstd = cp.zeros((N, C), cp.float32), cp.zeros(N, cp.float32), cp.zeros(N, cp.float32)
+    out16 = cp.zeros((N, C), cp.uint16)
+    k["add_h16_layernorm_fwd_vec_h16"]((common.blocks(N, 8),), (256,), (x, f, res, g, b, out16, mean, rstd, np.int32(N),
+                                                                          np.int32(C), np.float32(1e-5)))
+    o = common.from_h16(out16.get(), "bf16").astype(np.float32)
+    want_stats = [res.get(), mean.get(), rstd.get()]
+    s_x = scale_reference([float(np.abs(o).max())], "e4m3")
+    q, qt = cp.zeros((N, C), cp.uint8), cp.zeros((C, N), cp.uint8)
+    d_scale, d_amax, d_counts = cp.full(1, s_x, cp.float32), cp.full(1, -1.0, cp.float32), cp.zeros(3, cp.uint64)
+    fn = k[f"add_layernorm_fp8_{nv}"]
+    smem = LN_FP8_ROWS * (C + 4)
+    fn.max_dynamic_shared_size_bytes = max(fn.max_dynamic_shared_size_bytes, smem)
+    run = lambda: fn((-(-N // LN_FP8_ROWS),), (256,), (x, f, res, g, b, q, qt, mean, rstd, np.int32(N), np.int32(C),  # noqa: E731
+                                                       np.float32(1e-5), np.int32(0), d_scale, d_amax, d_counts,
+                                                       np.int32(1), np.int32(1)), shared_mem=smem)
+
+    def case():
+        for a in (res, mean, rstd, q, qt, d_counts):
+            a.fill(0)
+        d_amax.fill(-1.0)
+        run()
+        want, over, under = cast_reference(o, s_x, "e4m3")
+        err = common.exact(q.get(), want, what="bytes").worst(common.exact(qt.get(), np.ascontiguousarray(want.T), what="transposed bytes"))
+        for got, w, what in zip((res, mean, rstd), want_stats, ("residual sum", "mean", "rstd")):
+            err = err.worst(common.exact(got.get(), w, what=what))
+        err = err.worst(common.exact(np.array([float(d_amax.get()[0])]), np.array([float(np.abs(o).max())]), what="amax"))
+        err = err.worst(common.exact(d_counts.get().astype(np.int64), np.array([o.size, over, under]), what="counts"))
+        ms = common.bench(cp, run, reps)
+        return err, ms, common.gbps(N * C * (4 + 2 + 4 + 1 + 1), ms)
+
+    report.attempt(ver.op, ver.name, "bf16", shape, case, ver.production)
+    if nv > 8:
+        return  # the backward's tile does not fit beside its sums (production keeps the 16-bit copy there)
+    _layernorm_bwd(cp, report, shape, rng, reps, N, C, nv, x, mean, rstd, g)
+
+
+def _layernorm_bwd(cp, report, shape, rng, reps, N, C, nv, x, mean, rstd, g):
+    ver = VERSIONS[9]
+    k = common.build(cp, ver, "bf16")
+    rows = max(8, min(64, N // 256 // 8 * 8))  # andrea/engine/cupy ln_fused_rows
+    chunks = -(-N // rows)
+    sums = 8 * 2 * C * 4  # ln_fused_smem
+    dout = cp.asarray(common.to_h16(rng.standard_normal((N, C)) * 1e-3, "bf16"))
+    dx0 = cp.asarray(rng.standard_normal((N, C)).astype(np.float32) * 1e-3)
+    dx, copy16, part = dx0.copy(), cp.zeros((N, C), cp.uint16), cp.zeros((chunks, 2 * C), cp.float32)
+    ref = k[f"layernorm_bwd_fused_h16_{nv}"]
+    ref.max_dynamic_shared_size_bytes = max(ref.max_dynamic_shared_size_bytes, sums)
+    ref((chunks,), (256,), (dout, x, mean, rstd, g, dx, copy16, part, np.int32(N), np.int32(C), np.int32(rows)), shared_mem=sums)
+    want_dx, want_part = dx.get(), part.get()
+    c16 = common.from_h16(copy16.get(), "bf16").astype(np.float32)
+    s_d = scale_reference([float(np.abs(c16).max())], "e5m2")
+    q, qt = cp.zeros((N, C), cp.uint8), cp.zeros((C, N), cp.uint8)
+    d_scale, d_amax, d_counts = cp.full(1, s_d, cp.float32), cp.full(1, -1.0, cp.float32), cp.zeros(3, cp.uint64)
+    fn = k[f"layernorm_bwd_fused_fp8_{nv}"]
+    smem = sums + rows * (C + 4)
+    fn.max_dynamic_shared_size_bytes = max(fn.max_dynamic_shared_size_bytes, smem)
+    run = lambda: fn((chunks,), (256,), (dout, x, mean, rstd, g, dx, q, qt, part, np.int32(N), np.int32(C),  # noqa: E731
+                                         np.int32(rows), np.int32(0), d_scale, d_amax, d_counts, np.int32(1),
+                                         np.int32(1)), shared_mem=smem)
+
+    def case():
+        dx[...] = dx0
+        d_amax.fill(-1.0)
+        d_counts.fill(0)
+        run()
+        want, over, under = cast_reference(c16, s_d, "e5m2")
+        err = common.exact(q.get(), want, what="bytes").worst(common.exact(qt.get(), np.ascontiguousarray(want.T), what="transposed bytes"))
+        err = err.worst(common.exact(dx.get(), want_dx, what="dx")).worst(common.exact(part.get(), want_part, what="dγ, dβ partials"))
+        err = err.worst(common.exact(np.array([float(d_amax.get()[0])]), np.array([float(np.abs(c16).max())]), what="amax"))
+        err = err.worst(common.exact(d_counts.get().astype(np.int64), np.array([c16.size, over, under]), what="counts"))
+        ms = common.bench(cp, run, reps)  # dx keeps adding: the same work
+        return err, ms, common.gbps(N * C * (2 + 4 + 4 + 4 + 2), ms)
+
+    report.attempt(ver.op, ver.name, "bf16", shape, case, ver.production)
+
+
 def run_update(cp, report, shape, rng, reps):
     if shape is not EDGE[0]:
         return  # one size: the sites of a model (16 per layer)
@@ -198,7 +353,7 @@ def run_update(cp, report, shape, rng, reps):
 
 
 def main(argv=None) -> int:
-    return common.run_script(__doc__, "fp8", EDGE, [run_cast, run_gelu_bwd, run_update], argv)
+    return common.run_script(__doc__, "fp8", EDGE, [run_cast, run_gelu_bwd, run_weight_jobs, run_layernorm, run_update], argv)
 
 
 if __name__ == "__main__":
