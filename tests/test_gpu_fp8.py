@@ -146,7 +146,8 @@ def test_layernorm_casts_its_output_as_the_16bit_layernorm_then_the_cast(C, add)
     assert out[True] == out[False]
 
 
-@pytest.mark.parametrize("N, C", [(80, 64), (16384, 768)])  # blocks of 8 rows; of 64 (the tile at its largest)
+# blocks of 8 rows; of 64 (the tile at its largest), the last of 16
+@pytest.mark.parametrize("N, C", [(80, 64), (16384, 768), (16400, 768)])
 def test_layernorm_backward_casts_the_branch_gradient_as_the_16bit_copy_then_the_cast(N, C):
     """The LayerNorm backward whose branch gradient feeds fp8 products (layernorm_bwd_fused_fp8)
     writes their e5m2 operand and its transpose itself: the same bytes, amax and counts as its 16-bit
@@ -283,6 +284,8 @@ def test_fp8_training_follows_bf16_and_replays_as_a_graph():
     gap = max(abs(x - y) for x, y in zip(l8, l16))
     assert gap < 0.1 and abs(l8[-1] - l16[-1]) < 0.01, (gap, l8[-1], l16[-1])
     assert l8[-1] < l8[0] - 3.0
+    e8 = runs["fp8"][1]  # the LayerNorms cast what they feed: their planned outputs are bytes
+    assert e8.A.saved["ln1"].dtype == e8.A.saved["ln2"].dtype == e8.A.scratch["d_branch"].dtype == np.uint8
     counts = runs["fp8"][1].be.fp8_counts()
     assert counts["values"] > 0 and counts["overflow"] < 1e-3 * counts["values"]
     assert set(counts["by_role"]) == {"w", "qkv.x", "qkv.dy", "out.x", "out.dy", "mlp1.x", "mlp1.dy", "mlp2.x", "mlp2.dy"}
@@ -324,15 +327,30 @@ def test_a_non_finite_amax_is_not_recorded():
     assert float(f.scale[site]) == scale == 128.0  # 2 * 128 <= 448 < 2 * 256
 
 
-def test_the_fp8_products_can_be_chosen(monkeypatch):
+@pytest.mark.parametrize("products, roles, planned", [
+    ("mlp", {"w", "mlp1.x", "mlp1.dy", "mlp2.x", "mlp2.dy"}, ("ln2",)),
+    ("qkv", {"w", "qkv.x", "qkv.dy"}, ("ln1",)),
+    ("out,mlp", {"w", "out.x", "out.dy", "mlp1.x", "mlp1.dy", "mlp2.x", "mlp2.dy"}, ("ln2", "d_branch")),
+])
+def test_the_fp8_products_can_be_chosen(monkeypatch, products, roles, planned):
     """ANDREA_FP8_PRODUCTS (for measuring what each product gains): the others run as in bf16 and
-    cast nothing; an unknown name is refused, naming the choices."""
-    monkeypatch.setenv("ANDREA_FP8_PRODUCTS", "mlp")
-    e = Engine(CFG, 4, 32, backend="cupy", precision="fp8", seed=1)
-    e.graphs = False
-    e.forward_backward(*batch(np.random.default_rng(5)))
-    assert e.be.fp8.products == {"mlp"}
-    assert set(e.be.fp8_counts()["by_role"]) == {"w", "mlp1.x", "mlp1.dy", "mlp2.x", "mlp2.dy"}
+    cast nothing (their LayerNorms' outputs stay 16-bit; the branch's gradient is cast by the
+    LayerNorm backward only where both products reading it are fp8); the gradients stay close to
+    bf16's; an unknown name is refused, naming the choices."""
+    tokens, targets = batch(np.random.default_rng(5))
+    monkeypatch.setenv("ANDREA_FP8_PRODUCTS", products)
+    grads = {}
+    for precision in ("bf16", "fp8"):
+        e = Engine(CFG, 4, 32, backend="cupy", precision=precision, seed=1)
+        e.graphs = False
+        e.zero_grads()
+        e.forward_backward(tokens, targets)
+        grads[precision] = np.asarray(e.host(e.g), np.float64)
+    assert e.be.fp8.products == set(products.split(","))
+    assert set(e.be.fp8_counts()["by_role"]) == roles
+    bufs = {**e.A.saved, **e.A.scratch}
+    assert {n for n in ("ln1", "ln2", "d_branch") if bufs[n].dtype == np.uint8} == set(planned)
+    assert rel(grads["fp8"], grads["bf16"]) < 0.1
     monkeypatch.setenv("ANDREA_FP8_PRODUCTS", "mlp,attention")
     with pytest.raises(ValueError, match="unknown products.*qkv, out, mlp"):
         CupyBackend("fp8")

@@ -290,7 +290,8 @@ FP8_GELU_BWD_CAST(fp8_gelu_bwd_cast_tiles, FP8_TILES)
 // for the backward pass instead of the 16-bit output; null: not written), recorded and counted as
 // a cast. The 16-bit output is never stored. A block of 8 warps takes LN_FP8_ROWS rows (a warp a
 // row at a time, in registers) into a shared tile of bytes, then writes the tile's columns as rows
-// of qt (LN_FP8_ROWS bytes each: whole 32-byte sectors). C a multiple of 4, at most 128 NV.
+// of qt (LN_FP8_ROWS bytes each: whole 32-byte sectors). C a multiple of 4, at most 128 NV; N a
+// multiple of 8 (qt's stores are 8 rows at a time; the host checks).
 #define LN_FP8_ROWS 32
 
 template <int NV>

@@ -60,7 +60,8 @@ from andrea.model import coarse_decay_mask
 
 __all__ = ["BF16", "FP16", "VOCAB_PAD", "CupyBackend", "Snapshot"]
 
-H16_BUFFERS = {"ln1", "ln2", "lnf", "att_y", "mlp_h", "mlp_a", "d_y", "d_branch"}  # 16-bit in the 16-bit modes
+# 16-bit in the 16-bit modes (in fp8 ln1, ln2 and d_branch may be bytes instead: FP8_LN_OUTPUTS, FP8_LN_BWD_SMEM)
+H16_BUFFERS = {"ln1", "ln2", "lnf", "att_y", "mlp_h", "mlp_a", "d_y", "d_branch"}
 # 16-bit too where the vectorised LayerNorm kernels apply (C % 4 == 0, C <= 1536): the branch a matrix
 # product adds to the residual stream, and the gradient of a LayerNorm's output (both written by
 # matrix products, as PyTorch's autocast writes them; the residual stream and its gradient stay fp32)
@@ -304,7 +305,9 @@ class CupyBackend(Backend):
         """The engine's buffer `name` as this backend stores it: (shape, dtype). In the 16-bit modes the
         activations that feed matrix products are 16-bit, q/k/v are one [B, T, 3, H, D] buffer per layer
         (one GEMM writes it, attention reads it in place), and the logits' rows are padded to a
-        multiple of VOCAB_PAD entries (aligned shapes for the tensor-core GEMMs)."""
+        multiple of VOCAB_PAD entries (aligned shapes for the tensor-core GEMMs). In fp8 the outputs
+        of the LayerNorms before fp8 products, and the residual branch's gradient, are bytes: those
+        products' operands, cast by the LayerNorms themselves."""
         if self.precision == "fp32":
             return shape, dtype
         if self.fp8 is not None and name == "qkv":  # the fp8 products' shapes, checked when the engine is built
@@ -635,9 +638,13 @@ class CupyBackend(Backend):
         first cast (eager) runs the 16-bit path and casts its copy, which sets the site's scale."""
         C = x.shape[-1]
         N = x.size // C
+        if feeds is None or N % 8:
+            raise ValueError(f"an fp8 branch gradient needs the product it feeds (feeds={feeds!r}) and rows in "
+                             f"multiples of 8 (got {N})")
         role, w = feeds
         f = self.fp8
         site = f._site(role + ".dy", w, "e5m2")
+        f.branch_site = site
         flat = branch.reshape(-1)
         q, qt = flat[:N * C].reshape(N, C), flat[N * C:].reshape(C, N)
         if site not in f.primed:
@@ -865,6 +872,8 @@ class CupyBackend(Backend):
     def residual_add_bwd(self, dout, df) -> None:
         """df = dout: the residual branch's gradient, cast to 16 bits when df is (the operand of its
         matrix products). The engine gets this fused into layernorm_bwd(branch=...)."""
+        if df.dtype == np.uint8:
+            raise ValueError("an fp8 branch gradient (bytes) is written by layernorm_bwd(branch=..., feeds=...)")
         if is_16bit(df) and not is_16bit(dout):
             self.kernel("elementwise", "cast_h16")((blocks(df.size),), (256,), (dout, df, np.int64(df.size)))
         else:

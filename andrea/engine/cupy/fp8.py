@@ -3,7 +3,8 @@
 The recipe is andrea/fp8.py's (its NumPy simulation is the reference): e4m3 for weights and
 activations, e5m2 for gradients, per-tensor power-of-two scales from the amaxes of each site's
 last 16 casts (delayed scaling), fp32 accumulation, fp32 master weights and Adam state; everything
-else runs as in bf16 (the embeddings, LayerNorms, attention, the output head and the loss).
+else runs as in bf16 (the embeddings, LayerNorms, attention, the output head and the loss), the
+LayerNorms next to a product writing its 8-bit operand themselves (below).
 
 Hopper's fp8 tensor cores take both operands with the reduction dimension contiguous ("TN"), so
 each product reads its operands in the layout it needs, made by the cast kernels
@@ -11,7 +12,7 @@ each product reads its operands in the layout it needs, made by the cast kernels
 
   forward   y = x·W      x [m, k] as cast;                 W as Wᵀ [n, k] (cast once per pass)
   input     dx = dy·Wᵀ   dy [m, n] as cast (e5m2);         W [k, n] as cast
-  weight    dW += xᵀ·dy  xᵀ [k, m]: x cast again;          dyᵀ [n, m] (e5m2, with dy's cast)
+  weight    dW += xᵀ·dy  xᵀ [k, m]: x cast again, or kept; dyᵀ [n, m] (e5m2, with dy's cast)
 
 Where a LayerNorm makes the operand, it casts it itself: the LayerNorms before the q/k/v and first
 MLP products write x as cast and xᵀ (kept for the weight gradient in place of the 16-bit output,
@@ -104,6 +105,7 @@ class Fp8:
         self.jobs: dict = {}
         self.job_table = None  # (pointers [n, 6] int64, ints [n, 5] int32, blocks, sites) on the device
         self.weights_cast = False  # this pass's weights were cast by the jobs' launch
+        self.branch_site = None  # the site the LayerNorm backward last cast the branch's gradient for
         self.products = products_from_env()
 
     def buffers(self) -> list:
@@ -115,6 +117,7 @@ class Fp8:
         self.weights.clear()
         self.jobs.clear()
         self.job_table = None
+        self.weights_cast = False
 
     # ------------------------------------------------------------------ scales and casts
     def _site(self, role: str, w, fmt: str) -> int:
@@ -236,9 +239,12 @@ class Fp8:
         transposed, into `out` (bytes [rows, C] seen as [C, rows]: what the product's weight gradient
         reads in the backward pass, instead of casting a 16-bit output again). kernels/fp8.cu
         add_layernorm_fp8: the values, amax and counts of the 16-bit LayerNorm then its cast."""
-        role, w = feeds
         C = x.shape[-1]
         N = x.size // C
+        if feeds is None or N % 8:
+            raise ValueError(f"an fp8 LayerNorm output needs the product it feeds (feeds={feeds!r}) and rows in "
+                             f"multiples of 8 (got {N})")
+        role, w = feeds
         site = self._site(role + ".x", w, "e4m3")
         xq = self._u8(f"x{C}", (N, C))
         nv = next(v for v in (1, 2, 3, 4, 6, 8, 12) if 128 * v >= C)
@@ -275,7 +281,8 @@ class Fp8:
 
     def linear_bwd(self, g2, x2, ws, dx2, dws, role: str) -> None:
         """dx2 = g2 · Wᵀ (overwritten) and dws[i] += x2ᵀ · g2[:, block i], g2 [m, Σn] cast to e5m2 and
-        x2 [m, k] cast again at its forward scale."""
+        x2 [m, k] cast again at its forward scale; g2 in bytes [2m, Σn]: cast already, with its
+        transpose (the LayerNorm backward); x2 in bytes: its cast's transpose (the LayerNorm)."""
         sg = self._site(role + ".dy", ws[0], "e5m2")
         gq, gt = self._grad_cast(g2, x2.shape[0], sg)
         self._linear_bwd_cast(gq, gt, sg, x2, ws, dx2, dws, role)
@@ -285,8 +292,8 @@ class Fp8:
         g2 in bytes [2m, n]: the LayerNorm backward cast it already (both, back to back)."""
         n = g2.shape[1]
         if g2.dtype == np.uint8:
-            if sg not in self.primed:
-                raise RuntimeError("an fp8 gradient was not cast by the LayerNorm backward before it")
+            if sg not in self.primed or self.branch_site != sg:
+                raise RuntimeError("an fp8 gradient was not cast for this product by the LayerNorm backward before it")
             flat = g2.reshape(-1)
             return flat[:m * n].reshape(m, n), flat[m * n:].reshape(n, m)
         gq, gt = self._u8(f"g{n}", (m, n)), self._u8(f"gt{n}", (n, m))
@@ -315,7 +322,7 @@ class Fp8:
         self.linear_fwd(h2, (w2,), out2, "mlp2", gelu=True)  # sites keyed by w2: a = gelu(h) is its input
 
     def mlp_bwd(self, g2, x2, h, w1, w2, dx2, dw1, dw2, da) -> None:
-        """da: a [m, M] 16-bit scratch for a's gradient. One pass over h and da (fp8_gelu_bwd_cast)
+        """da: a [m, M] 16-bit scratch for a's gradient. One pass over h and da (fp8_gelu_bwd_cast_tiles)
         casts h's gradient to e5m2 (and its transpose) and a = gelu(h) again for dW2, so neither
         h's gradient nor a is ever stored in 16 bits."""
         m, M = da.shape
