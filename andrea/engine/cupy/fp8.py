@@ -233,6 +233,16 @@ class Fp8:
         return self.be.scratch("fp8_" + key, tuple(shape), cp.uint8)
 
     # ------------------------------------------------------------------ the LayerNorms before products
+    def layernorm_site(self, feeds, rows: int, suffix: str, fmt: str) -> int:
+        """The site of a LayerNorm's cast for the product `feeds` ((role, its first weight)): its
+        operand (suffix ".x", e4m3) or its output gradient (".dy", e5m2). The kernels store rows 8
+        at a time, transposed."""
+        if feeds is None or rows % 8:
+            raise ValueError(f"an fp8 LayerNorm cast needs the product it feeds (feeds={feeds!r}) and rows in "
+                             f"multiples of 8 (got {rows})")
+        role, w = feeds
+        return self._site(role + suffix, w, fmt)
+
     def layernorm_fwd(self, x, f, res, g, b, out, mean, rstd, eps, feeds) -> None:
         """res = x + f (f None: no add, res None) and LayerNorm(res) cast to e4m3 for the product `feeds`
         ((role, its first weight)): into that product's operand (the scratch linear_fwd reads) and,
@@ -241,11 +251,7 @@ class Fp8:
         add_layernorm_fp8: the values, amax and counts of the 16-bit LayerNorm then its cast."""
         C = x.shape[-1]
         N = x.size // C
-        if feeds is None or N % 8:
-            raise ValueError(f"an fp8 LayerNorm output needs the product it feeds (feeds={feeds!r}) and rows in "
-                             f"multiples of 8 (got {N})")
-        role, w = feeds
-        site = self._site(role + ".x", w, "e4m3")
+        site = self.layernorm_site(feeds, N, ".x", "e4m3")
         xq = self._u8(f"x{C}", (N, C))
         nv = next(v for v in (1, 2, 3, 4, 6, 8, 12) if 128 * v >= C)
         fn = self.be.kernel("fp8", f"add_layernorm_fp8_{nv}")
