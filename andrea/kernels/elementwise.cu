@@ -155,15 +155,19 @@ extern "C" __global__ void cast_h16_gap(const float* __restrict__ x, h16* __rest
     if (i < n) y[gapped(i, gap_at, gap)] = to_h16(x[i]);
 }
 
-// AdamW as above, also refreshing the 16-bit copy of the weights that the matrix products read
+// AdamW as above, also refreshing the 16-bit copy of the weights that the matrix products read: of
+// w[lo, hi) (the copy's gap at gap_at counted from lo; in fp8 the head alone, the rest read as fp8)
 extern "C" __global__ void adamw_h16(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ m,
                                       float* __restrict__ v, const unsigned char* __restrict__ decay,
-                                      h16* __restrict__ wb, long gap_at, long gap, float gscale, float lr,
-                                      float beta1, float beta2, float eps, float wd, float bc1, float bc2, long n,
-                                      const double* __restrict__ ctrl, int decay_shift) {
+                                      h16* __restrict__ wb, long gap_at, long gap, long lo, long hi, float gscale,
+                                      float lr, float beta1, float beta2, float eps, float wd, float bc1, float bc2,
+                                      long n, const double* __restrict__ ctrl, int decay_shift) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (!controlled(ctrl, gscale, bc1, bc2)) return;
-    if (i < n) wb[gapped(i, gap_at, gap)] = to_h16(adamw_update(i, w, g, m, v, decay, decay_shift, gscale, lr, beta1, beta2, eps, wd, bc1, bc2));
+    if (i < n) {
+        float nw = adamw_update(i, w, g, m, v, decay, decay_shift, gscale, lr, beta1, beta2, eps, wd, bc1, bc2);
+        if (i >= lo && i < hi) wb[gapped(i - lo, gap_at, gap)] = to_h16(nw);
+    }
 }
 
 // Embedding backward planned on the host (andrea/engine/cupy: plan_tokens, upload_tokens): positions

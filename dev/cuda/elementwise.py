@@ -12,7 +12,7 @@ cast_h16              fp32 -> bf16/fp16, and with the zero gap of the padded hea
 grad_norm             per-block double sums of squares, then their ordered sum and square root
 grad_scale            g *= scale
 adamw                 fused AdamW (gradient scale folded in), and adamw_h16 that also refreshes the
-                      16-bit copy of the weights (with the gap)
+                      16-bit copy of the weights (with the gap), of all or of a stretch (fp8: the head)
 step_control          the step's decisions from the norm's partial sums (norm, applied, clipping
                       scale, bias corrections, step count: Backend.step_control), without and with
                       clipping, with an fp16 loss scale, and for a non-finite norm
@@ -282,31 +282,35 @@ def run_optimizer(cp, report, shape, rng, reps):
     args = tuple(np.float32(x) for x in (hyper["lr"], b1, b2, hyper["eps"], hyper["weight_decay"], bc1, bc2))
     d_decay = cp.asarray(decay)
 
+    # adamw_h16's copy of all of w, and of a stretch of it (fp8: the head alone), its gap inside
+    spans = {"adamw": [None], "adamw_h16": [(0, n, gap_at), (n // 3, 2 * (n // 3), n // 6)]}
     for ver in [v for v in VERSIONS if v.op == "adamw"]:
-        for prec in ver.precisions:
+        for prec, span in [(p, s) for p in ver.precisions for s in spans[ver.name]]:
             ka = common.build(cp, ver, prec)[ver.kernels[0]]
             state = [cp.asarray(a) for a in (w, g, m0, v0)]
-            h16 = ver.name == "adamw_h16"
+            h16 = span is not None
             sentinel = common.to_h16(np.full(1, 7.0), prec if h16 else "bf16")[0]
-            wb = cp.full(n + gap, int(sentinel), cp.uint16) if h16 else None
-            extra = (wb, np.int64(gap_at), np.int64(gap)) if h16 else ()
+            lo, hi, at = span if h16 else (0, 0, 0)
+            wb = cp.full(hi - lo + gap, int(sentinel), cp.uint16) if h16 else None
+            extra = (wb, np.int64(at), np.int64(gap), np.int64(lo), np.int64(hi)) if h16 else ()
             argv = (*state, d_decay, *extra, np.float32(gscale), *args, np.int64(n), np.uint64(0), np.int32(0))  # no ctrl; a mask per parameter
             run = lambda ka=ka, argv=argv: ka((common.blocks(n),), (256,), argv)  # noqa: E731
 
-            def case(run=run, state=state, wb=wb, prec=prec, sentinel=sentinel):
+            def case(run=run, state=state, wb=wb, prec=prec, sentinel=sentinel, lo=lo, hi=hi, at=at):
                 run()
                 w_got = state[0].get()
                 err = common.compare(w_got, w_ref, rtol=0, atol=w_bound, what="w")
                 err = err.worst(common.compare(state[2].get(), m_ref, rtol=0, atol=m_bound, what="m"))
                 err = err.worst(common.compare(state[3].get(), v_ref, rtol=0, atol=v_bound, what="v"))
                 if wb is not None:  # the 16-bit copy is the kernel's own new w, rounded: exactly those bits
-                    want = common.to_h16(w_got, prec)
-                    want = np.concatenate([want[:gap_at], np.full(gap, sentinel, np.uint16), want[gap_at:]])
+                    want = common.to_h16(w_got[lo:hi], prec)
+                    want = np.concatenate([want[:at], np.full(gap, sentinel, np.uint16), want[at:]])
                     err = err.worst(common.exact(wb.get(), want, what="16-bit copy"))
                 ms = common.bench(cp, run, reps)  # repeated steps: the same work
-                return err, ms, common.gbps(n * (4 * 4 + 3 * 4 + 1 + (2 if wb is not None else 0)), ms)
+                return err, ms, common.gbps(n * (4 * 4 + 3 * 4 + 1) + 2 * (hi - lo), ms)
 
-            report.attempt("adamw", ver.name, prec, shape, case)
+            report.attempt("adamw", ver.name + ("" if span in (None, spans["adamw_h16"][0]) else " (a stretch)"),
+                           prec, shape, case)
 
 
 def main(argv=None) -> int:

@@ -51,7 +51,7 @@ from andrea.engine.cupy import attention, decode
 from andrea.engine.cupy.cudnn_attention import CudnnAttention, deterministic_from_env, implementation_from_env, workspace_cap
 from andrea.engine.cupy.cudnn_attention import takes as cudnn_takes
 from andrea.engine.cupy.cublaslt import EPILOGUE_GELU_AUX, Lt, tune_from_env
-from andrea.engine.cupy.fp8 import Fp8, check_shapes
+from andrea.engine.cupy.fp8 import ALL_PRODUCTS, Fp8, check_shapes
 from andrea.engine.cupy.gemm import Cublas
 from andrea.engine.cupy.graphs import CapturedPass
 from andrea.engine.cupy.kernels import blocks, kernel
@@ -360,8 +360,10 @@ class CupyBackend(Backend):
         """Keep a 16-bit copy of the flat weight buffer `w` (the 16-bit modes) that AdamW refreshes as
         it updates w; `head` (a view into w: the output head, [V, d]) gets zero rows up to a multiple
         of VOCAB_PAD. A backend serves one engine: registering again replaces the copy (a captured
-        graph keeps the one it reads alive)."""
-        self.weights.register(w, head)
+        graph keeps the one it reads alive). In fp8, where the q/k/v, attention-output and MLP
+        products all read 8-bit copies of the fp32 weights, the 16-bit copy holds the head alone."""
+        every = self.fp8 is not None and self.fp8.products == frozenset(ALL_PRODUCTS)
+        self.weights.register(w, head, head_only=every and head is not None)
 
     def invalidate_weight_cache(self) -> None:
         """Forget the 16-bit weight copies (after the weights change outside AdamW, e.g. a load)."""
@@ -607,29 +609,42 @@ class CupyBackend(Backend):
         # the one pass needs 8·2C floats of shared memory a block: 96 KiB at C = 1536, past what a
         # GPU before Ampere gives one (64 KiB); there the fp32 path runs the two kernels
         fused = _ln_vec(C) and ln_fused_smem(C) <= smem_optin()
-        rows = ln_fused_rows(N) if fused else LN_ROWS
-        chunks = (N + rows - 1) // rows
-        partial = self.scratch("ln_partial", (chunks, 2 * C), cp.float32)
         if is_16bit(dout) and not fused:
             raise ValueError(f"a 16-bit LayerNorm output gradient needs C % 4 == 0, C <= {4 * 32 * LN_MAXV} and "
                              f"{ln_fused_smem(C)} bytes of shared memory a block (this GPU: {smem_optin()})")
         if fused:  # one pass: dx and the blocks' partial sums of dγ, dβ (dout and x read once)
-            smem = ln_fused_smem(C)
-            kern = self.kernel("layernorm", _ln_fused(C, is_16bit(dout)))
-            if kern.max_dynamic_shared_size_bytes < smem:  # past 48 KiB (C > 768) only by request
-                kern.max_dynamic_shared_size_bytes = smem
-            kern((chunks,), (256,), (dout, x, mean, rstd, g, dx, copy, partial, np.int32(N), np.int32(C), np.int32(rows)),
-                 shared_mem=smem)
+            self._layernorm_bwd_one_pass(self.kernel("layernorm", _ln_fused(C, is_16bit(dout))), (dout, x, mean, rstd, g, dx),
+                                         (copy,), (), dg, db)
         else:
+            rows = LN_ROWS
+            chunks = (N + rows - 1) // rows
+            partial = self.scratch("ln_partial", (chunks, 2 * C), cp.float32)
             self.kernel("layernorm", "layernorm_bwd_dx")((blocks(N, 8),), (256,), (dout, x, mean, rstd, g, dx, copy,
                                                                                   np.int32(N), np.int32(C)))
             self.kernel("layernorm", "layernorm_bwd_params")((blocks(C, 128), chunks), (128,),
                                                              (dout, x, mean, rstd, partial, np.int32(N), np.int32(C),
                                                               np.int32(LN_ROWS)))
-        self.kernel("layernorm", "ln_partials_final")((blocks(2 * C, 32),), (32, 8),
-                                                      (partial, dg, db, np.int32(chunks), np.int32(C)))
+            self.kernel("layernorm", "ln_partials_final")((blocks(2 * C, 32),), (32, 8),
+                                                          (partial, dg, db, np.int32(chunks), np.int32(C)))
         if branch is not None and not fused_copy:
             branch[...] = dx
+
+    def _layernorm_bwd_one_pass(self, kern, args, outs, tail, dg, db, extra_smem: int = 0) -> None:
+        """A one-pass LayerNorm backward kernel (layernorm_bwd_fused_*: dx and the blocks' partial sums
+        of dγ, dβ, dout and x read once) over blocks of ln_fused_rows rows, then the partials' ordered
+        sum into dg, db. args (dout, x, mean, rstd, g, dx), outs (what the kernel writes dx's copy
+        to), tail (its arguments after the row count); extra_smem: shared memory beyond the sums'."""
+        C = args[1].shape[-1]
+        N = args[1].size // C
+        rows = ln_fused_rows(N)
+        chunks = (N + rows - 1) // rows
+        partial = self.scratch("ln_partial", (chunks, 2 * C), cp.float32)
+        smem = ln_fused_smem(C) + extra_smem
+        if kern.max_dynamic_shared_size_bytes < smem:  # past 48 KiB only by request
+            kern.max_dynamic_shared_size_bytes = smem
+        kern((chunks,), (256,), (*args, *outs, partial, np.int32(N), np.int32(C), np.int32(rows), *tail), shared_mem=smem)
+        self.kernel("layernorm", "ln_partials_final")((blocks(2 * C, 32),), (32, 8),
+                                                      (partial, dg, db, np.int32(chunks), np.int32(C)))
 
     def _layernorm_bwd_fp8(self, dout, x, mean, rstd, g, dx, dg, db, branch, feeds) -> None:
         """layernorm_bwd whose branch is the e5m2 gradient of the product `feeds` ((role, its weight)):
@@ -647,17 +662,11 @@ class CupyBackend(Backend):
             self.layernorm_bwd(dout, x, mean, rstd, g, dx, dg, db, branch=copy)
             f.cast(copy, site, "e5m2", q=q, qt=qt)
             return
-        rows = ln_fused_rows(N)
-        chunks = (N + rows - 1) // rows
-        partial = self.scratch("ln_partial", (chunks, 2 * C), cp.float32)
-        smem = ln_fused_smem(C) + rows * (C + 4)
         kern = self.kernel("fp8", "layernorm_bwd_fused_fp8_" + _ln_fused(C, True).rsplit("_", 1)[1])
-        if kern.max_dynamic_shared_size_bytes < smem:
-            kern.max_dynamic_shared_size_bytes = smem
-        kern((chunks,), (256,), (dout, x, mean, rstd, g, dx, q, qt, partial, np.int32(N), np.int32(C), np.int32(rows),
-                                 np.int32(site), f.scale, f.amax_now, f.counts, np.int32(1), np.int32(1)), shared_mem=smem)
-        self.kernel("layernorm", "ln_partials_final")((blocks(2 * C, 32),), (32, 8),
-                                                      (partial, dg, db, np.int32(chunks), np.int32(C)))
+        # its transposing tile: a block's rows of the 16-bit gradient (kernels/fp8.cu)
+        self._layernorm_bwd_one_pass(kern, (dout, x, mean, rstd, g, dx), (q, qt),
+                                     (np.int32(site), f.scale, f.amax_now, f.counts, np.int32(1), np.int32(1)), dg, db,
+                                     extra_smem=ln_fused_rows(N) * (C + 4))
 
     # ------------------------------------------------------------------ attention
     def attn_qkv_fwd(self, x, wq, wk, wv, qkv, n_head) -> None:
@@ -960,6 +969,7 @@ class CupyBackend(Backend):
             mirror.stale = False
             self.kernel("elementwise", "adamw_h16")((blocks(w.size),), (256,), (w, g, m, v, decay, mirror.copy,
                                                                                np.int64(mirror.gap_at), np.int64(mirror.gap),
+                                                                               np.int64(mirror.lo), np.int64(mirror.hi),
                                                                                f(gscale), *hyper))
         else:
             self.kernel("elementwise", "adamw")((blocks(w.size),), (256,), (w, g, m, v, decay, f(gscale), *hyper))

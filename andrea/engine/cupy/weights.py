@@ -42,43 +42,50 @@ def leading_dim(x):
 
 
 class Mirror:
-    """The 16-bit copy of a flat fp32 weight buffer that the matrix products read, refreshed by the
-    AdamW kernel as it updates the weights. The output head's rows are followed by zero rows up to a
-    multiple of VOCAB_PAD (a gap in the copy: later weights sit `gap` elements further on), so the
-    vocabulary-sized products run on aligned shapes: with V = 8449 cuBLAS ran them at ~100 TFLOP/s."""
+    """The 16-bit copy of a flat fp32 weight buffer (or of its stretch w[lo:hi], `span`) that the
+    matrix products read, refreshed by the AdamW kernel as it updates the weights. The output head's
+    rows are followed by zero rows up to a multiple of VOCAB_PAD (a gap in the copy: later weights sit
+    `gap` elements further on), so the vocabulary-sized products run on aligned shapes: with V = 8449
+    cuBLAS ran them at ~100 TFLOP/s."""
 
-    def __init__(self, w, head, precision: str):
+    def __init__(self, w, head, precision: str, span=None):
         self.w = w
         self.defines = defines(precision)
-        self.gap_at, self.gap = w.size, 0
+        self.lo, self.hi = span if span is not None else (0, w.size)
+        self.gap_at, self.gap = self.hi - self.lo, 0  # counted from lo
         self.head = None
         if head is not None:  # (offset, rows, cols) of the head within w
             off, rows, cols = head
+            if not (self.lo <= off and off + rows * cols <= self.hi):
+                raise ValueError(f"the head w[{off}:{off + rows * cols}] is outside the mirrored w[{self.lo}:{self.hi}]")
             padded = -(-rows // VOCAB_PAD) * VOCAB_PAD
             self.head = (off, rows, cols, padded)
-            self.gap_at, self.gap = off + rows * cols, (padded - rows) * cols
-        self.copy = cp.zeros(w.size + self.gap, dtype=half_dtype(precision))  # the gap stays zero
+            self.gap_at, self.gap = off + rows * cols - self.lo, (padded - rows) * cols
+        self.copy = cp.zeros(self.hi - self.lo + self.gap, dtype=half_dtype(precision))  # the gap stays zero
         self.stale = True
 
     def refresh(self) -> None:
         if self.stale:
-            n = self.w.size
+            n = self.hi - self.lo
             kernel("elementwise", "cast_h16_gap", defines=self.defines)(
-                (blocks(n),), (256,), (self.w, self.copy, np.int64(n), np.int64(self.gap_at), np.int64(self.gap)))
+                (blocks(n),), (256,), (self.w[self.lo:self.hi], self.copy, np.int64(n), np.int64(self.gap_at),
+                                       np.int64(self.gap)))
             self.stale = False
 
     def view(self, x, padded: bool = False):
-        """x's 16-bit copy (x a view into w), or None; with `padded`, the head with its zero rows."""
+        """x's 16-bit copy (x a view into the mirrored stretch of w), or None; with `padded`, the head
+        with its zero rows."""
         off = (x.data.ptr - self.w.data.ptr) // 4
-        if not (0 <= off < self.w.size and x.dtype == self.w.dtype):
+        if not (self.lo <= off and off + x.size <= self.hi and x.dtype == self.w.dtype):
             return None
         self.refresh()
+        at = off - self.lo
         if padded:
             if self.head is None or off != self.head[0]:
                 return None
             _, _, cols, rows = self.head
-            return self.copy[off:off + rows * cols].reshape(rows, cols)
-        start = off + (self.gap if off >= self.gap_at else 0)
+            return self.copy[at:at + rows * cols].reshape(rows, cols)
+        start = at + (self.gap if at >= self.gap_at else 0)
         return self.copy[start:start + x.size].reshape(x.shape)
 
 
@@ -91,15 +98,19 @@ class Weights:
         self.mirror: Mirror | None = None
         self.copies: dict = {}  # (pointer, shape) -> 16-bit copy; dropped by every optimizer step
 
-    def register(self, w, head=None) -> None:
+    def register(self, w, head=None, head_only: bool = False) -> None:
         """Keep a 16-bit copy of the flat weight buffer `w` that AdamW refreshes as it updates w; `head`
-        (a view into w: the output head, [V, d]) gets zero rows up to a multiple of VOCAB_PAD."""
+        (a view into w: the output head, [V, d]) gets zero rows up to a multiple of VOCAB_PAD.
+        `head_only`: the copy holds the head alone (fp8, where every other product reads 8-bit
+        copies of the fp32 weights: 2 bytes a parameter less)."""
         if self.precision == "fp32":
             return
-        spec = None
+        spec = span = None
         if head is not None:
             spec = ((head.data.ptr - w.data.ptr) // 4, head.shape[0], head.shape[1])
-        self.mirror = Mirror(w, spec, self.precision)
+            if head_only:
+                span = (spec[0], spec[0] + head.size)
+        self.mirror = Mirror(w, spec, self.precision, span)
 
     def invalidate(self) -> None:
         """The weights changed outside AdamW (e.g. a load): every 16-bit copy is stale."""
@@ -135,6 +146,10 @@ class Weights:
                 return mirrored
             key = (x.data.ptr, x.shape)
             cached = self.copies.get(key)
+            if cached is None and cp.cuda.get_current_stream().is_capturing():
+                # a copy made while a graph is captured would be freed by the next step's AdamW under it
+                raise RuntimeError(f"a {x.shape} weight outside the 16-bit copy is read while a CUDA graph is "
+                                   "captured; run the pass eagerly once first")
             if cached is None:
                 cached = self.copies[key] = cp.ascontiguousarray(x).astype(half)
             return cached
