@@ -6,6 +6,7 @@
 #                                                  the corpus (.device/real-corpus.tar.xz, from bench/real_corpus.sh)
 #   bash bench/gpu_real_corpus.sh data             data stages, tokenizers and shards of both models
 #   bash bench/gpu_real_corpus.sh train MODEL N    snakemake results/MODEL/audit with max_steps N
+#                                                  (PRECISION=fp8 in the environment: trained in fp8)
 #   bash bench/gpu_real_corpus.sh parity MODEL     bench/loss_parity.py on that run's first recorded batches
 #
 # Results are packed into $OUT (the device tool's output folder; results/device-out elsewhere).
@@ -22,11 +23,12 @@ export PYTHONUNBUFFERED=1
 CONF="config/config.yaml .device/real/real-corpus.yaml .device/gpu.yaml"
 CORES=${CORES:-$(nproc)}
 
-gpu_yaml() {  # max_steps per model: $1 for 12M, $2 for 120M
+gpu_yaml() {  # max_steps per model: $1 for 12M, $2 for 120M; PRECISION (e.g. fp8) for both where set
+  local p=${PRECISION:+, precision: $PRECISION}
   cat > .device/gpu.yaml <<EOF
 train:
-  ANDREA-12M: {max_steps: $1, record_batches: 300, curriculum: {warmup_steps: 3000}}
-  ANDREA-120M: {max_steps: $2, record_batches: 300, curriculum: {warmup_steps: 3000}}
+  ANDREA-12M: {max_steps: $1, record_batches: 300, curriculum: {warmup_steps: 3000}$p}
+  ANDREA-120M: {max_steps: $2, record_batches: 300, curriculum: {warmup_steps: 3000}$p}
 EOF
 }
 

@@ -283,6 +283,7 @@ def run_optimizer(cp, report, shape, rng, reps):
     d_decay = cp.asarray(decay)
 
     # adamw_h16's copy of all of w, and of a stretch of it (fp8: the head alone), its gap inside
+    GUARD = 64
     spans = {"adamw": [None], "adamw_h16": [(0, n, gap_at), (n // 3, 2 * (n // 3), n // 6)]}
     for ver in [v for v in VERSIONS if v.op == "adamw"]:
         for prec, span in [(p, s) for p in ver.precisions for s in spans[ver.name]]:
@@ -291,8 +292,9 @@ def run_optimizer(cp, report, shape, rng, reps):
             h16 = span is not None
             sentinel = common.to_h16(np.full(1, 7.0), prec if h16 else "bf16")[0]
             lo, hi, at = span if h16 else (0, 0, 0)
-            wb = cp.full(hi - lo + gap, int(sentinel), cp.uint16) if h16 else None
-            extra = (wb, np.int64(at), np.int64(gap), np.int64(lo), np.int64(hi)) if h16 else ()
+            # the copy between GUARD sentinels each side: a write outside it shows
+            wb = cp.full(hi - lo + gap + 2 * GUARD, int(sentinel), cp.uint16) if h16 else None
+            extra = (wb[GUARD:], np.int64(at), np.int64(gap), np.int64(lo), np.int64(hi)) if h16 else ()
             argv = (*state, d_decay, *extra, np.float32(gscale), *args, np.int64(n), np.uint64(0), np.int32(0))  # no ctrl; a mask per parameter
             run = lambda ka=ka, argv=argv: ka((common.blocks(n),), (256,), argv)  # noqa: E731
 
@@ -304,7 +306,8 @@ def run_optimizer(cp, report, shape, rng, reps):
                 err = err.worst(common.compare(state[3].get(), v_ref, rtol=0, atol=v_bound, what="v"))
                 if wb is not None:  # the 16-bit copy is the kernel's own new w, rounded: exactly those bits
                     want = common.to_h16(w_got[lo:hi], prec)
-                    want = np.concatenate([want[:at], np.full(gap, sentinel, np.uint16), want[at:]])
+                    guard = np.full(GUARD, sentinel, np.uint16)
+                    want = np.concatenate([guard, want[:at], np.full(gap, sentinel, np.uint16), want[at:], guard])
                     err = err.worst(common.exact(wb.get(), want, what="16-bit copy"))
                 ms = common.bench(cp, run, reps)  # repeated steps: the same work
                 return err, ms, common.gbps(n * (4 * 4 + 3 * 4 + 1) + 2 * (hi - lo), ms)

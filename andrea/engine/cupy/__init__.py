@@ -631,7 +631,7 @@ class CupyBackend(Backend):
 
     def _layernorm_bwd_one_pass(self, kern, args, outs, tail, dg, db, extra_smem: int = 0) -> None:
         """A one-pass LayerNorm backward kernel (layernorm_bwd_fused_*: dx and the blocks' partial sums
-        of dγ, dβ, dout and x read once) over blocks of ln_fused_rows rows, then the partials' ordered
+        of dγ and dβ; dout and x read once) over blocks of ln_fused_rows rows, then the partials' ordered
         sum into dg, db. args (dout, x, mean, rstd, g, dx), outs (what the kernel writes dx's copy
         to), tail (its arguments after the row count); extra_smem: shared memory beyond the sums'."""
         C = args[1].shape[-1]

@@ -1,5 +1,6 @@
 """Precision dtypes, the 16-bit copy of the weights that the matrix products read in the bf16 and
-fp16 modes, and the casting of matrix-product operands to the compute precision."""
+fp16 modes (in fp8: of the output head alone), and the casting of matrix-product operands to the
+compute precision."""
 
 from __future__ import annotations
 
@@ -144,12 +145,13 @@ class Weights:
             mirrored = self.view(x)
             if mirrored is not None:
                 return mirrored
+            if cp.cuda.get_current_stream().is_capturing():
+                # its copy (made now or by the eager pass before the capture) is dropped by the next
+                # AdamW, and the graph would read freed memory holding old weights
+                raise RuntimeError(f"a {x.shape} weight outside the registered 16-bit copy is read while a CUDA "
+                                   "graph is captured: a graph can read only the registered copy")
             key = (x.data.ptr, x.shape)
             cached = self.copies.get(key)
-            if cached is None and cp.cuda.get_current_stream().is_capturing():
-                # a copy made while a graph is captured would be freed by the next step's AdamW under it
-                raise RuntimeError(f"a {x.shape} weight outside the 16-bit copy is read while a CUDA graph is "
-                                   "captured; run the pass eagerly once first")
             if cached is None:
                 cached = self.copies[key] = cp.ascontiguousarray(x).astype(half)
             return cached
