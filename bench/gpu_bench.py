@@ -8,7 +8,10 @@ is launched (as the trainer does: andrea/trainer.py). All of a configuration's r
 taking turns, and the median round counts (PyTorch alone varied by ±20 % between runs here). For
 each model and batch size: tokens/s, MFU (llm.c's formula: flops/token = 6·N + 6·L·d·T, against
 989 TFLOP/s bf16), peak GPU memory (PyTorch: max_memory_allocated; ours: the highest in-use figure
-of CuPy's pool, tracked by an allocator wrapper), and the ratio ours/PyTorch. Prints a Markdown table, writes JSON.
+of CuPy's pool, tracked by an allocator wrapper), and the ratio ours/PyTorch. Where NVML is there
+(the driver's library), also each runner's energy over its rounds: joules per step, tokens per joule,
+mean power and SM clock, and how often the power cap held the clock down (bench/gpu_power.py: at
+ANDREA-120M B=32 every runner runs at the H200's 700 W cap). Prints Markdown tables, writes JSON.
 
     python3 bench/gpu_bench.py --out results.json
     python3 bench/gpu_bench.py --models ANDREA-12M --batches 8 --precisions bf16 --rounds 5
@@ -23,6 +26,7 @@ import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 from unittest import mock
 
@@ -32,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from andrea.model import ModelConfig, flops_per_token, n_params  # noqa: E402
+from gpu_power import PowerMeter  # noqa: E402 (bench/, the script's folder)
 
 PEAK = 989e12
 MODELS = {  # the config/config.yaml table (read without the config machinery: the device lacks jsonschema)
@@ -156,16 +161,32 @@ class Torch:
         self.torch.cuda.synchronize()
 
 
-def timed_rounds(runners, steps, rounds):
+def timed_rounds(runners, steps, rounds, meter=None):
     """Seconds per step of each runner: `rounds` rounds, the runners taking turns (so that clock
-    and thermal drift hit all of them alike); the median round counts."""
+    and thermal drift hit all of them alike); the median round counts. With a PowerMeter, each
+    round's energy, clock and power cap are read too (readings[name]: one per round)."""
     times = {name: [] for name in runners}
+    readings = {name: [] for name in runners}
     for _ in range(rounds):
         for name, r in runners.items():
-            t0 = time.perf_counter()
-            r.run(steps)
-            times[name].append((time.perf_counter() - t0) / steps)
-    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}, times
+            with (meter.measure() if meter else nullcontext()) as reading:
+                t0 = time.perf_counter()
+                r.run(steps)
+                times[name].append((time.perf_counter() - t0) / steps)
+            if reading is not None:
+                readings[name].append(reading)
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}, times, readings
+
+
+def energy_of(readings, steps, tokens) -> dict:
+    """Joules per step, tokens per joule, mean power, SM clock and share of samples power-capped over
+    all of a runner's rounds: NVML's energy counter moves in steps too coarse for one short round
+    (at 120M B=8 one round's figure came out above the 700 W cap)."""
+    joules, seconds = sum(r.joules for r in readings), sum(r.seconds for r in readings)
+    n = steps * len(readings)
+    return {"j_per_step": joules / n, "tok_per_j": tokens * n / joules if joules else 0.0,
+            "watts": joules / seconds if seconds else 0.0, "sm_mhz": sum(r.sm_mhz for r in readings) / len(readings),
+            "capped": sum(r.capped for r in readings) / len(readings)}
 
 
 def main() -> None:
@@ -173,7 +194,7 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["ANDREA-12M", "ANDREA-120M"], choices=list(MODELS))
     ap.add_argument("--batches", nargs="+", type=int, default=[8, 32])
     ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--steps", type=int, default=10, help="steps per timed round")
+    ap.add_argument("--steps", type=int, default=20, help="steps per timed round (rounds of a second or so: the power cap's steady state)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds, the runners taking turns; the median counts")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--precisions", nargs="+", default=["bf16", "fp16", "bf16-eager", "fp32"],
@@ -185,6 +206,7 @@ def main() -> None:
     args = ap.parse_args()
     import cupy as cp
 
+    meter = PowerMeter.open()
     rows = []
     for name in args.models:
         cfg = MODELS[name]
@@ -196,7 +218,7 @@ def main() -> None:
                 runners["torch"] = Torch(cfg, B, args.seq, args.warmup)
             for prec in [] if args.no_ours else args.precisions:
                 runners[f"ours_{prec}"] = Ours(cfg, B, args.seq, prec, args.warmup)
-            med, all_times = timed_rounds(runners, args.steps, args.rounds)
+            med, all_times, readings = timed_rounds(runners, args.steps, args.rounds, meter)
             row = {"model": name, "params": n_params(cfg), "B": B, "T": args.seq}
             for key, dt in med.items():
                 r = runners[key]
@@ -204,8 +226,14 @@ def main() -> None:
                             "rounds_ms": [round(t * 1e3, 3) for t in all_times[key]]}
                 if r.plan is not None:
                     row[key]["plan_gib"] = r.plan / 2**30
+                power = ""
+                if readings[key]:
+                    row[key] |= energy_of(readings[key], args.steps, tokens)
+                    x = row[key]
+                    power = (f", {x['j_per_step']:.2f} J/step ({x['tok_per_j']:,.0f} tok/J) at {x['watts']:.0f} W, "
+                             f"SM {x['sm_mhz']:.0f} MHz, power-capped {x['capped']:.0%} of the time")
                 print(f"{name} B={B} {key}: {tokens / dt:,.0f} tok/s, MFU {fpt * tokens / dt / PEAK:.1%}, peak {r.peak / 2**30:.2f} GiB, "
-                      f"rounds {row[key]['rounds_ms']} ms", flush=True)
+                      f"rounds {row[key]['rounds_ms']} ms{power}", flush=True)
             rows.append(row)
             for r in runners.values():
                 if isinstance(r, Ours):
@@ -238,6 +266,14 @@ def main() -> None:
             cells = [f"{r[k]['tok_s']:,.0f} ({r[k]['tok_s'] / t['tok_s']:.2f}, {r[k]['peak_gib']:.2f})" if k in r and t else "—"
                      for k in others]
             print(f"| {r['model']} | {r['B']} | " + " | ".join(cells) + " |")
+    if meter is not None and rows:
+        print("\n| model | B | runner | J/step | tok/J | W | SM MHz | power-capped |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            for k, x in r.items():
+                if isinstance(x, dict) and "j_per_step" in x:
+                    print(f"| {r['model']} | {r['B']} | {k} | {x['j_per_step']:.2f} | {x['tok_per_j']:,.0f} | {x['watts']:.0f} | "
+                          f"{x['sm_mhz']:.0f} | {x['capped']:.0%} |")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=2))
 

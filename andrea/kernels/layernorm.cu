@@ -1,14 +1,22 @@
 // LayerNorm forward/backward. One warp per row of C channels.
 #include "common.cuh"
 
+// The calling warp's row (one row a warp), its lane and the row's first element; false past the last row.
+__device__ __forceinline__ bool warp_row(int N, int C, int& row, int& lane, long& off) {
+    row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    lane = threadIdx.x % 32;
+    off = (long)row * C;
+    return row < N;
+}
+
 template <typename Out>
 __device__ void layernorm_rows(const float* __restrict__ x, const float* __restrict__ g, const float* __restrict__ b,
                                Out* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd, int N,
                                int C, float eps) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= N) return;
-    const float* xr = x + (long)row * C;
+    int row, lane;
+    long off;
+    if (!warp_row(N, C, row, lane, off)) return;
+    const float* xr = x + off;
     float s = 0.f;
     for (int c = lane; c < C; c += 32) s += xr[c];
     float m = warp_sum(s) / C;
@@ -33,10 +41,9 @@ template <typename Out>
 __device__ void add_layernorm_rows(const float* __restrict__ x, const float* __restrict__ f, float* __restrict__ res,
                                    const float* __restrict__ g, const float* __restrict__ b, Out* __restrict__ out,
                                    float* __restrict__ mean, float* __restrict__ rstd, int N, int C, float eps) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= N) return;
-    long off = (long)row * C;
+    int row, lane;
+    long off;
+    if (!warp_row(N, C, row, lane, off)) return;
     float s = 0.f;
     for (int c = lane; c < C; c += 32) {
         float v = x[off + c] + f[off + c];
@@ -82,10 +89,9 @@ extern "C" __global__ void layernorm_bwd_dx(const float* __restrict__ dout, cons
                                             const float* __restrict__ mean, const float* __restrict__ rstd,
                                             const float* __restrict__ g, float* __restrict__ dx,
                                             h16* __restrict__ dx_h16, int N, int C) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= N) return;
-    long off = (long)row * C;
+    int row, lane;
+    long off;
+    if (!warp_row(N, C, row, lane, off)) return;
     float m = mean[row], r = rstd[row];
     float s1 = 0.f, s2 = 0.f;
     for (int c = lane; c < C; c += 32) {
@@ -204,10 +210,9 @@ template <typename Out, typename F = float>
 __device__ void add_layernorm_vec(const float* __restrict__ x, const F* __restrict__ f, float* __restrict__ res,
                                   const float* __restrict__ g, const float* __restrict__ b, Out* __restrict__ out,
                                   float* __restrict__ mean, float* __restrict__ rstd, int N, int C, float eps) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= N) return;
-    long off = (long)row * C;
+    int row, lane;
+    long off;
+    if (!warp_row(N, C, row, lane, off)) return;
     float4 v[LN_MAXV];
     float m, r;
     add_ln_row<LN_MAXV, F>(x, f, res, off, C, eps, lane, v, m, r);
@@ -234,10 +239,9 @@ extern "C" __global__ void layernorm_bwd_dx_vec(const float* __restrict__ dout, 
                                                 const float* __restrict__ mean, const float* __restrict__ rstd,
                                                 const float* __restrict__ g, float* __restrict__ dx,
                                                 h16* __restrict__ dx_h16, int N, int C) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= N) return;
-    long off = (long)row * C;
+    int row, lane;
+    long off;
+    if (!warp_row(N, C, row, lane, off)) return;
     float m = mean[row], r = rstd[row];
     float4 xh[LN_MAXV], dh[LN_MAXV];  // xhat, dout * g
     float s1 = 0.f, s2 = 0.f;

@@ -42,7 +42,7 @@ _CUDA_R_8F_E4M3, _CUDA_R_8F_E5M2 = 28, 29
 FP8_TYPES = {"e4m3": _CUDA_R_8F_E4M3, "e5m2": _CUDA_R_8F_E5M2}
 # cublasLt.h (CUDA 12 and 13)
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_AUX_POINTER, _DESC_AUX_LD = 3, 4, 7, 11, 12
-_DESC_A_SCALE, _DESC_B_SCALE, _DESC_FAST_ACCUM = 17, 18, 25
+_DESC_SM_COUNT_TARGET, _DESC_A_SCALE, _DESC_B_SCALE, _DESC_FAST_ACCUM = 15, 17, 18, 25
 EPILOGUE_DEFAULT, EPILOGUE_GELU_AUX, EPILOGUE_DGELU = 1, 32 | 128, 64 | 128
 _PREF_MAX_WORKSPACE = 1
 _PREF_MIN_ALIGNMENT = (5, 6, 7, 8)  # CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES
@@ -317,12 +317,13 @@ class Lt:
         self._run(plan, bt, a, c, accumulate)
 
     def gemm(self, a, b, c, ta: bool = False, tb: bool = False, accumulate: bool = False, alpha: float = 1.0,
-             epilogue: int = EPILOGUE_DEFAULT, aux=None) -> None:
+             epilogue: int = EPILOGUE_DEFAULT, aux=None, sm_count: int = 0) -> None:
         """16-bit operands: row-major c [m, n] (16-bit or fp32) = epilogue(alpha · op(a) · op(b)), or +=
         with `accumulate`, with fp32 accumulation; a, b, c may be strided row views (unit column
         stride). EPILOGUE_GELU_AUX: c = gelu(·) and aux [m, n] = the product before it;
         EPILOGUE_DGELU: c = (·) ⊙ gelu'(aux). aux is 16-bit like c, with rows a multiple of 8
-        elements apart (cuBLASLt's condition)."""
+        elements apart (cuBLASLt's condition). sm_count: run on about that many SMs (0: all), leaving
+        the rest to kernels of another stream (cuBLASLt's SM_COUNT_TARGET, a plan of its own)."""
         m, n = c.shape
         k = a.shape[0] if ta else a.shape[1]
         if (b.shape[1] if tb else b.shape[0]) != k or (a.shape[1] if ta else a.shape[0]) != m or \
@@ -344,10 +345,12 @@ class Lt:
         lay_c = (_dtype_code(c), n, m, ldc)
         align = tuple(_alignment(x.data.ptr) for x in (b, a, c, c))
         aux_align = 0 if aux is None else _alignment(aux.data.ptr)  # the heuristic reads the aux pointer's alignment
-        key = ("h16", lay_a, lay_b, lay_c, ta, tb, epilogue, aux_ld, align, aux_align)
-        what = f"m={m} n={n} k={k}{' with an epilogue' if aux is not None else ''}"
+        key = ("h16", lay_a, lay_b, lay_c, ta, tb, epilogue, aux_ld, align, aux_align) + ((sm_count,) if sm_count else ())
+        what = f"m={m} n={n} k={k}{' with an epilogue' if aux is not None else ''}{f' on {sm_count} SMs' if sm_count else ''}"
         attrs = [(_DESC_TRANSA, ctypes.c_int32(_OP_T if tb else _OP_N)), (_DESC_TRANSB, ctypes.c_int32(_OP_T if ta else _OP_N)),
                  (_DESC_EPILOGUE, ctypes.c_uint32(epilogue))]
+        if sm_count:
+            attrs.append((_DESC_SM_COUNT_TARGET, ctypes.c_int32(sm_count)))
         if aux is not None:
             attrs += [(_DESC_AUX_POINTER, ctypes.c_void_p(aux.data.ptr)), (_DESC_AUX_LD, ctypes.c_int64(aux_ld))]
         plan = self._plan(key, attrs, [lay_a, lay_b, lay_c], align, what, m * n * k)

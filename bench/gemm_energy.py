@@ -1,0 +1,135 @@
+"""The training step's bf16 matrix products, each of cuBLASLt's algorithms timed alone (as the backend's
+tuner times them: a few calls on an idle GPU, clock at its maximum) and run back to back for about
+--seconds (the GPU at its power cap, as in training), with NVML's energy counter read around that.
+
+Why: ANDREA-120M's B=32 training step holds the H200 at its 700 W cap (bench/gpu_power.py). There
+the algorithm that is fastest alone need not be the one that takes least energy, and so least time in
+training.
+
+    python3 bench/gemm_energy.py [--m 32768 8192] [--d 768] [--seconds 0.4] [--out gemm_energy.json]
+
+Prints per product: each algorithm's time alone, its time and millijoules per call under sustained
+load; which one the tuner's timing picks, and the lowest-energy one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import cupy as cp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from andrea.engine.cupy import BF16  # noqa: E402
+from andrea.engine.cupy.cublaslt import TUNE_REPS, Lt  # noqa: E402
+from gpu_power import PowerMeter  # noqa: E402 (bench/, the script's folder)
+
+
+def products(m: int, d: int, M: int) -> list:
+    """(name, a shape, b shape, c shape and dtype, ta, tb, accumulate) of the training step's cuBLASLt
+    products (the q/k/v products are strided-batched cuBLAS calls, not here)."""
+    f32 = np.float32
+    return [
+        ("out fwd  y·Wo", (m, d), (d, d), (m, d), BF16, False, False, False),
+        ("fc1 fwd  x·W1", (m, d), (d, M), (m, M), BF16, False, False, False),
+        ("fc2 fwd  a·W2", (m, M), (M, d), (m, d), BF16, False, False, False),
+        ("fc2 dgrad g·W2ᵀ", (m, d), (M, d), (m, M), BF16, False, True, False),
+        ("fc2 wgrad aᵀ·g", (m, M), (m, d), (M, d), f32, True, False, True),
+        ("fc1 wgrad xᵀ·da", (m, d), (m, M), (d, M), f32, True, False, True),
+        ("fc1 dgrad da·W1ᵀ", (m, M), (d, M), (m, d), BF16, False, True, False),
+        ("qkv dgrad g·Wcatᵀ", (m, 3 * d), (d, 3 * d), (m, d), BF16, False, True, False),
+        ("out dgrad g·Woᵀ", (m, d), (d, d), (m, d), BF16, False, True, False),
+        ("out wgrad yᵀ·g", (m, d), (m, d), (d, d), f32, True, False, True),
+    ]
+
+
+def sustained(call, meter: PowerMeter, ms_alone: float, seconds: float) -> tuple:
+    """(ms, mJ) per call over about `seconds` of back-to-back calls, after a quarter of that to reach
+    the steady clock."""
+    n = max(20, int(seconds * 1e3 / max(ms_alone, 1e-3)))
+    for _ in range(n // 4):
+        call()
+    cp.cuda.Device().synchronize()
+    with meter.measure() as r:
+        for _ in range(n):
+            call()
+        cp.cuda.Device().synchronize()
+    return r.seconds * 1e3 / n, r.joules * 1e3 / n, r.sm_mhz
+
+
+def bench(m: int, d: int, seconds: float, meter: PowerMeter) -> list:
+    rng = np.random.default_rng(0)
+    lt = Lt(tune=False)
+    out = []
+    for name, sa, sb, sc, cdt, ta, tb, acc in products(m, d, 4 * d):
+        a = cp.asarray(rng.standard_normal(sa, np.float32)).astype(BF16)
+        b = cp.asarray(rng.standard_normal(sb, np.float32) * 0.03).astype(BF16)
+        c = cp.zeros(sc, cdt)
+        call = lambda: lt.gemm(a, b, c, ta=ta, tb=tb, accumulate=acc)  # noqa: E731
+        call()
+        plan = list(lt.plans.values())[-1]
+        rows = []
+        for i in range(len(plan.algos)):
+            plan.chosen = i
+            try:
+                call()
+            except RuntimeError:
+                continue
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record()
+            for _ in range(TUNE_REPS):  # as Lt._tune times them
+                call()
+            end.record()
+            end.synchronize()
+            alone = cp.cuda.get_elapsed_time(start, end) / TUNE_REPS
+            ms, mj, mhz = sustained(call, meter, alone, seconds)
+            rows.append({"algo": i, "alone_ms": alone, "sustained_ms": ms, "mj": mj, "sm_mhz": mhz})
+        flops = 2 * sa[0] * sa[1] * (sb[0] if tb else sb[1])
+        tuned = min(rows, key=lambda r: r["alone_ms"])
+        frugal = min(rows, key=lambda r: r["mj"])
+        fastest = min(rows, key=lambda r: r["sustained_ms"])
+        out.append({"product": name, "m": m, "flops": flops, "algos": rows, "tuned": tuned["algo"], "least_energy": frugal["algo"],
+                    "fastest_sustained": fastest["algo"]})
+        print(f"\n## {name}  (m={m}, d={d}; {flops / 1e9:.0f} GFLOP)")
+        print("| algo | alone ms | sustained ms | mJ/call | SM MHz | |")
+        print("|---|---|---|---|---|---|")
+        for r in rows:
+            mark = " ".join(x for x, y in (("tuned", tuned), ("least-energy", frugal), ("fastest-sustained", fastest)) if y is r)
+            print(f"| {r['algo']} | {r['alone_ms']:.3f} | {r['sustained_ms']:.3f} | {r['mj']:.1f} | {r['sm_mhz']:.0f} | {mark} |")
+        print(f"tuned choice under load: {tuned['sustained_ms']:.3f} ms, {tuned['mj']:.1f} mJ; best sustained "
+              f"{fastest['sustained_ms']:.3f} ms ({tuned['sustained_ms'] / fastest['sustained_ms'] - 1:+.1%} for the tuned one)")
+        sys.stdout.flush()
+    lt.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--m", nargs="+", type=int, default=[32768, 8192], help="rows: B·T")
+    ap.add_argument("--d", type=int, default=768, help="d_model (the MLP is 4d)")
+    ap.add_argument("--seconds", type=float, default=0.4, help="sustained run per algorithm")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    meter = PowerMeter.open()
+    if meter is None:
+        sys.exit("gemm_energy: NVML (libnvidia-ml.so.1) or its energy counter is not available on this machine")
+    t0 = time.perf_counter()
+    results = [r for m in args.m for r in bench(m, args.d, args.seconds, meter)]
+    print(f"\n{time.perf_counter() - t0:.0f} s")
+    for m in args.m:
+        ours = [r for r in results if r["m"] == m]
+        pick = lambda r, k: next(a for a in r["algos"] if a["algo"] == r[k])  # noqa: E731
+        tuned = sum(pick(r, "tuned")["sustained_ms"] for r in ours)
+        best = sum(pick(r, "fastest_sustained")["sustained_ms"] for r in ours)
+        print(f"m={m}: one of each product under load: tuned choices {tuned:.3f} ms, fastest sustained {best:.3f} ms "
+              f"({tuned / best - 1:+.1%})")
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
