@@ -178,11 +178,17 @@ def timed_rounds(runners, steps, rounds, meter=None):
     return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}, times, readings
 
 
+# NVML's energy counter moves in steps too coarse for short stretches: summed over less than this many
+# seconds its figures came out above the 700 W cap (ANDREA-12M, 120M at B=8 with 20-step rounds)
+ENERGY_MIN_SECONDS = 3.0
+
+
 def energy_of(readings, steps, tokens) -> dict:
     """Joules per step, tokens per joule, mean power, SM clock and share of samples power-capped over
-    all of a runner's rounds: NVML's energy counter moves in steps too coarse for one short round
-    (at 120M B=8 one round's figure came out above the 700 W cap)."""
+    all of a runner's rounds; {} where those rounds lasted under ENERGY_MIN_SECONDS (more --steps)."""
     joules, seconds = sum(r.joules for r in readings), sum(r.seconds for r in readings)
+    if seconds < ENERGY_MIN_SECONDS:
+        return {}
     n = steps * len(readings)
     return {"j_per_step": joules / n, "tok_per_j": tokens * n / joules if joules else 0.0,
             "watts": joules / seconds if seconds else 0.0, "sm_mhz": sum(r.sm_mhz for r in readings) / len(readings),
@@ -227,7 +233,7 @@ def main() -> None:
                 if r.plan is not None:
                     row[key]["plan_gib"] = r.plan / 2**30
                 power = ""
-                if readings[key]:
+                if readings[key] and energy_of(readings[key], args.steps, tokens):
                     row[key] |= energy_of(readings[key], args.steps, tokens)
                     x = row[key]
                     power = (f", {x['j_per_step']:.2f} J/step ({x['tok_per_j']:,.0f} tok/J) at {x['watts']:.0f} W, "
@@ -266,7 +272,7 @@ def main() -> None:
             cells = [f"{r[k]['tok_s']:,.0f} ({r[k]['tok_s'] / t['tok_s']:.2f}, {r[k]['peak_gib']:.2f})" if k in r and t else "—"
                      for k in others]
             print(f"| {r['model']} | {r['B']} | " + " | ".join(cells) + " |")
-    if meter is not None and rows:
+    if meter is not None and any("j_per_step" in x for r in rows for x in r.values() if isinstance(x, dict)):
         print("\n| model | B | runner | J/step | tok/J | W | SM MHz | power-capped |")
         print("|---|---|---|---|---|---|---|---|")
         for r in rows:
