@@ -1,11 +1,13 @@
 """ANDREA's CuPy engine vs PyTorch on one GPU, side by side in one run (issue: GPU backend).
 
 PyTorch runs the same architecture (bf16 autocast + torch.compile + scaled_dot_product_attention,
-fused AdamW, global clipping; its batch already on the GPU); ours runs the CuPy backend in bf16 and
-fp16 (CUDA graphs), bf16 without graphs, and fp32, each step an optim.launch_step with the next
-batch prepared in a background thread meanwhile and the step's results read after the next step
-is launched (as the trainer does: andrea/trainer.py). All of a configuration's runners are built first, then timed in rounds,
-taking turns, and the median round counts (PyTorch alone varied by ±20 % between runs here). For
+fused AdamW, global clipping; its batch already on the GPU), in torch.compile's default mode and in
+its CUDA-graph mode (reduce-overhead), and the ratios are to the faster of the two. Ours runs the
+CuPy backend in bf16 and fp16 (CUDA graphs), bf16 without graphs, and fp32, each step an
+optim.launch_step with the next batch prepared in a background thread meanwhile and the step's
+results read after the next step is launched (as the trainer does: andrea/trainer.py). All of a
+configuration's runners are built first, then timed in rounds, taking turns, and the median round
+counts (PyTorch alone varied by ±20 % between runs here). For
 each model and batch size: tokens/s, MFU (llm.c's formula: flops/token = 6·N + 6·L·d·T, against
 989 TFLOP/s bf16), peak GPU memory (PyTorch: max_memory_allocated; ours: the highest in-use figure
 of CuPy's pool, tracked by an allocator wrapper), and the ratio ours/PyTorch. Where NVML is there
@@ -126,22 +128,30 @@ class Ours:
 
 
 class Torch:
-    """The PyTorch reference: bf16 autocast + torch.compile + SDPA, fused AdamW, global clipping."""
+    """The PyTorch reference: bf16 autocast + torch.compile + SDPA, fused AdamW, global clipping.
+    mode "graphs": torch.compile's "reduce-overhead" mode, which replays the forward and backward as
+    CUDA graphs (no launch work on the host: at 120M B=8 the default mode's GPU waits on the host)."""
 
-    def __init__(self, cfg, B, T, warmup):
+    MODES = {"default": None, "graphs": "reduce-overhead"}
+
+    def __init__(self, cfg, B, T, warmup, mode="default"):
         import torch
 
         from torch_reference import torch_model
 
         torch.manual_seed(0)
         self.torch = torch
+        before = torch.cuda.memory_allocated()  # what PyTorch runners built before this one hold
         model = torch_model(cfg).to("cuda")
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1, fused=True)
-        cmodel = torch.compile(model)
+        cmodel = torch.compile(model, mode=self.MODES[mode])
         x = torch.randint(0, cfg.vocab_size, (B, T + 1), device="cuda")
         inp, tgt = x[:, :-1].contiguous(), x[:, 1:].contiguous()
+        graphs = mode == "graphs"
 
         def step():
+            if graphs:  # the last step's graph outputs (the gradients, already used) may be overwritten
+                torch.compiler.cudagraph_mark_step_begin()
             opt.zero_grad(set_to_none=True)
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 loss = cmodel(inp, tgt)
@@ -152,7 +162,7 @@ class Torch:
         self.step_fn = step
         torch.cuda.reset_peak_memory_stats()
         self.run(warmup)
-        self.peak = torch.cuda.max_memory_allocated()
+        self.peak = torch.cuda.max_memory_allocated() - before
         self.plan = None
 
     def run(self, steps):
@@ -195,6 +205,12 @@ def energy_of(readings, steps, tokens) -> dict:
             "capped": sum(r.capped for r in readings) / len(readings)}
 
 
+def best_torch(row) -> dict | None:
+    """The fastest PyTorch runner's figures of a result row (with its name under "runner"), or None."""
+    runs = [dict(x, runner=k) for k, x in row.items() if k.startswith("torch") and isinstance(x, dict)]
+    return max(runs, key=lambda x: x["tok_s"], default=None)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["ANDREA-12M", "ANDREA-120M"], choices=list(MODELS))
@@ -206,6 +222,9 @@ def main() -> None:
     ap.add_argument("--precisions", nargs="+", default=["bf16", "fp16", "bf16-eager", "fp32"],
                     help="bf16 / fp16 / fp8 (CUDA graphs), bf16-eager (no graphs), bf16-nondet (cuDNN's "
                          "non-deterministic attention backward), bf16-ws512 (its workspace up to 512 MiB), fp32")
+    ap.add_argument("--torch-modes", nargs="+", default=["default", "graphs"], choices=list(Torch.MODES),
+                    help="PyTorch runners: torch.compile's default mode, and its CUDA-graph mode (reduce-overhead); "
+                         "ratios are to the faster of them")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-ours", action="store_true", help="PyTorch alone (e.g. its largest batch, without our pool beside it)")
     ap.add_argument("--out", type=Path)
@@ -220,8 +239,8 @@ def main() -> None:
             tokens = B * args.seq
             fpt = flops_per_token(cfg)
             runners = {}
-            if not args.no_torch:
-                runners["torch"] = Torch(cfg, B, args.seq, args.warmup)
+            for mode in [] if args.no_torch else args.torch_modes:
+                runners["torch" if mode == "default" else f"torch_{mode}"] = Torch(cfg, B, args.seq, args.warmup, mode)
             for prec in [] if args.no_ours else args.precisions:
                 runners[f"ours_{prec}"] = Ours(cfg, B, args.seq, prec, args.warmup)
             med, all_times, readings = timed_rounds(runners, args.steps, args.rounds, meter)
@@ -252,23 +271,24 @@ def main() -> None:
 
                 torch.cuda.empty_cache()
 
-    print()
+    print("\nPyTorch: the faster of its runners in each row (its mode named); the ratios are to it.")
     print("| model | B×T | PyTorch tok/s (MFU, GiB) | ours bf16 tok/s (MFU, GiB) | ours fp8 tok/s (MFU, GiB) | ours fp16 | "
           "bf16 no graphs | fp32 | bf16 / PyTorch | fp8 / PyTorch |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        t, b, f8 = r.get("torch"), r.get("ours_bf16"), r.get("ours_fp8")
+        t, b, f8 = best_torch(r), r.get("ours_bf16"), r.get("ours_fp8")
         cell = lambda x: f"{x['tok_s']:,.0f} ({x['mfu']:.1%}, {x['peak_gib']:.2f})" if x else "—"  # noqa: E731
         plain = lambda x: f"{x['tok_s']:,.0f}" if x else "—"  # noqa: E731
         ratio = lambda x: f"{x['tok_s'] / t['tok_s']:.2f}" if (t and x) else "—"  # noqa: E731
-        print(f"| {r['model']} | {r['B']}×{r['T']} | {cell(t)} | {cell(b)} | {cell(f8)} | {plain(r.get('ours_fp16'))} | "
+        mode = f" {t['runner']}" if t else ""
+        print(f"| {r['model']} | {r['B']}×{r['T']} | {cell(t)}{mode} | {cell(b)} | {cell(f8)} | {plain(r.get('ours_fp16'))} | "
               f"{plain(r.get('ours_bf16-eager'))} | {plain(r.get('ours_fp32'))} | {ratio(b)} | {ratio(f8)} |")
     others = sorted({k for r in rows for k in r if k.startswith("ours_")} - {"ours_bf16", "ours_fp8"})
-    if rows and rows[0].get("torch") and others:
+    if rows and best_torch(rows[0]) and others:
         print("\n| model | B | " + " | ".join(f"{k[5:]} tok/s (/ PyTorch, GiB)" for k in others) + " |")
         print("|---|---|" + "---|" * len(others))
         for r in rows:
-            t = r.get("torch")
+            t = best_torch(r)
             cells = [f"{r[k]['tok_s']:,.0f} ({r[k]['tok_s'] / t['tok_s']:.2f}, {r[k]['peak_gib']:.2f})" if k in r and t else "—"
                      for k in others]
             print(f"| {r['model']} | {r['B']} | " + " | ".join(cells) + " |")
