@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--runners", nargs="+", default=["torch", "bf16"], help="torch, or one of our precisions (bf16, fp8, ...)")
+    ap.add_argument("--runners", nargs="+", default=["torch", "bf16"], help="torch, torch_graphs (torch.compile's CUDA-graph mode), or one of our precisions (bf16, fp8, ...)")
     ap.add_argument("--host", action="store_true",
                     help="also trace the host's CUDA API calls: which calls block, and the host's own work between them")
     args = ap.parse_args()
@@ -59,8 +59,8 @@ def profile_runner(name, args) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     cfg = MODELS[args.model]
-    if name == "torch":
-        runner = Torch(cfg, args.batch, args.seq, warmup=3)
+    if name in ("torch", "torch_graphs"):  # torch.compile's default mode, or its CUDA-graph mode
+        runner = Torch(cfg, args.batch, args.seq, warmup=3, mode="graphs" if name == "torch_graphs" else "default")
     else:
         runner = Ours(cfg, args.batch, args.seq, name, warmup=3)
     activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if args.host else [])
