@@ -6,7 +6,9 @@
 #   bash bench/before_after.sh .device/before.tar [gpu_bench.py arguments]      (on the GPU machine)
 #
 # Each side runs bench/gpu_bench.py of its own tree without PyTorch (the PyTorch reference is a
-# separate run of this tree's gpu_bench.py); JSON per run and the table go to $OUT.
+# separate run of this tree's gpu_bench.py); JSON per run and the table go to $OUT. Both sides get
+# --steps 20 unless the arguments say otherwise (the default round length changed from 10 steps
+# to 20 on 2026-12-01, so two trees' defaults may differ).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-results/device-out}")
@@ -17,7 +19,7 @@ shift
 for round in 1 2; do
   for side in before after; do
     dir=$([ "$side" = before ] && echo "$BEFORE" || pwd)
-    (cd "$dir" && python3 bench/gpu_bench.py "$@" --no-torch --out "$OUT/bench-$side-$round.json") > "$OUT/bench-$side-$round.log" 2>&1 \
+    (cd "$dir" && python3 bench/gpu_bench.py --steps 20 "$@" --no-torch --out "$OUT/bench-$side-$round.json") > "$OUT/bench-$side-$round.log" 2>&1 \
       || { tail -30 "$OUT/bench-$side-$round.log"; exit 1; }
     echo "$side round $round done"
   done

@@ -1,6 +1,7 @@
-"""The training step's bf16 matrix products, each of cuBLASLt's algorithms timed alone (as the backend's
-tuner times them: a few calls on an idle GPU, clock at its maximum) and run back to back for about
---seconds (the GPU at its power cap, as in training), with NVML's energy counter read around that.
+"""The training step's bf16 matrix products, each of cuBLASLt's algorithms timed as the backend's tuner
+times them (TUNE_REPS calls each, all algorithms back to back, after an idle second) and run back to
+back for about --seconds (the GPU at its power cap, as in training), with NVML's energy counter read
+around that.
 
 Why: ANDREA-120M's B=32 training step holds the H200 at its 700 W cap (bench/gpu_power.py). There
 the algorithm that is fastest alone need not be the one that takes least energy, and so least time in
@@ -8,8 +9,9 @@ training.
 
     python3 bench/gemm_energy.py [--m 32768 8192] [--d 768] [--seconds 0.4] [--out gemm_energy.json]
 
-Prints per product: each algorithm's time alone, its time and millijoules per call under sustained
-load; which one the tuner's timing picks, and the lowest-energy one.
+Prints per product: each algorithm's short timing, its time and millijoules per call under sustained
+load; which one the short timing picks (the tuner's choice), the fastest under load, and the
+lowest-energy one (millijoules a call are coarse: NVML's counter over --seconds).
 """
 
 from __future__ import annotations
@@ -47,18 +49,25 @@ def products(m: int, d: int, M: int) -> list:
     ]
 
 
-def sustained(call, meter: PowerMeter, ms_alone: float, seconds: float) -> tuple:
-    """(ms, mJ) per call over about `seconds` of back-to-back calls, after a quarter of that to reach
-    the steady clock."""
-    n = max(20, int(seconds * 1e3 / max(ms_alone, 1e-3)))
-    for _ in range(n // 4):
-        call()
-    cp.cuda.Device().synchronize()
-    with meter.measure() as r:
-        for _ in range(n):
+def sustained(call, meter: PowerMeter, ms_alone: float, seconds: float, per_graph: int = 50) -> tuple:
+    """(ms, mJ, mean SM MHz) per call over about `seconds` of back-to-back calls, after a quarter of
+    that to reach the steady clock. The calls replay as a CUDA graph of `per_graph` of them, so that
+    the host's launches do not set the pace of the short products."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        for _ in range(per_graph):
             call()
-        cp.cuda.Device().synchronize()
-    return r.seconds * 1e3 / n, r.joules * 1e3 / n, r.sm_mhz
+        graph = stream.end_capture()
+        n = max(2, int(seconds * 1e3 / max(ms_alone * per_graph, 1e-3)))
+        for _ in range(max(1, n // 4)):
+            graph.launch(stream)
+        stream.synchronize()
+        with meter.measure() as r:
+            for _ in range(n):
+                graph.launch(stream)
+            stream.synchronize()
+    return r.seconds * 1e3 / (n * per_graph), r.joules * 1e3 / (n * per_graph), r.sm_mhz
 
 
 def bench(m: int, d: int, seconds: float, meter: PowerMeter) -> list:
@@ -72,7 +81,10 @@ def bench(m: int, d: int, seconds: float, meter: PowerMeter) -> list:
         call = lambda: lt.gemm(a, b, c, ta=ta, tb=tb, accumulate=acc)  # noqa: E731
         call()
         plan = list(lt.plans.values())[-1]
-        rows = []
+        # first every algorithm's short timing, back to back after an idle second, as Lt._tune times
+        # them on a plan's first call; then each under sustained load
+        time.sleep(1.0)
+        alone = {}
         for i in range(len(plan.algos)):
             plan.chosen = i
             try:
@@ -81,13 +93,16 @@ def bench(m: int, d: int, seconds: float, meter: PowerMeter) -> list:
                 continue
             start, end = cp.cuda.Event(), cp.cuda.Event()
             start.record()
-            for _ in range(TUNE_REPS):  # as Lt._tune times them
+            for _ in range(TUNE_REPS):
                 call()
             end.record()
             end.synchronize()
-            alone = cp.cuda.get_elapsed_time(start, end) / TUNE_REPS
-            ms, mj, mhz = sustained(call, meter, alone, seconds)
-            rows.append({"algo": i, "alone_ms": alone, "sustained_ms": ms, "mj": mj, "sm_mhz": mhz})
+            alone[i] = cp.cuda.get_elapsed_time(start, end) / TUNE_REPS
+        rows = []
+        for i, ms_alone in alone.items():
+            plan.chosen = i
+            ms, mj, mhz = sustained(call, meter, ms_alone, seconds)
+            rows.append({"algo": i, "alone_ms": ms_alone, "sustained_ms": ms, "mj": mj, "sm_mhz": mhz})
         flops = 2 * sa[0] * sa[1] * (sb[0] if tb else sb[1])
         tuned = min(rows, key=lambda r: r["alone_ms"])
         frugal = min(rows, key=lambda r: r["mj"])

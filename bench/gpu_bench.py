@@ -224,7 +224,8 @@ def main() -> None:
                          "non-deterministic attention backward), bf16-ws512 (its workspace up to 512 MiB), fp32")
     ap.add_argument("--torch-modes", nargs="+", default=["default", "graphs"], choices=list(Torch.MODES),
                     help="PyTorch runners: torch.compile's default mode, and its CUDA-graph mode (reduce-overhead); "
-                         "ratios are to the faster of them")
+                         "ratios are to the faster of them. Each holds its own model and memory: at the largest "
+                         "batches pass one")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-ours", action="store_true", help="PyTorch alone (e.g. its largest batch, without our pool beside it)")
     ap.add_argument("--out", type=Path)
@@ -256,7 +257,7 @@ def main() -> None:
                     row[key] |= energy_of(readings[key], args.steps, tokens)
                     x = row[key]
                     power = (f", {x['j_per_step']:.2f} J/step ({x['tok_per_j']:,.0f} tok/J) at {x['watts']:.0f} W, "
-                             f"SM {x['sm_mhz']:.0f} MHz, power-capped {x['capped']:.0%} of the time")
+                             f"SM {x['sm_mhz']:.0f} MHz, clock held down by the power cap or a slowdown {x['capped']:.0%} of the time")
                 print(f"{name} B={B} {key}: {tokens / dt:,.0f} tok/s, MFU {fpt * tokens / dt / PEAK:.1%}, peak {r.peak / 2**30:.2f} GiB, "
                       f"rounds {row[key]['rounds_ms']} ms{power}", flush=True)
             rows.append(row)
@@ -269,6 +270,9 @@ def main() -> None:
             if not args.no_torch:
                 import torch
 
+                # the compiled graphs and CUDA-graph pools of this configuration go too (and dynamo's
+                # recompile limit, 8 per function, is not reached by later configurations)
+                torch._dynamo.reset()
                 torch.cuda.empty_cache()
 
     print("\nPyTorch: the faster of its runners in each row (its mode named); the ratios are to it.")
@@ -292,8 +296,12 @@ def main() -> None:
             cells = [f"{r[k]['tok_s']:,.0f} ({r[k]['tok_s'] / t['tok_s']:.2f}, {r[k]['peak_gib']:.2f})" if k in r and t else "—"
                      for k in others]
             print(f"| {r['model']} | {r['B']} | " + " | ".join(cells) + " |")
+    withheld = [f"{r['model']} B={r['B']} {k}" for r in rows for k, x in r.items() if isinstance(x, dict) and "j_per_step" not in x]
+    if meter is not None and withheld:
+        print(f"\nenergy withheld where a runner's rounds lasted under {ENERGY_MIN_SECONDS:.0f} s in all "
+              f"(NVML's counter is too coarse there; pass more --steps or --rounds): {', '.join(withheld)}")
     if meter is not None and any("j_per_step" in x for r in rows for x in r.values() if isinstance(x, dict)):
-        print("\n| model | B | runner | J/step | tok/J | W | SM MHz | power-capped |")
+        print("\n| model | B | runner | J/step | tok/J | W | SM MHz | capped or slowed |")
         print("|---|---|---|---|---|---|---|---|")
         for r in rows:
             for k, x in r.items():

@@ -6,7 +6,7 @@ and the SM clock falls from 1980 to 1650-1850 MHz (bench/results/2026-12-01/powe
 takes about its energy divided by the cap. The time of a kernel measured alone, with the clock at its
 maximum, no longer says how long it takes in training. Joules per step does.
 
-    meter = PowerMeter()              # None from PowerMeter.open() where NVML is missing
+    meter = PowerMeter.open()         # None where NVML is missing
     with meter.measure() as m:
         run()                         # m.joules, m.seconds, m.watts, m.sm_mhz, m.capped
 """
@@ -27,7 +27,8 @@ _HW_SLOWDOWN = 0x8 | 0x40 | 0x80  # HW slowdown, thermal and power-brake slowdow
 @dataclass
 class Reading:
     """One measured stretch: energy (J), wall seconds, and from samples every `period` s the mean SM
-    clock (MHz) and the share of samples with the power cap (or a hardware slowdown) active."""
+    clock (MHz) and `capped`, the share of samples with the power cap or a hardware slowdown
+    (thermal, power brake) holding the clock down."""
 
     joules: float = 0.0
     seconds: float = 0.0
@@ -61,7 +62,7 @@ class PowerMeter:
             if lib.nvmlDeviceGetHandleByPciBusId_v2(ctypes.c_char_p(bus), ctypes.byref(handle)) != 0:
                 return None
             meter = cls(lib, handle)
-            meter.energy_mj()
+            meter.energy_mj(), meter.sm_mhz(), meter.reasons()  # all three answer, or no meter
             return meter
         except (ImportError, OSError, AttributeError, RuntimeError):
             return None
@@ -87,6 +88,12 @@ class PowerMeter:
         except AttributeError:  # drivers before 535 name it after throttling
             return self._get("nvmlDeviceGetCurrentClocksThrottleReasons", ctypes.c_ulonglong)
 
+    def _clock_or_zero(self) -> float:
+        try:
+            return float(self.sm_mhz())
+        except RuntimeError:
+            return 0.0
+
     @contextmanager
     def measure(self, period: float = 0.01):
         """Energy and wall time of the `with` body (the caller synchronises the GPU before leaving
@@ -95,8 +102,12 @@ class PowerMeter:
 
         def sample():
             while not stop.wait(period):
-                clocks.append(self.sm_mhz())
-                caps.append(bool(self.reasons() & (_SW_POWER_CAP | _HW_SLOWDOWN)))
+                try:
+                    clock, reasons = self.sm_mhz(), self.reasons()
+                except RuntimeError:  # a failed read (the GPU lost, a driver reset) leaves a gap
+                    continue
+                clocks.append(clock)
+                caps.append(bool(reasons & (_SW_POWER_CAP | _HW_SLOWDOWN)))
 
         thread = threading.Thread(target=sample, daemon=True)
         e0, t0 = self.energy_mj(), time.perf_counter()
@@ -108,5 +119,5 @@ class PowerMeter:
             thread.join()
             reading.seconds = time.perf_counter() - t0
             reading.joules = (self.energy_mj() - e0) / 1e3
-            reading.sm_mhz = sum(clocks) / len(clocks) if clocks else float(self.sm_mhz())
+            reading.sm_mhz = sum(clocks) / len(clocks) if clocks else self._clock_or_zero()
             reading.capped = sum(caps) / len(caps) if caps else 0.0
