@@ -194,7 +194,7 @@ ENERGY_MIN_SECONDS = 3.0
 
 
 def energy_of(readings, steps, tokens) -> dict:
-    """Joules per step, tokens per joule, mean power, SM clock and share of samples power-capped over
+    """Joules per step, tokens per joule, mean power, SM clock and share of samples capped or slowed over
     all of a runner's rounds; {} where those rounds lasted under ENERGY_MIN_SECONDS (more --steps)."""
     joules, seconds = sum(r.joules for r in readings), sum(r.seconds for r in readings)
     if seconds < ENERGY_MIN_SECONDS:
