@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from andrea.engine.cupy import BF16  # noqa: E402
 from andrea.engine.cupy.cublaslt import TUNE_REPS, Lt  # noqa: E402
 from gpu_power import PowerMeter  # noqa: E402 (bench/, the script's folder)
+from gpu_timing import mean_ms  # noqa: E402
 
 
 def products(m: int, d: int, M: int) -> list:
@@ -91,13 +92,7 @@ def bench(m: int, d: int, seconds: float, meter: PowerMeter) -> list:
                 call()
             except RuntimeError:
                 continue
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record()
-            for _ in range(TUNE_REPS):
-                call()
-            end.record()
-            end.synchronize()
-            alone[i] = cp.cuda.get_elapsed_time(start, end) / TUNE_REPS
+            alone[i] = mean_ms(call, TUNE_REPS, warm=False)  # the call above was the warm-up
         rows = []
         for i, ms_alone in alone.items():
             plan.chosen = i

@@ -17,17 +17,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from gpu_timing import mean_ms  # noqa: E402 (bench/, the script's folder)
 
 
 def timed(cp, fn, reps=20):
-    fn()
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return cp.cuda.get_elapsed_time(start, end) / reps / 1e3
+    """Seconds per call of fn (gpu_timing.mean_ms)."""
+    return mean_ms(fn, reps) / 1e3
 
 
 def gemm_table(gb, cp, B, cfg_name, d, M, V, reps=20):

@@ -49,8 +49,8 @@ class PowerMeter:
 
     @classmethod
     def open(cls) -> PowerMeter | None:
-        """A meter, or None where NVML or its energy counter is not available (a reason is not
-        needed: the bench then prints no energy columns)."""
+        """A meter, or None where NVML, or its energy, clock or clock-reason counter, is not available
+        (a reason is not needed: the bench then prints no energy columns)."""
         try:
             import cupy as cp
 
