@@ -1,7 +1,8 @@
 """The training step's bf16 matrix products, each of cuBLASLt's algorithms timed as the backend's tuner
-times them (TUNE_REPS calls each, all algorithms back to back, after an idle second) and run back to
-back for about --seconds (the GPU at its power cap, as in training), with NVML's energy counter read
-around that.
+times them (graph_times: replayed from CUDA graphs, all algorithms in turn), as the tuner before
+2026-12-01 timed them (TUNE_REPS eager calls each, back to back, after an idle second), and run back
+to back for about --seconds (the GPU at its power cap, as in training), with NVML's energy counter
+read around that.
 
 Why: ANDREA-120M's B=32 training step holds the H200 at its 700 W cap (bench/gpu_power.py). There
 the algorithm that is fastest alone need not be the one that takes least energy, and so least time in
@@ -9,9 +10,9 @@ training.
 
     python3 bench/gemm_energy.py [--m 32768 8192] [--d 768] [--seconds 0.4] [--out gemm_energy.json]
 
-Prints per product: each algorithm's short timing, its time and millijoules per call under sustained
-load; which one the short timing picks (the tuner's choice), the fastest under load, and the
-lowest-energy one (millijoules a call are coarse: NVML's counter over --seconds).
+Prints per product: each algorithm's two short timings, its time and millijoules per call under
+sustained load; which one each short timing picks (the tuner's choice, "tuned", and the old
+tuner's), the fastest under load, and the lowest-energy one (millijoules a call are coarse: NVML's counter over --seconds).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from andrea.engine.cupy import BF16  # noqa: E402
-from andrea.engine.cupy.cublaslt import TUNE_REPS, Lt  # noqa: E402
+from andrea.engine.cupy.cublaslt import TUNE_REPS, Lt, graph_times  # noqa: E402
 from gpu_power import PowerMeter  # noqa: E402 (bench/, the script's folder)
 from gpu_timing import mean_ms  # noqa: E402
 
@@ -82,8 +83,8 @@ def bench(m: int, d: int, seconds: float, meter: PowerMeter) -> list:
         call = lambda: lt.gemm(a, b, c, ta=ta, tb=tb, accumulate=acc)  # noqa: E731
         call()
         plan = list(lt.plans.values())[-1]
-        # first every algorithm's short timing, back to back after an idle second, as Lt._tune times
-        # them on a plan's first call; then each under sustained load
+        # first every algorithm's short timings, back to back after an idle second: the old tuner's
+        # eager calls, then the tuner's graph replays; then each under sustained load
         time.sleep(1.0)
         alone = {}
         for i in range(len(plan.algos)):
@@ -93,25 +94,37 @@ def bench(m: int, d: int, seconds: float, meter: PowerMeter) -> list:
             except RuntimeError:
                 continue
             alone[i] = mean_ms(call, TUNE_REPS, warm=False)  # the call above was the warm-up
+
+        def call_with(i):
+            plan.chosen = i
+            call()
+            return 0
+
+        graphed = graph_times(call_with, len(plan.algos))
         rows = []
         for i, ms_alone in alone.items():
             plan.chosen = i
             ms, mj, mhz = sustained(call, meter, ms_alone, seconds)
-            rows.append({"algo": i, "alone_ms": ms_alone, "sustained_ms": ms, "mj": mj, "sm_mhz": mhz})
+            rows.append({"algo": i, "alone_ms": ms_alone, "graph_ms": graphed[i], "sustained_ms": ms, "mj": mj, "sm_mhz": mhz})
         flops = 2 * sa[0] * sa[1] * (sb[0] if tb else sb[1])
-        tuned = min(rows, key=lambda r: r["alone_ms"])
+        old = min(rows, key=lambda r: r["alone_ms"])
+        tuned = min(rows, key=lambda r: r["graph_ms"])
         frugal = min(rows, key=lambda r: r["mj"])
         fastest = min(rows, key=lambda r: r["sustained_ms"])
-        out.append({"product": name, "m": m, "flops": flops, "algos": rows, "tuned": tuned["algo"], "least_energy": frugal["algo"],
+        out.append({"product": name, "m": m, "flops": flops, "algos": rows, "tuned": tuned["algo"], "old_tuner": old["algo"],
+                    "least_energy": frugal["algo"],
                     "fastest_sustained": fastest["algo"]})
         print(f"\n## {name}  (m={m}, d={d}; {flops / 1e9:.0f} GFLOP)")
-        print("| algo | alone ms | sustained ms | mJ/call | SM MHz | |")
-        print("|---|---|---|---|---|---|")
+        print("| algo | 5 eager calls ms | graph-timed ms | sustained ms | mJ/call | SM MHz | |")
+        print("|---|---|---|---|---|---|---|")
         for r in rows:
-            mark = " ".join(x for x, y in (("tuned", tuned), ("least-energy", frugal), ("fastest-sustained", fastest)) if y is r)
-            print(f"| {r['algo']} | {r['alone_ms']:.3f} | {r['sustained_ms']:.3f} | {r['mj']:.1f} | {r['sm_mhz']:.0f} | {mark} |")
-        print(f"tuned choice under load: {tuned['sustained_ms']:.3f} ms, {tuned['mj']:.1f} mJ; best sustained "
-              f"{fastest['sustained_ms']:.3f} ms ({tuned['sustained_ms'] / fastest['sustained_ms'] - 1:+.1%} for the tuned one)")
+            mark = " ".join(x for x, y in (("tuned", tuned), ("old-tuner", old), ("least-energy", frugal),
+                                           ("fastest-sustained", fastest)) if y is r)
+            print(f"| {r['algo']} | {r['alone_ms']:.3f} | {r['graph_ms']:.3f} | {r['sustained_ms']:.3f} | {r['mj']:.1f} | "
+                  f"{r['sm_mhz']:.0f} | {mark} |")
+        print(f"under load: tuned choice {tuned['sustained_ms']:.3f} ms, old tuner's {old['sustained_ms']:.3f}, best "
+              f"{fastest['sustained_ms']:.3f} ({tuned['sustained_ms'] / fastest['sustained_ms'] - 1:+.1%} and "
+              f"{old['sustained_ms'] / fastest['sustained_ms'] - 1:+.1%})")
         sys.stdout.flush()
     lt.close()
     return out
@@ -133,10 +146,9 @@ def main() -> None:
     for m in args.m:
         ours = [r for r in results if r["m"] == m]
         pick = lambda r, k: next(a for a in r["algos"] if a["algo"] == r[k])  # noqa: E731
-        tuned = sum(pick(r, "tuned")["sustained_ms"] for r in ours)
-        best = sum(pick(r, "fastest_sustained")["sustained_ms"] for r in ours)
-        print(f"m={m}: one of each product under load: tuned choices {tuned:.3f} ms, fastest sustained {best:.3f} ms "
-              f"({tuned / best - 1:+.1%})")
+        tuned, old, best = (sum(pick(r, k)["sustained_ms"] for r in ours) for k in ("tuned", "old_tuner", "fastest_sustained"))
+        print(f"m={m}: one of each product under load: tuned choices {tuned:.3f} ms ({tuned / best - 1:+.1%}), the old "
+              f"tuner's {old:.3f} ms ({old / best - 1:+.1%}), fastest sustained {best:.3f} ms")
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
 

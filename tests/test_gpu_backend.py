@@ -504,6 +504,29 @@ def test_gemm_tuning_times_once_keeps_the_output_and_remembers(tmp_path, monkeyp
     assert json.loads(path.read_text())  # rewritten whole
 
 
+def test_graph_times_replays_each_algorithm_and_skips_those_that_fail():
+    """The tuner's timing: an algorithm whose call fails gets inf (the tuner never picks it), the
+    others a time per call from their graph replays, longer work a longer time; the caller's stream
+    is usable after it."""
+    x = cp.zeros(1 << 22, dtype=cp.float32)
+    reps = {0: 1, 2: 8}  # algorithm 0 a short pass over x, 2 eight of them; 1 fails
+
+    def call(i):
+        if i == 1:
+            return 7
+        for _ in range(reps[i]):
+            x.__iadd__(1.0)
+        return 0
+
+    before = cp.cuda.get_current_stream()
+    times = cublaslt.graph_times(call, 3, calls=4, ms=2.0)
+    assert times[1] == math.inf
+    assert 0 < times[0] < times[2] < math.inf
+    assert cp.cuda.get_current_stream() == before
+    x += 1.0
+    assert float(x[0]) == float(x[-1]) > 0  # every pass ran to the end before graph_times returned
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mlp_gelu_epilogues_match_the_elementwise_passes(precision):
     """The 16-bit MLP with GELU and GELU' applied by cuBLASLt as the products are written (the

@@ -4,9 +4,10 @@ workspace of the backend's own:
 - the 16-bit modes' products (the backend's gemm; the strided-batched q/k/v products stay on
   cuBLAS), with the algorithm that runs fastest: cuBLASLt's heuristic offers up to 8, and its first
   (cublasGemmEx's choice) ran the model's products up to 10 % slower than the best. A plan's first
-  eager call times them all and keeps the fastest (products of at least TUNE_MIN_WORK
-  multiply-adds), recorded in a file per GPU and cuBLASLt version, so a resumed run on the same
-  machine computes with the same algorithms (the same bits);
+  eager call times them all, replayed from CUDA graphs as training runs them (graph_times), and
+  keeps the fastest (products of at least TUNE_MIN_WORK multiply-adds), recorded in a file per GPU
+  and cuBLASLt version, so a resumed run on the same machine computes with the same algorithms
+  (the same bits);
 - the MLP's GELU as the epilogue of its first product (GELU_AUX writes a = gelu(h) and h in one
   pass). GELU's gradient as an epilogue (DGELU) is here for bench/mlp_gemm_bench.py, which found it
   no faster than the backend's pass;
@@ -48,7 +49,13 @@ _PREF_MAX_WORKSPACE = 1
 _PREF_MIN_ALIGNMENT = (5, 6, 7, 8)  # CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES
 _HEURISTIC_BYTES = 96  # sizeof(cublasLtMatmulHeuristicResult_t); its algo (64 bytes) comes first
 _ALGOS = 8  # heuristic results asked for
-TUNE_REPS = 5  # timed calls per algorithm when a plan is tuned
+TUNE_REPS = 5  # calls per algorithm of the tuner before 2026-12-01 (bench/gemm_energy.py compares with it)
+# the tuner replays each algorithm from a CUDA graph of TUNE_GRAPH_CALLS calls for about TUNE_MS ms
+# (in two passes, in turn with the others): five eager calls could not tell the algorithms apart at
+# B·T = 8192 and picked ones 6.5 % slower in sum than the fastest under graph replay, as training runs
+TUNE_GRAPH_CALLS = 10
+TUNE_MS = 10.0
+TUNING_METHOD = "graph-timed"  # in the tuning file's section name: choices timed otherwise are not reused
 # products smaller than this (m·n·k) keep the heuristic's first algorithm: the training passes' products
 # are larger (ANDREA-12M at B=8: 8192 x 384 x 1536), while generation makes a plan per prompt length
 TUNE_MIN_WORK = 1 << 32
@@ -179,6 +186,57 @@ def _library() -> ctypes.CDLL:
     return lib
 
 
+def graph_times(call, n: int, calls: int = TUNE_GRAPH_CALLS, ms: float = TUNE_MS) -> list[float]:
+    """ms per call of algorithms 0..n-1 as a CUDA graph replays them: call(i) enqueues one call of
+    algorithm i on the current stream and returns its status (nonzero: it does not run here; its time
+    is inf). Each runs once eagerly (the warm-up), is captured `calls` times into a graph of its own,
+    and is replayed for about `ms` in all, in two passes (forward, then backward through the
+    algorithms, so that none is timed only at the GPU's coolest or hottest). The work runs on a
+    stream of its own between two device synchronizations, so it neither waits on nor races the
+    caller's."""
+    cp.cuda.Device().synchronize()  # the operands are written
+    stream = cp.cuda.Stream(non_blocking=True)
+    graphs: dict = {}
+    with stream:
+        for i in range(n):
+            if call(i) != 0:
+                continue
+            stream.begin_capture()
+            try:
+                ok = all([call(i) == 0 for _ in range(calls)])
+            finally:
+                graph = stream.end_capture()
+            if ok:
+                graphs[i] = graph
+        for graph in graphs.values():  # the first replay uploads the graph
+            graph.launch(stream)
+        stream.synchronize()
+        one = {}
+        for i, graph in graphs.items():
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record(stream)
+            graph.launch(stream)
+            end.record(stream)
+            end.synchronize()
+            one[i] = max(cp.cuda.get_elapsed_time(start, end), 1e-3)
+        total = dict.fromkeys(graphs, 0.0)
+        replays = dict.fromkeys(graphs, 0)
+        order = list(graphs)
+        for sweep in (order, order[::-1]):
+            for i in sweep:
+                reps = max(1, round(ms / 2 / len(graphs) / one[i]))
+                start, end = cp.cuda.Event(), cp.cuda.Event()
+                start.record(stream)
+                for _ in range(reps):
+                    graphs[i].launch(stream)
+                end.record(stream)
+                end.synchronize()
+                total[i] += cp.cuda.get_elapsed_time(start, end)
+                replays[i] += reps
+    cp.cuda.Device().synchronize()
+    return [total[i] / (replays[i] * calls) if i in graphs else float("inf") for i in range(n)]
+
+
 def _alignment(ptr: int) -> int:
     """The largest power of two up to 256 that divides a pointer."""
     return min(256, ptr & -ptr) if ptr else 256
@@ -269,28 +327,18 @@ class Lt:
     def _tune(self, plan: _Plan, a_lt, b_lt, c, beta, alpha) -> int | None:
         """The index of the plan's fastest algorithm among the heuristic's (tuned_choice: timed once
         per machine, then read from the tuning file, so a resumed run takes the same algorithms and
-        computes the same bits). Each is timed over TUNE_REPS calls: into c where the product
-        overwrites it (the final call writes it again), into a scratch output where it accumulates
-        (c's sum stays untouched)."""
+        computes the same bits), each timed by graph_times: into c where the product overwrites it
+        (the call after the tuning writes it again), into a scratch output where it accumulates (c's
+        sum stays untouched)."""
 
         def time_them():
             out = c if beta is _ZERO else cp.zeros((c.shape[0], leading_dim(c)), dtype=c.dtype)
-            times = []
-            for algo in plan.algos:
-                if self._call(plan, algo, a_lt, b_lt, out.data.ptr, beta, alpha) != 0:  # the warm-up call
-                    times.append(float("inf"))
-                    continue
-                start, end = cp.cuda.Event(), cp.cuda.Event()
-                start.record()
-                for _ in range(TUNE_REPS):
-                    self._call(plan, algo, a_lt, b_lt, out.data.ptr, beta, alpha)
-                end.record()
-                end.synchronize()
-                times.append(cp.cuda.get_elapsed_time(start, end))
+            times = graph_times(lambda i: self._call(plan, plan.algos[i], a_lt, b_lt, out.data.ptr, beta, alpha),
+                                len(plan.algos))
             best = min(range(len(times)), key=times.__getitem__)
             return None if times[best] == float("inf") else best
 
-        return tuned_choice(_section(self.lib), plan.name, len(plan.algos), time_them)
+        return tuned_choice(f"{_section(self.lib)} {TUNING_METHOD}", plan.name, len(plan.algos), time_them)
 
     def matmul(self, a, a_inv, ta: str, bt, b_inv, tb: str, c, accumulate: bool = False, fast: bool = False) -> None:
         """fp8: row-major c [m, n] (bf16 or fp32) = (a · btᵀ) · a_inv · b_inv, or += with `accumulate`:
