@@ -55,19 +55,28 @@ def main() -> None:
 
 
 def profile_runner(name, args) -> None:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
     cfg = MODELS[args.model]
     if name in ("torch", "torch_graphs"):  # torch.compile's default mode, or its CUDA-graph mode
         runner = Torch(cfg, args.batch, args.seq, warmup=3, mode="graphs" if name == "torch_graphs" else "default")
     else:
         runner = Ours(cfg, args.batch, args.seq, name, warmup=3)
-    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if args.host else [])
+    profile_kernels(lambda: runner.run(args.steps), args.steps, f"{name} {args.model} B={args.batch} T={args.seq}",
+                    "step", args.top, args.host)
+
+
+def profile_kernels(run, steps: int, title: str, unit: str = "step", top: int = 25, host: bool = False) -> dict:
+    """Profile run() (`steps` units of work) and print: kernel and wall time per unit, the GPU's idle
+    stretches and the kernels around them, the parts of the work, the top kernels. Returns
+    {kernel name: (ms per unit, calls per unit)}."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if host else [])
     with profile(activities=activities) as prof:
         t0 = time.perf_counter()
-        runner.run(args.steps)
-        wall = (time.perf_counter() - t0) * 1e3 / args.steps
+        run()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) * 1e3 / steps
     kernels = defaultdict(lambda: [0.0, 0])
     host_calls = []  # (start, end, name, thread) of the CUDA runtime and driver API calls
     spans = []  # (start, end, name) in microseconds: when the GPU was busy
@@ -77,11 +86,12 @@ def profile_runner(name, args) -> None:
             k[0] += ev.device_time / 1e3  # microseconds -> ms
             k[1] += 1
             spans.append((ev.time_range.start, ev.time_range.end, ev.name))
-        elif args.host and re.match(r"cu[A-Z]|cuda[A-Z]", ev.name):
+        elif host and re.match(r"cu[A-Z]|cuda[A-Z]", ev.name):
             host_calls.append((ev.time_range.start, ev.time_range.end, ev.name, ev.thread))
-    total = sum(v[0] for v in kernels.values()) / args.steps
-    print(f"\n## {name} {args.model} B={args.batch} T={args.seq}: {total:.2f} ms of kernels per step, "
-          f"{wall:.2f} ms wall per step (under the profiler)\n")
+    total = sum(v[0] for v in kernels.values()) / steps
+    calls = sum(v[1] for v in kernels.values()) / steps
+    print(f"\n## {title}: {total:.3f} ms of kernels per {unit} ({calls:.0f} kernels), {wall:.3f} ms wall per {unit} "
+          f"(under the profiler)\n")
     # the GPU idle between kernels, put on the pair of kernels around each idle stretch: where the
     # host (a synchronisation, host work between launches) holds the step up
     gaps, busy_until, prev = defaultdict(lambda: [0.0, 0]), None, None
@@ -92,23 +102,25 @@ def profile_runner(name, args) -> None:
             gap[1] += 1
         if busy_until is None or end > busy_until:
             busy_until, prev = end, kname
-    idle = sum(g[0] for g in gaps.values()) / args.steps
-    print(f"GPU idle between kernels (stretches over 2 us): {idle:.2f} ms per step\n")
-    print("| idle after | before | ms/step | times/step |\n|---|---|---|---|")
+    idle = sum(g[0] for g in gaps.values()) / steps
+    print(f"GPU idle between kernels (stretches over 2 us): {idle:.3f} ms per {unit}\n")
+    print(f"| idle after | before | ms/{unit} | times/{unit} |\n|---|---|---|---|")
     for (a, b), (ms, n) in sorted(gaps.items(), key=lambda kv: -kv[1][0])[:10]:
-        print(f"| {a} | {b} | {ms / args.steps:.3f} | {n / args.steps:.1f} |")
+        print(f"| {a} | {b} | {ms / steps:.3f} | {n / steps:.1f} |")
     print()
-    if args.host:
-        report_host(host_calls, args.steps)
+    if host:
+        report_host(host_calls, steps)
     by_group = defaultdict(float)
     for name, (ms, _) in kernels.items():
-        by_group[group(name)] += ms / args.steps
-    print("| part | ms/step | share |\n|---|---|---|")
+        by_group[group(name)] += ms / steps
+    print(f"| part | ms/{unit} | share |\n|---|---|---|")
     for g, ms in sorted(by_group.items(), key=lambda kv: -kv[1]):
-        print(f"| {g} | {ms:.2f} | {ms / total:.1%} |")
-    print(f"\n| kernel (top {args.top}) | ms/step | calls/step |\n|---|---|---|")
-    for name, (ms, n) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[: args.top]:
-        print(f"| {name[:110]} | {ms / args.steps:.3f} | {n // args.steps} |")
+        print(f"| {g} | {ms:.3f} | {ms / total:.1%} |")
+    print(f"\n| kernel (top {top}) | ms/{unit} | calls/{unit} |\n|---|---|---|")
+    for name, (ms, n) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"| {name[:110]} | {ms / steps:.4f} | {n / steps:g} |")
+    sys.stdout.flush()
+    return {name: (ms / steps, n / steps) for name, (ms, n) in kernels.items()}
 
 
 def report_host(calls, steps) -> None:
