@@ -234,6 +234,41 @@ extern "C" __global__ void add_h16_layernorm_fwd_vec_h16(const float* x, const h
     add_layernorm_vec<h16, h16>(x, f, res, g, b, out, mean, rstd, N, C, eps);
 }
 
+// add_h16_layernorm_fwd_vec_h16 for a few rows (generation's one-token step, where the kernel's
+// latency is its time): γ and β are loaded with the row, before its two reductions, instead of
+// after them, so that the warp waits on memory once instead of twice. The same arithmetic in the
+// same order: the same bits.
+extern "C" __global__ void add_h16_layernorm_fwd_rows_h16(const float* __restrict__ x, const h16* __restrict__ f,
+                                                          float* __restrict__ res, const float* __restrict__ g,
+                                                          const float* __restrict__ b, h16* __restrict__ out,
+                                                          float* __restrict__ mean, float* __restrict__ rstd, int N,
+                                                          int C, float eps) {
+    int row, lane;
+    long off;
+    if (!warp_row(N, C, row, lane, off)) return;
+    float4 v[LN_MAXV], gg[LN_MAXV], bb[LN_MAXV];
+#pragma unroll
+    for (int k = 0; k < LN_MAXV; k++) {
+        int c = (lane + 32 * k) * 4;
+        if (c < C) {
+            gg[k] = *reinterpret_cast<const float4*>(g + c);
+            bb[k] = *reinterpret_cast<const float4*>(b + c);
+        }
+    }
+    float m, r;
+    add_ln_row<LN_MAXV, h16>(x, f, res, off, C, eps, lane, v, m, r);
+#pragma unroll
+    for (int k = 0; k < LN_MAXV; k++) {
+        int c = (lane + 32 * k) * 4;
+        if (c < C) {
+            const float4 a = v[k];
+            store4(out + off + c, make_float4((a.x - m) * r * gg[k].x + bb[k].x, (a.y - m) * r * gg[k].y + bb[k].y,
+                                              (a.z - m) * r * gg[k].z + bb[k].z, (a.w - m) * r * gg[k].w + bb[k].w));
+        }
+    }
+    if (lane == 0) { mean[row] = m; rstd[row] = r; }
+}
+
 // layernorm_bwd_dx with the row's dout and x held in registers
 extern "C" __global__ void layernorm_bwd_dx_vec(const float* __restrict__ dout, const float* __restrict__ x,
                                                 const float* __restrict__ mean, const float* __restrict__ rstd,

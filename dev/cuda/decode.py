@@ -8,6 +8,8 @@ kv_store      the chunk's keys and values into the caches at [pos, pos + n)  (a 
 advance       pos += n                                        (exact)
 attn_decode   one new query per row over the cached keys 0..pos: the last row of causal attention
               over pos + 1 positions (numpy_backend.attn_fwd; checked against it on the edge shape)
+attn_decode_store  the same with kv_store fused in and the keys split across warps (head sizes 32,
+              64, 128): y as attn_decode's reference, the caches at pos exact
 Rows: the model shape's batch; the caches hold its context; positions T/4 and T − 1 (the full cache).
 """
 
@@ -47,7 +49,7 @@ def decode_reference(q, K, V):
 
 SCRIPT = "decode"
 REFERENCES = {"embed_at": embed_at_reference, "kv_store": kv_store_reference, "advance": advance_reference,
-              "attn_decode": decode_reference}
+              "attn_decode": decode_reference, "attn_decode_store": decode_reference}
 V = common.Version
 H16 = ("bf16", "fp16")
 SRC = "decode.cu"
@@ -56,11 +58,15 @@ VERSIONS = [
     V("kv_store", "kv_store", ("kv_store",), SRC, H16),
     V("advance", "advance", ("advance",), SRC, H16),
     V("attn_decode", "one block per (row, head), 256 threads", ("attn_decode",), SRC, H16),
+    V("attn_decode_store", "16 warps per (row, head), online softmax, cache store fused",
+      ("attn_decode_store_e1", "attn_decode_store_e2", "attn_decode_store_e4"), SRC, H16),
 ]
-EDGE = [common.Shape("edge B=3 T=40 C=96", 3, 40, 96, 2, 301)]  # D = 48: parts of 5 groups, idle threads
+EDGE = [common.Shape("edge B=3 T=40 C=96", 3, 40, 96, 2, 301),  # D = 48: parts of 5 groups, idle threads
+        common.Shape("edge B=2 T=300 C=256", 2, 300, 256, 2, 301)]  # D = 128; up to 3 rounds of keys per warp
 
 
 def run_shape(cp, report, shape, rng, reps):
+    from andrea.engine.cupy.decode import DEC_WARPS, WARPS_E
     from andrea.engine.cupy.decode import _launch_shape as launch_shape
 
     B, T, H, D, C = shape.B, shape.T, shape.H, shape.D, shape.C
@@ -70,6 +76,7 @@ def run_shape(cp, report, shape, rng, reps):
         ks.update(common.build(cp, VERSIONS[1], prec))
         ks.update(common.build(cp, VERSIONS[2], prec))
         ks.update(common.build(cp, VERSIONS[3], prec))
+        ks.update(common.build(cp, VERSIONS[4], prec))
         for pos in sorted({T // 4, T - 1}):
             d_pos = cp.asarray(np.array([pos], np.int32))
             # embed_at: one token per row at pos (fp32 tables: one rounding of one addition)
@@ -97,6 +104,7 @@ def run_shape(cp, report, shape, rng, reps):
             qkv = common.rounded(qkv_host, prec)
             d_kc = cp.asarray(common.stored(kc, prec).reshape(B, H, T, D))
             d_vc = cp.asarray(common.stored(vc, prec).reshape(B, H, T, D))
+            d_kc2, d_vc2 = d_kc.copy(), d_vc.copy()  # attn_decode_store's caches: it stores the new key itself
             d_qkv = cp.asarray(common.stored(qkv, prec).reshape(B, 1, 3, H, D))
             kv_store_reference(qkv, kc, vc, pos)
             store = lambda: ks["kv_store"]((common.blocks(B * H * D),), (256,), (d_qkv, d_kc, d_vc, d_pos, np.int32(B), np.int32(1), np.int32(H), np.int32(D), np.int32(T)))  # noqa: E731
@@ -129,6 +137,22 @@ def run_shape(cp, report, shape, rng, reps):
                 return err, ms, common.gbps(2 * B * H * (pos + 1) * D * 2, ms)
 
             report.attempt("attn_decode", VERSIONS[3].name, prec, f"{shape.name} pos={pos}", case_attn)
+
+            if D in WARPS_E:
+                d_y2 = cp.zeros((B, 1, H * D), np.uint16)
+                attn2 = lambda: ks[f"attn_decode_store_e{WARPS_E[D]}"]((B * H,), (32 * DEC_WARPS,), (d_qkv, d_kc2, d_vc2, d_y2, d_pos, np.int32(H), np.int32(T), np.float32(1 / math.sqrt(D))))  # noqa: E731
+
+                def case_attn2(attn2=attn2, d_y2=d_y2, y_ref=y_ref, atol=atol, spread=spread, kc=kc, vc=vc, d_kc2=d_kc2, d_vc2=d_vc2):
+                    attn2()
+                    # the online softmax rescales each warp's sums once per group of keys: a few u32 more
+                    err = common.compare(common.loaded(d_y2, prec).reshape(B, -1), y_ref, rtol=common.u(prec),
+                                         atol=atol + 64 * common.u("fp32") * spread + common.tiny(prec))
+                    err = err.worst(common.exact(common.loaded(d_kc2, prec), kc, "keys"))
+                    err = err.worst(common.exact(common.loaded(d_vc2, prec), vc, "values"))
+                    ms = common.bench(cp, attn2, reps)
+                    return err, ms, common.gbps(2 * B * H * (pos + 1) * D * 2, ms)
+
+                report.attempt("attn_decode_store", VERSIONS[4].name, prec, f"{shape.name} pos={pos}", case_attn2)
 
             run_adv = lambda: ks["advance"]((1,), (32,), (d_pos, np.int32(3)))  # noqa: E731
 

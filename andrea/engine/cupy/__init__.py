@@ -75,6 +75,7 @@ FP8_LN_OUTPUTS = {"ln1": "qkv", "ln2": "mlp"}
 # bytes of shared memory (decision: two blocks a multiprocessor; ANDREA-120M's width, not 480M's)
 FP8_LN_BWD_SMEM = 100 * 1024
 LN_MAXV = 12  # kernels/layernorm.cu: float4s per lane in the vectorised row kernels
+LN_FEW_ROWS = 64  # up to this many rows, add_layernorm_fwd's 16-bit-branch kernel is latency-bound (decoding)
 LN_ROWS = 64  # rows per partial sum of the LayerNorm parameter gradients (the two-kernel path)
 LN_FUSED_NV = (1, 2, 3, 4, 6, 8, 12)  # layernorm.cu: the layernorm_bwd_fused_<NV> kernels (float4s per lane)
 
@@ -588,7 +589,8 @@ class CupyBackend(Backend):
         if is_16bit(f):  # the 16-bit modes' branch output (plan_buffer: only where the vec kernels apply)
             if not (vec and is_16bit(out)):
                 raise ValueError(f"a 16-bit branch needs C % 4 == 0, C <= {4 * 32 * LN_MAXV} and a 16-bit output")
-            name = "add_h16_layernorm_fwd_vec_h16"
+            # a few rows (generation's step): the kernel that loads γ and β with the row
+            name = "add_h16_layernorm_fwd_rows_h16" if N <= LN_FEW_ROWS else "add_h16_layernorm_fwd_vec_h16"
         else:
             name = f"add_layernorm_fwd{vec}_h16" if is_16bit(out) else f"add_layernorm_fwd{vec}"
         self.kernel("layernorm", name)((blocks(N, 8),), (256,), (x, f, res, g, b, out, mean, rstd, np.int32(N), np.int32(C),
@@ -767,6 +769,9 @@ class CupyBackend(Backend):
         prompt = n > 1 and pos == 0 and attention.flash_takes(D)
         if not is_16bit(qkv) or pos_dev is None or not (one or prompt):
             super().attn_cached_fwd(qkv, k_cache, v_cache, pos, y)
+            return
+        if one and decode.warps_take(D):  # the key and value stored by the attention kernel itself
+            decode.attn_decode_store(self, qkv, k_cache, v_cache, pos_dev, y)
             return
         decode.kv_store(self, qkv, k_cache, v_cache, pos_dev)
         if one:

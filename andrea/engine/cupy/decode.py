@@ -37,9 +37,21 @@ def _launch_shape(D: int, T_max: int) -> tuple[int, int, int]:
     return parts, threads, (D + T_max + parts * D) * 4
 
 
+DEC_WARPS = 16  # kernels/decode.cu: attn_decode_store's warps per (row, head) block
+WARPS_E = {32: 1, 64: 2, 128: 4}  # head size -> elements per lane of attn_decode_store_e<E>
+
+
+def warps_take(D: int) -> bool:
+    """Whether attn_decode_store (keys split across warps, the cache store fused) takes head size D."""
+    return D in WARPS_E
+
+
 def fits(D: int, T_max: int) -> bool:
-    """Whether attn_decode takes this shape: 16-byte loads of a key (D a multiple of 8), one block
-    of at most 1024 threads, the scores in the default 48 KiB of shared memory (contexts up to ~11k)."""
+    """Whether a decode kernel takes this shape: attn_decode_store (head sizes 32, 64, 128, any
+    context), else attn_decode: 16-byte loads of a key (D a multiple of 8), one block of at most
+    1024 threads, the scores in the default 48 KiB of shared memory (contexts up to ~11k)."""
+    if warps_take(D):
+        return True
     _, threads, shared = _launch_shape(D, T_max)
     return D % 8 == 0 and threads <= 1024 and shared <= 48 * 1024
 
@@ -59,3 +71,14 @@ def attn_decode(be, qkv, k_cache, v_cache, pos_dev, y) -> None:
 
 def advance(be, pos_dev, n: int) -> None:
     be.kernel("decode", "advance")((1,), (32,), (pos_dev, np.int32(n)))
+
+
+def attn_decode_store(be, qkv, k_cache, v_cache, pos_dev, y) -> None:
+    """attn_decode with kv_store fused in: the new key and value (read from qkv) go into the caches
+    at pos_dev, and y = each row's new query attending over the cache 0..pos_dev. Head size 32, 64
+    or 128 (warps_take)."""
+    B, n, _, H, D = qkv.shape
+    if n != 1 or not warps_take(D):
+        raise ValueError(f"attn_decode_store takes one new position per row and a head size of 32, 64 or 128; got n={n}, D={D}")
+    be.kernel("decode", f"attn_decode_store_e{WARPS_E[D]}")((B * H,), (32 * DEC_WARPS,), (
+        qkv, k_cache, v_cache, y, pos_dev, np.int32(H), np.int32(k_cache.shape[2]), np.float32(1.0 / math.sqrt(D))))
