@@ -52,7 +52,6 @@ VERSIONS = [
       + ("ln_partials_final",), "layernorm.cu", ("fp32",) + H16),
     # the 16-bit modes' residual add + LayerNorm, the branch read in 16 bits (where the vec kernels apply)
     V("add_layernorm_fwd", "vec, 16-bit branch", ("add_h16_layernorm_fwd_vec_h16",), "layernorm.cu", H16),
-    V("add_layernorm_fwd", "rows, 16-bit branch", ("add_h16_layernorm_fwd_rows_h16",), "layernorm.cu", H16),
     # the 16-bit modes' one-pass backward: the output gradient read in 16 bits
     V("layernorm_bwd", "fused, 16-bit dout", tuple(f"layernorm_bwd_fused_h16_{nv}" for nv in (1, 2, 3, 4, 6, 8, 12))
       + ("ln_partials_final",), "layernorm.cu", H16),
@@ -60,6 +59,8 @@ VERSIONS = [
     # dynamic shared memory), the old dx loaded after the row's reduction; at the models' widths
     V("layernorm_bwd", "fused, 16-bit dout, sums in registers", tuple(f"layernorm_bwd_fused_reg_h16_{nv}" for nv in REG_NV)
       + ("ln_partials_final",), "layernorm.cu", H16, production=False),
+    # generation's few rows: the 16-bit-branch residual add with γ and β loaded before the reductions
+    V("add_layernorm_fwd", "rows, 16-bit branch", ("add_h16_layernorm_fwd_rows_h16",), "layernorm.cu", H16),
 ]
 FUSED_NV = (1, 2, 3, 4, 6, 8, 12)  # layernorm.cu's layernorm_bwd_fused_<NV> (float4s per lane)
 LN_MAXV = 12  # layernorm.cu: float4s per lane in the vec kernels, so C <= 4 * 32 * 12
@@ -252,7 +253,7 @@ def run_shape(cp, report, shape, rng, reps):
 
     # the 16-bit modes' residual add: the branch f arrives in 16 bits (the reference adds the same values);
     # the rows kernel (generation's few rows) must give the vec kernel's bits
-    vec_v, rows_v = VERSIONS[12], VERSIONS[13]
+    vec_v, rows_v = VERSIONS[12], VERSIONS[15]
     for v, prec in [(v, prec) for prec in vec_v.precisions for v in (vec_v, rows_v)]:
         kern = common.build(cp, v, prec)[v.kernels[0]]
         vec_kern = common.build(cp, vec_v, prec)[vec_v.kernels[0]]
