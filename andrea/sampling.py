@@ -35,7 +35,8 @@ class _Rows:
     acts: dict = field(default_factory=dict)  # chunk length n -> Activations
     tokens: object = None  # [B, 1] on the device: the step's input
     step: object = None  # the captured one-token step
-    logits: object = None  # what the step writes
+    tokens_host: object = None  # [B, 1] host_buffer the step uploads into `tokens`
+    logits_host: object = None  # [B, V] host_buffer the step downloads its logits into
 
 
 class InferenceModel:
@@ -107,31 +108,40 @@ class InferenceModel:
         if self.pos + ids.shape[1] > self.cfg.context:
             raise ValueError(f"{self.pos + ids.shape[1]} positions exceed the context of {self.cfg.context}")
         if ids.shape[1] == 1 and self.graphs:
-            logits = self._step(ids)
+            out = self._step(ids)
         else:
             tokens = self.be.xp.asarray(ids)
             logits = gpt.forward(self.cfg, self.be, self.W, self._activations(ids.shape[1]), tokens, cache=self.cache,
                                  last=last)
-        out = self.be.to_host(logits).reshape(ids.shape[0], 1 if last else ids.shape[1], -1)
+            out = self.be.to_host(logits)
+        out = out.reshape(ids.shape[0], 1 if last else ids.shape[1], -1)
         return out[0] if one else out
 
-    def _step(self, ids):
-        """One token per row through the captured step (captured on its first use)."""
+    def _step(self, ids) -> np.ndarray:
+        """Logits (host, a new array) of one token per row through the captured step (captured on
+        its first use), which uploads the tokens and downloads the logits itself, from and to
+        host buffers: a token costs one graph launch and one wait."""
         st, pos = self._now, self.pos
         if st.step is None:
             st.tokens = self.be.zeros(ids.shape, self.be.index_dtype)
+            st.tokens_host = self.be.host_buffer(ids.shape, self.be.index_dtype)
             acts = self._activations(1)
 
             def step():  # run twice on the first call (eagerly, then captured): both from the same position
                 pos_before = st.cache.pos
-                st.logits = gpt.forward(self.cfg, self.be, self.W, acts, st.tokens, cache=st.cache)
+                self.be.upload_async(st.tokens, st.tokens_host)
+                logits = gpt.forward(self.cfg, self.be, self.W, acts, st.tokens, cache=st.cache)
+                if st.logits_host is None:  # on the eager call, before the capture
+                    st.logits_host = self.be.host_buffer(logits.shape, logits.dtype)
+                self.be.download_async(st.logits_host, logits)
                 st.cache.pos = pos_before
 
             st.step = self.be.capture(step)
-        st.tokens.set(ids)
+        st.tokens_host[...] = ids
         st.step()  # the first call runs eagerly, then captures
+        self.be.wait()
         st.cache.pos = pos + 1
-        return st.logits
+        return st.logits_host.copy()  # the buffer is the next step's
 
 
 def sample_next(logits: np.ndarray, rng: np.random.Generator, temperature: float = 0.8, top_k: int | None = 40,
@@ -172,10 +182,11 @@ def generate_rows(model: InferenceModel, prompt_ids, max_new: int, rngs: list[np
     done = [False] * B
     for _ in range(max_new):
         nxt = np.full(B, BOS, dtype=np.int64)  # a finished row is fed BOS; its logits are not read
+        greedy = logits.argmax(axis=1) if temperature <= 0 else None  # sample_next's pick, for all rows at once
         for k in range(B):
             if done[k]:
                 continue
-            nxt[k] = sample_next(logits[k], rngs[k], temperature, top_k, top_p)
+            nxt[k] = greedy[k] if greedy is not None else sample_next(logits[k], rngs[k], temperature, top_k, top_p)
             if stop_at_bos and nxt[k] == BOS:
                 done[k] = True
             else:

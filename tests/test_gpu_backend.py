@@ -504,6 +504,35 @@ def test_gemm_tuning_times_once_keeps_the_output_and_remembers(tmp_path, monkeyp
     assert json.loads(path.read_text())  # rewritten whole
 
 
+def test_pinned_copies_replay_in_a_captured_pass():
+    """The one-token step's copies: tokens up from a host buffer and the first V columns of padded
+    logits rows down into one, queued in stream order and replayed by a captured pass with the
+    host buffers' new contents; shapes that do not match are refused."""
+    be = CupyBackend("bf16")
+    tokens_host = be.host_buffer((3, 1), np.int32)
+    tokens = cp.zeros((3, 1), cp.int32)
+    padded = cp.zeros((3, 8), cp.float32)
+    logits = padded[:, :5]  # rows 8 floats apart, as logits_fwd's padded head leaves them
+    logits_host = be.host_buffer((3, 5), np.float32)
+    columns = cp.arange(8, dtype=cp.float32)
+
+    def step():  # allocates nothing (a captured pass must not)
+        be.upload_async(tokens, tokens_host)
+        cp.multiply(tokens, columns, out=padded)
+        be.download_async(logits_host, logits)
+
+    replay = be.capture(step)
+    for first in (1, 10, 100):  # run eagerly (and captured), then the graph replayed twice
+        tokens_host[:, 0] = [first, first + 1, first + 2]
+        replay()
+        be.wait()
+        assert (logits_host == np.array([[t * c for c in range(5)] for t in tokens_host[:, 0]], np.float32)).all()
+    with pytest.raises(ValueError, match="download_async"):
+        be.download_async(be.host_buffer((3, 8), np.float32), logits)
+    with pytest.raises(ValueError, match="upload_async"):
+        be.upload_async(tokens, be.host_buffer((2, 1), np.int32))
+
+
 def test_graph_times_replays_each_algorithm_and_skips_those_that_fail():
     """The tuner's timing: an algorithm whose call fails gets inf (the tuner never picks it), the
     others a time per call from their graph replays, longer work a longer time; the caller's stream

@@ -108,6 +108,23 @@ class Backend(abc.ABC):
         """A buffer as a NumPy array (the array itself where it already is one)."""
         return np.asarray(a)
 
+    def host_buffer(self, shape, dtype) -> np.ndarray:
+        """A host array that copies queued on the device's stream can read and write (a captured
+        pass included): pinned memory on a GPU."""
+        return np.empty(shape, dtype=dtype)
+
+    def upload_async(self, dev, host) -> None:
+        """dev = host (both contiguous, host from host_buffer), queued in stream order on a GPU."""
+        dev[...] = host
+
+    def download_async(self, host, dev) -> None:
+        """host = dev (dev 2-D with unit column stride, host a contiguous host_buffer of its shape),
+        queued in stream order on a GPU: read it after wait()."""
+        host[...] = self.to_host(dev)
+
+    def wait(self) -> None:
+        """Until the work queued so far (the copies of download_async included) is done."""
+
     def snapshot(self, a):
         """The value of `a` now, for a writer thread to bring to the host later: an array, or an
         object with .host() (engine.materialise turns either into a NumPy array)."""

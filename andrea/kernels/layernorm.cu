@@ -235,38 +235,46 @@ extern "C" __global__ void add_h16_layernorm_fwd_vec_h16(const float* x, const h
 }
 
 // add_h16_layernorm_fwd_vec_h16 for a few rows (generation's one-token step, where the kernel's
-// latency is its time): γ and β are loaded with the row, before its two reductions, instead of
-// after them, so that the warp waits on memory once instead of twice. The same arithmetic in the
-// same order: the same bits.
-extern "C" __global__ void add_h16_layernorm_fwd_rows_h16(const float* __restrict__ x, const h16* __restrict__ f,
-                                                          float* __restrict__ res, const float* __restrict__ g,
-                                                          const float* __restrict__ b, h16* __restrict__ out,
-                                                          float* __restrict__ mean, float* __restrict__ rstd, int N,
-                                                          int C, float eps) {
-    int row, lane;
-    long off;
-    if (!warp_row(N, C, row, lane, off)) return;
-    float4 v[LN_MAXV], gg[LN_MAXV], bb[LN_MAXV];
-#pragma unroll
-    for (int k = 0; k < LN_MAXV; k++) {
-        int c = (lane + 32 * k) * 4;
-        if (c < C) {
-            gg[k] = *reinterpret_cast<const float4*>(g + c);
-            bb[k] = *reinterpret_cast<const float4*>(b + c);
-        }
+// latency is its time): a block per row, a float4 of the row per thread (C / 4 threads, rounded up
+// to whole warps), γ and β loaded with it, so that the block waits on memory once; the warps' sums
+// added in warp order through shared memory. The vec kernel's warp per row waited twice (γ and β
+// after the reductions) over 6 float4s a lane: 4.7 us a call at ANDREA-120M, one row
+// (bench/decode_profile.py). Sums in another order than the vec kernel's: the same to fp32 rounding.
+extern "C" __global__ void add_h16_layernorm_fwd_block_h16(const float* __restrict__ x, const h16* __restrict__ f,
+                                                           float* __restrict__ res, const float* __restrict__ g,
+                                                           const float* __restrict__ b, h16* __restrict__ out,
+                                                           float* __restrict__ mean, float* __restrict__ rstd, int N,
+                                                           int C, float eps) {
+    __shared__ float red[32];
+    const int row = blockIdx.x, t = threadIdx.x, warp = t / 32, lane = t % 32, warps = blockDim.x / 32;
+    const long off = (long)row * C;
+    const int c = 4 * t;
+    const bool on = c < C;
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f), gg = a, bb = a;
+    if (on) {
+        gg = *reinterpret_cast<const float4*>(g + c);
+        bb = *reinterpret_cast<const float4*>(b + c);
+        a = add4(load4(x + off + c), load4(f + off + c));
+        store4(res + off + c, a);
     }
-    float m, r;
-    add_ln_row<LN_MAXV, h16>(x, f, res, off, C, eps, lane, v, m, r);
-#pragma unroll
-    for (int k = 0; k < LN_MAXV; k++) {
-        int c = (lane + 32 * k) * 4;
-        if (c < C) {
-            const float4 a = v[k];
-            store4(out + off + c, make_float4((a.x - m) * r * gg[k].x + bb[k].x, (a.y - m) * r * gg[k].y + bb[k].y,
-                                              (a.z - m) * r * gg[k].z + bb[k].z, (a.w - m) * r * gg[k].w + bb[k].w));
-        }
-    }
-    if (lane == 0) { mean[row] = m; rstd[row] = r; }
+    float s = warp_sum(a.x + a.y + a.z + a.w);
+    if (lane == 0) red[warp] = s;
+    __syncthreads();
+    s = 0.f;
+    for (int w = 0; w < warps; w++) s += red[w];
+    const float m = s / C;
+    __syncthreads();  // every thread has read red[] before it is reused
+    float q = on ? (a.x - m) * (a.x - m) + (a.y - m) * (a.y - m) + (a.z - m) * (a.z - m) + (a.w - m) * (a.w - m) : 0.f;
+    q = warp_sum(q);
+    if (lane == 0) red[warp] = q;
+    __syncthreads();
+    q = 0.f;
+    for (int w = 0; w < warps; w++) q += red[w];
+    const float r = rsqrtf(q / C + eps);
+    if (on)
+        store4(out + off + c, make_float4((a.x - m) * r * gg.x + bb.x, (a.y - m) * r * gg.y + bb.y,
+                                          (a.z - m) * r * gg.z + bb.z, (a.w - m) * r * gg.w + bb.w));
+    if (t == 0) { mean[row] = m; rstd[row] = r; }
 }
 
 // layernorm_bwd_dx with the row's dout and x held in registers

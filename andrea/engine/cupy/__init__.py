@@ -431,6 +431,29 @@ class CupyBackend(Backend):
     def to_host(self, a) -> np.ndarray:
         return cp.asnumpy(a)
 
+    def host_buffer(self, shape, dtype) -> np.ndarray:
+        return cupyx.empty_pinned(shape, dtype=dtype)
+
+    # cudaMemcpyAsync between pinned and device memory on the current stream: no staging, no wait,
+    # and a captured CUDA graph replays it (the one-token step's token upload and logits download)
+    def upload_async(self, dev, host) -> None:
+        if dev.nbytes != host.nbytes or not dev.flags.c_contiguous or not host.flags.c_contiguous:
+            raise ValueError(f"upload_async: contiguous arrays of the same size, got {dev.shape} and {host.shape}")
+        cp.cuda.runtime.memcpyAsync(dev.data.ptr, host.ctypes.data, host.nbytes, cp.cuda.runtime.memcpyHostToDevice,
+                                    cp.cuda.get_current_stream().ptr)
+
+    def download_async(self, host, dev) -> None:
+        rows, cols = dev.shape
+        width = cols * dev.itemsize
+        if host.shape != dev.shape or host.dtype != dev.dtype or not host.flags.c_contiguous or dev.strides[1] != dev.itemsize:
+            raise ValueError(f"download_async: a contiguous host array of {dev.shape} {dev.dtype} from rows with unit "
+                             f"column stride, got {host.shape} {host.dtype} from strides {dev.strides}")
+        cp.cuda.runtime.memcpy2DAsync(host.ctypes.data, width, dev.data.ptr, dev.strides[0], width, rows,
+                                      cp.cuda.runtime.memcpyDeviceToHost, cp.cuda.get_current_stream().ptr)
+
+    def wait(self) -> None:
+        cp.cuda.get_current_stream().synchronize()
+
     def snapshot(self, a) -> Snapshot:
         return Snapshot(a)
 
@@ -589,8 +612,11 @@ class CupyBackend(Backend):
         if is_16bit(f):  # the 16-bit modes' branch output (plan_buffer: only where the vec kernels apply)
             if not (vec and is_16bit(out)):
                 raise ValueError(f"a 16-bit branch needs C % 4 == 0, C <= {4 * 32 * LN_MAXV} and a 16-bit output")
-            # a few rows (generation's step): the kernel that loads γ and β with the row
-            name = "add_h16_layernorm_fwd_rows_h16" if N <= LN_FEW_ROWS else "add_h16_layernorm_fwd_vec_h16"
+            if N <= LN_FEW_ROWS:  # a few rows (generation's step): a block per row, one wait on memory
+                self.kernel("layernorm", "add_h16_layernorm_fwd_block_h16")(
+                    (N,), (-(-C // 128) * 32,), (x, f, res, g, b, out, mean, rstd, np.int32(N), np.int32(C), np.float32(eps)))
+                return
+            name = "add_h16_layernorm_fwd_vec_h16"
         else:
             name = f"add_layernorm_fwd{vec}_h16" if is_16bit(out) else f"add_layernorm_fwd{vec}"
         self.kernel("layernorm", name)((blocks(N, 8),), (256,), (x, f, res, g, b, out, mean, rstd, np.int32(N), np.int32(C),
