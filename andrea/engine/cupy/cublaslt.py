@@ -7,7 +7,8 @@ workspace of the backend's own:
   eager call times them all, replayed from CUDA graphs as training runs them (graph_times), and
   keeps the fastest (products of at least TUNE_MIN_WORK multiply-adds), recorded in a file per GPU
   and cuBLASLt version, so a resumed run on the same machine computes with the same algorithms
-  (the same bits);
+  (the same bits; the section of choices timed by five eager calls, before 2026-12-01, is not
+  read, so a run resumed across that upgrade is timed again and may take other algorithms);
 - the MLP's GELU as the epilogue of its first product (GELU_AUX writes a = gelu(h) and h in one
   pass). GELU's gradient as an epilogue (DGELU) is here for bench/mlp_gemm_bench.py, which found it
   no faster than the backend's pass;
@@ -191,9 +192,10 @@ def graph_times(call, n: int, calls: int = TUNE_GRAPH_CALLS, ms: float = TUNE_MS
     algorithm i on the current stream and returns its status (nonzero: it does not run here; its time
     is inf). Each runs once eagerly (the warm-up), is captured `calls` times into a graph of its own,
     and is replayed for about `ms` in all, in two passes (forward, then backward through the
-    algorithms, so that none is timed only at the GPU's coolest or hottest). The work runs on a
-    stream of its own between two device synchronizations, so it neither waits on nor races the
-    caller's."""
+    algorithms, so that none is timed only at the GPU's coolest or hottest). An algorithm whose
+    capture fails is skipped (inf) like one whose call fails. The work runs on a stream of its own
+    between two device synchronizations, so it neither waits on nor races the caller's (and must
+    not run while another thread captures)."""
     cp.cuda.Device().synchronize()  # the operands are written
     stream = cp.cuda.Stream(non_blocking=True)
     graphs: dict = {}
@@ -203,9 +205,12 @@ def graph_times(call, n: int, calls: int = TUNE_GRAPH_CALLS, ms: float = TUNE_MS
                 continue
             stream.begin_capture()
             try:
-                ok = all([call(i) == 0 for _ in range(calls)])
-            finally:
-                graph = stream.end_capture()
+                try:
+                    ok = all([call(i) == 0 for _ in range(calls)])
+                finally:
+                    graph = stream.end_capture()  # also after a failure: never leave the stream capturing
+            except cp.cuda.runtime.CUDARuntimeError:  # a capture the algorithm invalidated
+                continue
             if ok:
                 graphs[i] = graph
         for graph in graphs.values():  # the first replay uploads the graph

@@ -50,8 +50,10 @@ def fits(D: int, T_max: int) -> bool:
     """Whether a decode kernel takes this shape: attn_decode_store (head sizes 32, 64, 128, any
     context), else attn_decode: 16-byte loads of a key (D a multiple of 8), one block of at most
     1024 threads, the scores in the default 48 KiB of shared memory (contexts up to ~11k)."""
-    if warps_take(D):
-        return True
+    return warps_take(D) or _attn_decode_fits(D, T_max)
+
+
+def _attn_decode_fits(D: int, T_max: int) -> bool:
     _, threads, shared = _launch_shape(D, T_max)
     return D % 8 == 0 and threads <= 1024 and shared <= 48 * 1024
 
@@ -60,7 +62,7 @@ def attn_decode(be, qkv, k_cache, v_cache, pos_dev, y) -> None:
     """y = the attention of each row's one new query (at pos_dev, its key already stored) over the cache."""
     B, n, _, H, D = qkv.shape
     T_max = k_cache.shape[2]
-    if n != 1 or not fits(D, T_max):
+    if n != 1 or not _attn_decode_fits(D, T_max):
         raise ValueError(f"attn_decode takes one new position per row, a head size that is a multiple of 8 and "
                          f"scores that fit in shared memory; got n={n}, D={D}, a cache of {T_max}")
     parts, threads, shared = _launch_shape(D, T_max)

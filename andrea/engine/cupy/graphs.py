@@ -10,7 +10,8 @@ class CapturedPass:
     once as a CUDA graph and replayed with one launch: no Python and no per-kernel launch cost in
     the hot loop. Everything it runs must be allocation-free and host-sync-free once warm (the 16-bit
     fast path is); the first call runs it eagerly to warm up (kernels compiled, scratch allocated),
-    then captures it on a side stream. Replays go to the current stream, after the token upload.
+    then captures it on a side stream. Replays go to the current stream (after the token upload,
+    or with the upload and the logits' download inside the pass: andrea/sampling.py's step).
 
     `backend` is the CupyBackend whose kernels fn runs: its weight copy is refreshed before each
     replay (weights loaded since the last optimizer step), and the device buffers the graph reads
