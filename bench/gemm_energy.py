@@ -12,7 +12,8 @@ training.
 
 Prints per product: each algorithm's two short timings, its time and millijoules per call under
 sustained load; which one each short timing picks (the tuner's choice, "tuned", and the old
-tuner's), the fastest under load, and the lowest-energy one (millijoules a call are coarse: NVML's counter over --seconds).
+tuner's), the fastest under load, and the lowest-energy one (millijoules a call are coarse: NVML's
+counter over --seconds).
 """
 
 from __future__ import annotations

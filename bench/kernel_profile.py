@@ -64,10 +64,9 @@ def profile_runner(name, args) -> None:
                     "step", args.top, args.host)
 
 
-def profile_kernels(run, steps: int, title: str, unit: str = "step", top: int = 25, host: bool = False) -> dict:
+def profile_kernels(run, steps: int, title: str, unit: str = "step", top: int = 25, host: bool = False) -> None:
     """Profile run() (`steps` units of work) and print: kernel and wall time per unit, the GPU's idle
-    stretches and the kernels around them, the parts of the work, the top kernels. Returns
-    {kernel name: (ms per unit, calls per unit)}."""
+    stretches and the kernels around them, the parts of the work, the top kernels."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -120,7 +119,6 @@ def profile_kernels(run, steps: int, title: str, unit: str = "step", top: int = 
     for name, (ms, n) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"| {name[:110]} | {ms / steps:.4f} | {n / steps:g} |")
     sys.stdout.flush()
-    return {name: (ms / steps, n / steps) for name, (ms, n) in kernels.items()}
 
 
 def report_host(calls, steps) -> None:

@@ -13,6 +13,8 @@ import numpy as np
 from andrea.engine.cupy.kernels import blocks
 
 THREADS = 256  # attn_decode: threads per (row, head) block
+DEC_WARPS = 16  # kernels/decode.cu: attn_decode_store's warps per (row, head) block
+WARPS_E = {32: 1, 64: 2, 128: 4}  # head size -> elements per lane of attn_decode_store_e<E>
 
 
 def embed_at(be, tokens, wte, wpe, pos_dev, out) -> None:
@@ -35,10 +37,6 @@ def _launch_shape(D: int, T_max: int) -> tuple[int, int, int]:
     parts = max(1, THREADS // D)
     threads = max(THREADS, -(-D * parts // 32) * 32)
     return parts, threads, (D + T_max + parts * D) * 4
-
-
-DEC_WARPS = 16  # kernels/decode.cu: attn_decode_store's warps per (row, head) block
-WARPS_E = {32: 1, 64: 2, 128: 4}  # head size -> elements per lane of attn_decode_store_e<E>
 
 
 def warps_take(D: int) -> bool:
