@@ -9,11 +9,20 @@ once as a CUDA graph and replayed per token (the position is read on the device)
 samples of one prompt decode together, one row each. Sampling: temperature, top-k, top-p, a
 seeded generator per row, stop at BOS or a length. When the context is full the cache is rebuilt
 from the last half of it (decision: positions are learned, so a window cannot simply slide).
+
+The token is chosen where the logits are (Backend.sample_tokens: kernels/sampling.cu on the GPU,
+numpy_backend.sample_tokens its definition), with a counter-based generator per row seeded from
+that row's NumPy generator. The step then feeds its own pick to the next step: the host queues up
+to 2·CHUNK steps and reads the picks a chunk at a time, so it never waits on the GPU per token;
+rows that stopped at BOS run on until the chunk in flight ends, and their extra tokens are dropped.
+Greedy decoding and top-k up to SAMPLE_CANDIDATES take this path; top-k off (None or 0) or larger
+samples on the host from the logits of each step (sample_next).
 """
 
 from __future__ import annotations
 
 import json
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,8 +31,12 @@ import numpy as np
 from andrea import model as gpt
 from andrea.checkpoint import read_weights
 from andrea.engine import make_backend, resolve_backend
+from andrea.engine.numpy_backend import SAMPLE_CANDIDATES
 from andrea.model import Activations, KVCache, ModelConfig, Weights, n_params, param_layout, views
 from andrea.tokenizer import BOS, HarrisTokenizer
+
+CHUNK = 8  # one-token steps per read of the sampled tokens; the host queues up to two chunks ahead
+RING = 2 * CHUNK  # picks per row kept in the host ring until read
 
 
 @dataclass
@@ -37,6 +50,10 @@ class _Rows:
     step: object = None  # the captured one-token step
     tokens_host: object = None  # [B, 1] host_buffer the step uploads into `tokens`
     logits_host: object = None  # [B, V] host_buffer the step downloads its logits into
+    seeds: object = None  # [B] uint64 on the device: each row's generator
+    draws: object = None  # [B] int32 on the device: draws so far per row
+    ring: object = None  # [B, RING] int32 host_buffer the sampler writes each pick into
+    sampled: dict = field(default_factory=dict)  # (temperature, top_k, top_p) -> the step that samples
 
 
 class InferenceModel:
@@ -123,7 +140,7 @@ class InferenceModel:
         host buffers: a token costs one graph launch and one wait."""
         st, pos = self._now, self.pos
         if st.step is None:
-            st.tokens = self.be.zeros(ids.shape, self.be.index_dtype)
+            st.tokens = self._tokens()
             st.tokens_host = self.be.host_buffer(ids.shape, self.be.index_dtype)
             acts = self._activations(1)
 
@@ -142,6 +159,105 @@ class InferenceModel:
         self.be.wait()
         st.cache.pos = pos + 1
         return st.logits_host.copy()  # the buffer is the next step's
+
+
+    def _tokens(self):
+        """The one-token step's input, [rows, 1] on the device (shared by both captured steps)."""
+        st = self._now
+        if st.tokens is None:
+            st.tokens = self.be.zeros((self.rows, 1), self.be.index_dtype)
+        return st.tokens
+
+    def _sampling_step(self, params: tuple):
+        """A function that runs one token per row through the model and samples the next one into
+        the step's input (captured as a CUDA graph on its first call where the backend can)."""
+        st = self._now
+        if params not in st.sampled:
+            acts, tokens = self._activations(1), self._tokens()
+
+            def run():
+                pos_before = st.cache.pos
+                logits = gpt.forward(self.cfg, self.be, self.W, acts, tokens, cache=st.cache)
+                self.be.sample_tokens(logits, st.seeds, st.draws, tokens, st.ring, *params)
+                st.cache.pos = pos_before
+
+            st.sampled[params] = self.be.capture(run) if self.graphs else run
+        fn = st.sampled[params]
+
+        def step():
+            pos = st.cache.pos
+            fn()
+            st.cache.pos = pos + 1
+
+        return step
+
+    def _prefill_and_sample(self, seqs, params: tuple) -> None:
+        """The cache (reset) over seqs [rows, n], and the next token of each row sampled into the step's input."""
+        tokens = self.be.xp.asarray(seqs.astype(self.be.index_dtype))
+        logits = gpt.forward(self.cfg, self.be, self.W, self._activations(seqs.shape[1]), tokens, cache=self.cache,
+                             last=True)
+        st = self._now
+        self.be.sample_tokens(logits, st.seeds, st.draws, self._tokens(), st.ring, *params)
+
+    def sample(self, prompt_ids, max_new: int, seeds: list[int], temperature: float = 0.8, top_k: int | None = 40,
+               top_p: float | None = 0.95, stop_at_bos: bool = True) -> list[list[int]]:
+        """Up to max_new token IDs per seed after the same prompt, decoded together (one row per
+        seed), each token chosen on the backend (Backend.sample_tokens: greedy at temperature ≤ 0,
+        else 1 ≤ top_k ≤ SAMPLE_CANDIDATES). The steps are queued a chunk ahead of the reads."""
+        if temperature > 0 and not (top_k and 1 <= top_k <= SAMPLE_CANDIDATES):
+            raise ValueError(f"sampling on the backend takes top_k from 1 to {SAMPLE_CANDIDATES}, got {top_k}")
+        T, B = self.cfg.context, len(seeds)
+        outs: list[list[int]] = [[] for _ in range(B)]
+        if max_new <= 0 or B == 0:
+            return outs
+        seqs = np.tile(np.asarray(list(prompt_ids)[-T:], dtype=np.int64), (B, 1))
+        self.reset(rows=B)
+        st = self._now
+        if st.ring is None:
+            st.seeds, st.draws = self.be.zeros((B,), np.uint64), self.be.zeros((B,), np.int32)
+            st.ring = self.be.host_buffer((B, RING), np.int32)
+        self.be.upload(np.asarray(seeds, dtype=np.uint64), st.seeds)
+        st.draws.fill(0)
+        params = (float(temperature), int(top_k or 1), None if top_p is None else float(top_p))
+        step = self._sampling_step(params)
+        done = np.zeros(B, dtype=bool)
+        since_prefill: list[np.ndarray] = []  # picks since the cache was last built, for a rebuild
+        marks: deque = deque()  # (picks queued, the backend's mark after them)
+        self._prefill_and_sample(seqs, params)
+        launched, read = 1, 0
+        marks.append((launched, self.be.mark()))
+        while True:
+            while True:  # queue steps: up to a chunk at a time, RING picks unread at most, not past the context
+                n = min(CHUNK, max_new - launched, T - self.pos, RING - (launched - read))
+                if n <= 0:
+                    break
+                for _ in range(n):
+                    step()
+                launched += n
+                marks.append((launched, self.be.mark()))
+            upto, mark = marks.popleft()
+            mark.wait()
+            for d in range(read, upto):
+                col = st.ring[:, d % RING].copy()
+                if (col < 0).any():
+                    raise FloatingPointError(f"generated token {d + 1}: the model's logits are not finite (NaN or +inf) "
+                                             f"in row(s) {np.flatnonzero(col < 0).tolist()}")
+                since_prefill.append(col)
+                for k in np.flatnonzero(~done):
+                    if stop_at_bos and col[k] == BOS:
+                        done[k] = True
+                    else:
+                        outs[k].append(int(col[k]))
+            read = upto
+            if done.all() or read >= max_new:
+                return outs
+            if read == launched and self.pos >= T:  # context full: rebuild the cache from the last half
+                seqs = np.concatenate([seqs, np.stack(since_prefill, axis=1)], axis=1)[:, -(T // 2):]
+                since_prefill = []
+                self.reset(rows=B)
+                self._prefill_and_sample(seqs, params)
+                launched += 1
+                marks.append((launched, self.be.mark()))
 
 
 def sample_next(logits: np.ndarray, rng: np.random.Generator, temperature: float = 0.8, top_k: int | None = 40,
@@ -173,7 +289,18 @@ def generate_rows(model: InferenceModel, prompt_ids, max_new: int, rngs: list[np
                   top_k: int | None = 40, top_p: float | None = 0.95, stop_at_bos: bool = True) -> list[list[int]]:
     """One sample of up to max_new tokens per generator, all after the same prompt, decoded
     together (one cache row each): row k draws from rngs[k] alone, so it is the sample that
-    `generate` gives with that generator (to the float rounding of a batched product)."""
+    `generate` gives with that generator (to the float rounding of a batched product). Greedy,
+    or top-k up to SAMPLE_CANDIDATES: chosen on the backend (InferenceModel.sample, the row's
+    generator seeding the row's draws); top-k off: on the host (sample_next)."""
+    if temperature <= 0 or (top_k and 1 <= top_k <= SAMPLE_CANDIDATES):
+        seeds = [int(r.integers(0, 2**63)) for r in rngs]
+        return model.sample(prompt_ids, max_new, seeds, temperature, top_k, top_p, stop_at_bos)
+    return _generate_on_host(model, prompt_ids, max_new, rngs, temperature, top_k, top_p, stop_at_bos)
+
+
+def _generate_on_host(model: InferenceModel, prompt_ids, max_new: int, rngs: list[np.random.Generator], temperature: float,
+                      top_k: int | None, top_p: float | None, stop_at_bos: bool) -> list[list[int]]:
+    """generate_rows with each token chosen on the host from the step's logits."""
     T, B = model.cfg.context, len(rngs)
     seqs = np.tile(np.asarray(list(prompt_ids)[-T:], dtype=np.int64), (B, 1))
     model.reset(rows=B)
@@ -182,11 +309,10 @@ def generate_rows(model: InferenceModel, prompt_ids, max_new: int, rngs: list[np
     done = [False] * B
     for _ in range(max_new):
         nxt = np.full(B, BOS, dtype=np.int64)  # a finished row is fed BOS; its logits are not read
-        greedy = logits.argmax(axis=1) if temperature <= 0 else None  # sample_next's pick, for all rows at once
         for k in range(B):
             if done[k]:
                 continue
-            nxt[k] = greedy[k] if greedy is not None else sample_next(logits[k], rngs[k], temperature, top_k, top_p)
+            nxt[k] = sample_next(logits[k], rngs[k], temperature, top_k, top_p)
             if stop_at_bos and nxt[k] == BOS:
                 done[k] = True
             else:

@@ -1,9 +1,11 @@
 """Where one decoded token's GPU time goes, kernel by kernel (torch.profiler, as bench/kernel_profile.py):
-our captured one-token step (andrea/sampling.py's InferenceModel, as the audit runs it) and PyTorch's
-static-cache step under torch.compile(mode="reduce-overhead") (bench/torch_generate.py), each replayed
---tokens times back to back after a prompt of --prompt tokens.
+our captured one-token step as generate_rows runs it (andrea/sampling.py: the step samples its
+next token on the device and feeds it back) and PyTorch's static-cache step under
+torch.compile(mode="reduce-overhead") (bench/torch_generate.py) followed by its token pick on the
+device, each run --tokens times back to back after a prompt of --prompt tokens. --temperature 0:
+greedy; else top-k 40, top-p 0.95 (the audit's settings; default 0.8).
 
-    python3 bench/decode_profile.py [--models ANDREA-120M] [--rows 1 16] [--runners ours torch]
+    python3 bench/decode_profile.py [--models ANDREA-120M] [--rows 1 16] [--runners ours torch] [--temperature 0.8]
 """
 
 from __future__ import annotations
@@ -24,45 +26,44 @@ from kernel_profile import profile_kernels  # noqa: E402
 from andrea.model import init_weights  # noqa: E402
 
 
-def ours(name: str, cfg, rows: int, prompt: int, tokens: int, top: int) -> None:
+def ours(name: str, cfg, rows: int, prompt: int, tokens: int, top: int, temperature: float) -> None:
     import cupy as cp
 
     from andrea.sampling import InferenceModel
 
     m = InferenceModel(cfg, init_weights(cfg, seed=0), backend="cupy")
-    m.reset(rows)
-    m.forward(np.zeros((rows, prompt), dtype=np.int64))
-    m.forward(np.ones((rows, 1), dtype=np.int64))  # captured here
-    st = m._now
+    m.sample(np.zeros(prompt, dtype=np.int64), 4, list(range(rows)), temperature, 40, 0.95, stop_at_bos=False)  # captured here
+    step = m._sampling_step((float(temperature), 40, 0.95))
     for _ in range(3):
-        st.step()
+        step()
     cp.cuda.Device().synchronize()
 
     def run():
         for _ in range(tokens):
-            st.step()  # the position advances on the device; the host's copy is not read here
+            step()  # the position advances and the token is fed back on the device
         cp.cuda.Device().synchronize()
 
-    profile_kernels(run, tokens, f"ours {name} rows={rows}", "token", top)
+    profile_kernels(run, tokens, f"ours {name} rows={rows} temperature={temperature}", "token", top)
 
 
-def torch_compiled(name: str, cfg, rows: int, prompt: int, tokens: int, top: int) -> None:
+def torch_compiled(name: str, cfg, rows: int, prompt: int, tokens: int, top: int, temperature: float) -> None:
     import torch
-    from torch_generate import TorchDecoder
+    from torch_generate import TorchDecoder, pick
 
     dec = TorchDecoder(cfg, init_weights(cfg, seed=0), batch=rows, device="cuda", dtype=torch.bfloat16,
                        compile=True)
-    ids = dec.prefill(torch.zeros((rows, prompt), dtype=torch.long, device="cuda")).argmax(-1)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    ids = pick(dec.prefill(torch.zeros((rows, prompt), dtype=torch.long, device="cuda")), temperature, 40, 0.95, gen)
     for _ in range(5):  # compiled and recorded here
-        ids = dec.step(ids).argmax(-1)
+        ids = pick(dec.step(ids), temperature, 40, 0.95, gen)
     torch.cuda.synchronize()
 
     def run():
         nonlocal ids
         for _ in range(tokens):
-            ids = dec.step(ids).argmax(-1)
+            ids = pick(dec.step(ids), temperature, 40, 0.95, gen)
 
-    profile_kernels(run, tokens, f"torch compiled {name} rows={rows}", "token", top)
+    profile_kernels(run, tokens, f"torch compiled {name} rows={rows} temperature={temperature}", "token", top)
 
 
 def main() -> None:
@@ -73,11 +74,13 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=50)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--temperature", type=float, default=0.8)
     args = ap.parse_args()
     for name in args.models:
         for rows in args.rows:
             for runner in args.runners:
-                (ours if runner == "ours" else torch_compiled)(name, MODELS[name], rows, args.prompt, args.tokens, args.top)
+                (ours if runner == "ours" else torch_compiled)(name, MODELS[name], rows, args.prompt, args.tokens, args.top,
+                                                             args.temperature)
 
 
 if __name__ == "__main__":

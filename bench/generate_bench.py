@@ -3,13 +3,16 @@
     python3 bench/generate_bench.py [--models ANDREA-12M ANDREA-120M] [--new 200] [--rows 1 16] [--out r.json]
 
 For each model (random weights; the speed does not depend on them): a prompt of --prompt tokens,
-then --new tokens decoded greedily, median of --rounds after a warm-up. Ours: `generate_rows`
-(andrea/sampling.py) as the audit and the trainer's samples run it: logits to the host every token,
-the next token chosen there; "bf16 graph" replays the captured one-token step (the default on a
-GPU), "bf16 eager" launches its kernels one by one, "fp32 eager" is the generation path before the
-16-bit decode kernels. PyTorch (bench/torch_generate.py, when it is there): a static KV cache in
-bf16, eager and torch.compile(mode="reduce-overhead"), argmax on the device. Tokens/s counts new
-tokens of all rows.
+then --new tokens decoded greedily (or sampled: --temperature 0.8, with top-k 40 and top-p 0.95,
+the audit's settings), median of --rounds after a warm-up. Ours: `generate_rows`
+(andrea/sampling.py) as the audit and the trainer's samples run it: the token chosen on the device
+and fed to the next step, the host reading the picks a chunk behind; "bf16 graph" replays the
+captured one-token step (the default on a GPU), "bf16 eager" launches its kernels one by one, "fp32
+eager" is the generation path before the 16-bit decode kernels. --host-picks: the logits of each
+step to the host and the token chosen there (top-k off, sample_next: the path before the device
+sampler). PyTorch (bench/torch_generate.py, when it is there): a static KV cache in bf16, eager and
+torch.compile(mode="reduce-overhead"), the token chosen on the device (argmax, or topk + softmax
++ multinomial). Tokens/s counts new tokens of all rows.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from gpu_bench import MODELS  # noqa: E402
 from andrea.model import init_weights  # noqa: E402
 
 
-def ours(cfg, w, precision: str, graphs: bool, rows: int, prompt, new: int, rounds: int) -> dict:
+def ours(cfg, w, precision: str, graphs: bool, rows: int, prompt, new: int, rounds: int, temperature: float = 0.0,
+         top_k: int | None = 40) -> dict:
     import cupy as cp
 
     from andrea.sampling import InferenceModel, generate_rows
@@ -41,7 +45,7 @@ def ours(cfg, w, precision: str, graphs: bool, rows: int, prompt, new: int, roun
     def run():
         rngs = [np.random.default_rng(k) for k in range(rows)]
         t0 = time.perf_counter()
-        out = generate_rows(m, prompt, new, rngs, temperature=0, stop_at_bos=False)
+        out = generate_rows(m, prompt, new, rngs, temperature=temperature, top_k=top_k, top_p=0.95, stop_at_bos=False)
         cp.cuda.Device().synchronize()
         assert all(len(r) == new for r in out)
         return time.perf_counter() - t0
@@ -90,6 +94,8 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=200)
     ap.add_argument("--rows", nargs="+", type=int, default=[1])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); else top-k 40, top-p 0.95")
+    ap.add_argument("--host-picks", action="store_true", help="also ours with each token chosen on the host (top-k off)")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--profile", action="store_true", help="only split one token's time (ours, one row)")
     ap.add_argument("--out", type=Path)
@@ -108,8 +114,11 @@ def main() -> None:
             variants = [("ours bf16 graph", "bf16", True), ("ours bf16 eager", "bf16", False)]
             if rows == 1:
                 variants.append(("ours fp32 eager", "fp32", False))
-            for label, precision, graphs in variants:
-                r = ours(cfg, w, precision, graphs, rows, prompt, args.new, args.rounds)
+            variants = [(label, precision, graphs, 40) for label, precision, graphs in variants]
+            if args.host_picks:
+                variants.append(("ours bf16 graph, host picks", "bf16", True, None))
+            for label, precision, graphs, top_k in variants:
+                r = ours(cfg, w, precision, graphs, rows, prompt, args.new, args.rounds, args.temperature, top_k)
                 results.append({"model": name, "rows": rows, "variant": label, **r})
                 print(json.dumps(results[-1]), flush=True)
             if args.no_torch:
@@ -122,7 +131,7 @@ def main() -> None:
                 continue
             for compiled in (False, True):
                 r = generate_tokens_per_s(cfg, w, "cuda", torch.bfloat16, compiled, prompt_len=args.prompt,
-                                          new_tokens=args.new, batch=rows, rounds=args.rounds)
+                                          new_tokens=args.new, batch=rows, rounds=args.rounds, temperature=args.temperature)
                 results.append({**r, "model": name, "rows": rows, "variant": f"torch bf16 {'compile' if compiled else 'eager'}"})
                 print(json.dumps(results[-1]), flush=True)
     print("\n| model | rows | variant | tokens/s | ms/token | warm-up s |")

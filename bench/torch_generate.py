@@ -120,10 +120,24 @@ class TorchDecoder:
         return logits
 
 
+def pick(logits: torch.Tensor, temperature: float, top_k: int, top_p: float | None, gen) -> torch.Tensor:
+    """The next token of each row, on the device and without a host wait: argmax at temperature ≤ 0,
+    else the usual plain-PyTorch sampler (topk, softmax, the top-p prefix, multinomial)."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    v, i = torch.topk(logits.float() / temperature, top_k, dim=-1)
+    p = torch.softmax(v, dim=-1)
+    if top_p is not None and top_p < 1:
+        p = p.masked_fill(p.cumsum(-1) - p >= top_p, 0.0)
+    return i.gather(-1, torch.multinomial(p, 1, generator=gen))[:, 0]
+
+
 def generate_tokens_per_s(cfg, flat, device: str, dtype, compile: bool, prompt_len: int = 32, new_tokens: int = 200,
-                          batch: int = 1, warmup: int = 1, rounds: int = 3) -> dict:
-    """Greedy decoding of new_tokens after a prompt_len random prompt, timed over `rounds` after
-    `warmup` untimed rounds (compilation included there); the median round counts."""
+                          batch: int = 1, warmup: int = 1, rounds: int = 3, temperature: float = 0.0, top_k: int = 40,
+                          top_p: float | None = 0.95) -> dict:
+    """Decoding of new_tokens after a prompt_len random prompt (greedy at temperature 0, else
+    sampled on the device: pick), timed over `rounds` after `warmup` untimed rounds (compilation
+    included there); the median round counts."""
     if prompt_len + new_tokens > cfg.context:
         raise ValueError(f"prompt {prompt_len} + new {new_tokens} tokens exceed the context of {cfg.context}")
     if compile:  # each decoder's model is a new class: compile afresh, not as a recompile towards dynamo's limit
@@ -132,15 +146,16 @@ def generate_tokens_per_s(cfg, flat, device: str, dtype, compile: bool, prompt_l
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=gen).to(dec.device)
     sync = torch.cuda.synchronize if dec.device.type == "cuda" else (lambda: None)
+    draws = torch.Generator(device=dec.device).manual_seed(1)
 
     def one_round():
         sync()
         t0 = time.perf_counter()
-        ids = dec.prefill(prompt).argmax(-1)
+        ids = pick(dec.prefill(prompt), temperature, top_k, top_p, draws)
         sync()
         t1 = time.perf_counter()
         for _ in range(new_tokens):
-            ids = dec.step(ids).argmax(-1)
+            ids = pick(dec.step(ids), temperature, top_k, top_p, draws)
         sync()
         return (t1 - t0), time.perf_counter() - t1
 
@@ -153,7 +168,7 @@ def generate_tokens_per_s(cfg, flat, device: str, dtype, compile: bool, prompt_l
     return {"tokens_per_s": new_tokens * batch / med, "ms_per_token": med / new_tokens * 1e3,
             "prefill_ms": statistics.median(prefills) * 1e3, "rounds_s": list(decodes),
             "warmup_s": round(warmup_s, 3), "variant": "compile" if compile else "eager", "batch": batch,
-            "prompt_len": prompt_len, "new_tokens": new_tokens, "dtype": str(dtype).removeprefix("torch."),
+            "prompt_len": prompt_len, "new_tokens": new_tokens, "temperature": temperature, "dtype": str(dtype).removeprefix("torch."),
             "device": torch.cuda.get_device_name(dec.device) if dec.device.type == "cuda" else "cpu"}
 
 

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from andrea.engine import Engine
+from andrea.engine import numpy_backend as nb
 from andrea.model import ModelConfig, init_weights
 from andrea.tokenizer import BOS
 from andrea.sampling import InferenceModel, chat_prompt, generate, generate_rows, sample_next
@@ -87,6 +88,85 @@ def test_sampling_filters():
     assert {sample_next(logits, rng, 1.0, top_k=2, top_p=None) for _ in range(300)} == {0, 1}
     # top_p 0.5: the most likely token alone already reaches it
     assert {sample_next(logits, rng, 1.0, top_k=None, top_p=0.5) for _ in range(100)} == {0}
+
+
+def expected_probabilities(z, temperature, top_k, top_p):
+    """What a draw should follow, written plainly in float64: softmax(z / temperature) over the
+    top_k largest (ties at the k-th kept), then the smallest most-likely-first prefix reaching top_p."""
+    z = np.asarray(z, dtype=np.float64)
+    cut = np.sort(z)[::-1][min(top_k, z.size) - 1]
+    keep = z >= cut
+    p = np.where(keep, np.exp((z - z.max()) / temperature), 0.0)
+    p /= p.sum()
+    order = np.lexsort((np.arange(z.size), -p))
+    before = np.cumsum(p[order]) - p[order]
+    p[order[before >= top_p]] = 0.0
+    return p / p.sum()
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 5, 1.0), (0.7, 40, 0.9), (1.3, 12, 0.5), (0.8, 1000, 0.95)])
+def test_the_sampler_draws_from_the_filtered_softmax(temperature, top_k, top_p):
+    """4,000 draws (one counter-based generator, draws 0..3999) against the probabilities of a
+    direct float64 formulation: no token outside the kept set, and the frequencies within 4.5
+    binomial standard deviations (plus 0.002) of their probabilities."""
+    z = np.random.default_rng(1).standard_normal(300).astype(np.float32) * 2
+    want = expected_probabilities(z, temperature, top_k, top_p)
+    n = 4000
+    picks = np.array([nb.sample_row(z, False, np.float32(1 / temperature), top_k, top_p, seed=11, draw=d) for d in range(n)])
+    assert set(picks.tolist()) <= set(np.flatnonzero(want > 0).tolist())
+    freq = np.bincount(picks, minlength=z.size) / n
+    assert np.all(np.abs(freq - want) <= 4.5 * np.sqrt(want * (1 - want) / n) + 0.002), np.abs(freq - want).max()
+
+
+def test_the_sampler_keeps_ties_and_reports_non_finite_logits():
+    # bf16-like logits: many exact ties; the 3rd largest value (2.0) is shared by three tokens, all kept
+    z = np.array([3.0, 2.0, 1.0, 2.0, 2.5, 2.0, -np.inf], dtype=np.float32)
+    picks = {nb.sample_row(z, False, np.float32(1.0), 3, 1.0, seed=5, draw=d) for d in range(2000)}
+    assert picks == {0, 1, 3, 4, 5}
+    assert nb.sample_row(z, True, np.float32(0), 1, 1.0, seed=5, draw=0) == 0  # greedy: the first largest
+    assert nb.sample_row(np.array([1.0, 4.0, 4.0], np.float32), True, np.float32(0), 1, 1.0, 0, 0) == 1
+    for bad in (np.nan, np.inf):
+        z2 = z.copy()
+        z2[2] = bad
+        assert nb.sample_row(z2, False, np.float32(1.0), 3, 1.0, seed=5, draw=0) == -1
+        assert nb.sample_row(z2, True, np.float32(0), 1, 1.0, seed=5, draw=0) == -1
+    # top_p 0.5 with one dominant token: it alone is kept
+    assert {nb.sample_row(np.array([5, 4, 1, -3], np.float32), False, np.float32(1), 4, 0.5, 2, d) for d in range(200)} == {0}
+
+
+def test_the_counter_based_generator_is_uniform_and_reproducible():
+    u = np.array([nb.draw_uniform(7, d) for d in range(20000)], dtype=np.float64)
+    assert u.min() >= 0 and u.max() < 1 and abs(u.mean() - 0.5) < 0.01 and abs(u.var() - 1 / 12) < 0.003
+    assert np.histogram(u, bins=10, range=(0, 1))[0].min() > 1800
+    assert nb.draw_uniform(7, 3) == u[3] and nb.draw_uniform(8, 3) != u[3]
+
+
+def test_sample_tokens_writes_the_token_the_ring_and_counts_draws():
+    logits = np.random.default_rng(0).standard_normal((3, 50)).astype(np.float32)
+    tokens, draws, ring = np.zeros((3, 1), np.int64), np.array([0, 5, 17], np.int32), np.full((3, 4), -9, np.int32)
+    seeds = np.array([1, 2, 3], np.uint64)
+    nb.sample_tokens(logits, seeds, draws, tokens, ring, 0.8, 10, 0.9)
+    assert draws.tolist() == [1, 6, 18]
+    assert [ring[0, 0], ring[1, 1], ring[2, 1]] == tokens[:, 0].tolist()
+    assert tokens[:, 0].tolist() == [nb.sample_row(logits[b], False, np.float32(1 / 0.8), 10, 0.9, int(seeds[b]), d)
+                                     for b, d in enumerate([0, 5, 17])]
+
+
+def test_generation_stops_with_a_clear_error_on_non_finite_logits():
+    m = InferenceModel(CFG, init_weights(CFG, seed=1))
+    m.P["lnf.b"][:] = np.nan
+    with pytest.raises(FloatingPointError, match="generated token 1: the model's logits are not finite"):
+        generate(m, [1, 2, 3], 5, np.random.default_rng(0))
+
+
+def test_top_k_off_samples_on_the_host():
+    """top_k None (or 0) keeps the whole vocabulary: the host path (sample_next), seeded the same way."""
+    m = InferenceModel(CFG, init_weights(CFG, seed=1) * 8)
+    a = generate(m, [1, 5, 6], 30, np.random.default_rng(4), top_k=None, top_p=0.9, stop_at_bos=False)
+    b = generate(m, [1, 5, 6], 30, np.random.default_rng(4), top_k=0, top_p=0.9, stop_at_bos=False)
+    assert a == b and len(a) == 30
+    with pytest.raises(ValueError, match="takes top_k from 1 to 1024"):
+        m.sample([1, 5, 6], 3, [0], temperature=1.0, top_k=None)
 
 
 def test_chat_prompt_uses_the_training_prefixes():

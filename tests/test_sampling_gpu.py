@@ -18,7 +18,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_GPU, reason="no CUDA 
 
 from andrea.engine import Engine  # noqa: E402
 from andrea.model import ModelConfig, init_weights  # noqa: E402
-from andrea.sampling import InferenceModel, generate_rows  # noqa: E402
+from andrea.engine import make_backend  # noqa: E402
+from andrea.engine import numpy_backend as nb  # noqa: E402
+from andrea.sampling import InferenceModel, generate, generate_rows  # noqa: E402
+from andrea.tokenizer import BOS  # noqa: E402
 from test_trainer import shards  # noqa: E402,F401  (fixture)
 
 
@@ -108,6 +111,56 @@ def test_a_prompt_one_short_of_the_context_and_row_counts_that_change():
     seq = [rows(shared, 3), rows(shared, 1), rows(shared, 3)]
     assert seq == [rows(InferenceModel(cfg, w, backend="cupy"), n) for n in (3, 1, 3)]
     assert seq[0] == seq[2]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.0, 1, None), (0.8, 40, 0.95), (1.0, 1024, None), (0.5, 3, 0.5)])
+def test_the_gpu_sampler_picks_the_numpy_references_tokens(temperature, top_k, top_p):
+    """kernels/sampling.cu through the backend against numpy_backend.sample_tokens: 64 rows of a
+    vocabulary of 8,449 (ANDREA-120M's), logits rounded to bf16 (ties at the k-th), padded rows
+    as the backend leaves them. Greedy picks are exact; a drawn pick may differ only where fp32
+    exp rounding moves a running sum across the draw (dev/cuda/sampling.py bounds those rows):
+    at most 2 of 64 here. The ring (host memory the kernel writes) and the draw counts are exact."""
+    rng = np.random.default_rng(3)
+    B, V, R = 64, 8449, 4
+    z = rng.standard_normal((B, V)).astype(np.float32) * 3
+    bits = z.view(np.uint32)
+    z = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).view(np.float32)  # rounded to bf16, to nearest even
+    seeds = rng.integers(0, 2**63, B, dtype=np.uint64)
+    draws = rng.integers(0, 500, B).astype(np.int32)
+    want, want_draws, want_ring = np.zeros((B, 1), np.int64), draws.copy(), np.full((B, R), -9, np.int32)
+    nb.sample_tokens(z, seeds, want_draws, want, want_ring, temperature, top_k, top_p)
+    be = make_backend("cupy", "bf16")
+    pad = cp.zeros((B, V + 63), cp.float32)
+    pad[:, :V] = cp.asarray(z)
+    tok, d_draws = cp.zeros((B, 1), cp.int32), cp.asarray(draws)
+    ring = be.host_buffer((B, R), np.int32)
+    ring[...] = -9
+    be.sample_tokens(pad[:, :V], cp.asarray(seeds), d_draws, tok, ring, temperature, top_k, top_p)
+    be.wait()
+    got = tok.get()[:, 0]
+    assert (got == want[:, 0]).all() if temperature <= 0 else (got != want[:, 0]).sum() <= 2
+    assert (got >= 0).all() and np.array_equal(d_draws.get(), want_draws)
+    assert np.array_equal(ring[np.arange(B), draws % R], got) and (np.delete(ring.reshape(-1), np.arange(B) * R + draws % R) == -9).all()
+    if temperature > 0:  # every pick among the top_k largest logits
+        assert (z[np.arange(B), got] >= np.sort(z, axis=1)[:, V - top_k]).all()
+
+
+def test_gpu_rows_stop_at_bos_as_each_would_alone_and_bad_logits_are_reported():
+    """Sampled on the GPU and fed back inside the captured step, the host reading a chunk behind:
+    rows decoded together are the samples each generator gives alone (to the rounding of a
+    batched product: compared as sets of long common prefixes), stopping at BOS at different steps."""
+    cfg = ModelConfig(vocab_size=300, d_model=128, n_head=2, n_layer=2, context=64)
+    m = InferenceModel(cfg, init_weights(cfg, seed=5) * 4, backend="cupy")
+    m.P["lnf.b"][:] = 3 * m.P["wte"][BOS] / float(np.linalg.norm(m.P["wte"][BOS].get()))
+    m.reset()
+    rows = generate_rows(m, [1, 5, 6, 7], 60, [np.random.default_rng([9, k]) for k in range(6)], temperature=1.0)
+    alone = [generate(m, [1, 5, 6, 7], 60, np.random.default_rng([9, k]), temperature=1.0) for k in range(6)]
+    assert sum(r == a for r, a in zip(rows, alone)) >= 5
+    assert len({len(r) for r in rows}) > 2 and min(map(len, rows)) < 60 and BOS not in sum(rows, [])
+    m.P["lnf.b"][:] = cp.nan
+    m.reset()
+    with pytest.raises(FloatingPointError, match="generated token 1: the model's logits are not finite"):
+        generate(m, [1, 2, 3], 5, np.random.default_rng(0))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

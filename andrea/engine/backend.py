@@ -42,6 +42,11 @@ class Readback:
         return self.arrays
 
 
+class _Done:
+    def wait(self) -> None:
+        pass
+
+
 class Backend(abc.ABC):
     """One device's kernels and buffers, in one precision."""
 
@@ -124,6 +129,11 @@ class Backend(abc.ABC):
 
     def wait(self) -> None:
         """Until the work queued so far (the copies of download_async included) is done."""
+
+    def mark(self):
+        """A point in the work queued so far: an object whose wait() returns once that work is
+        done (a recorded CUDA event on a GPU; here the work is already done)."""
+        return _Done()
 
     def snapshot(self, a):
         """The value of `a` now, for a writer thread to bring to the host later: an array, or an
@@ -292,6 +302,20 @@ class Backend(abc.ABC):
         xp = self.xp
         f32 = xp.float32  # copy=False: fp32 weights (the head) are not copied per generated token
         return xp.matmul(x.reshape(-1, x.shape[-1]).astype(f32, copy=False), w.T.astype(f32, copy=False))
+
+    def sample_tokens(self, logits, seeds, draws, tokens, ring, temperature: float, top_k: int,
+                      top_p: float | None) -> None:
+        """Generation: each row's next token, chosen where the logits are (numpy_backend.sample_tokens
+        is the definition): tokens[b] (the next step's input, [B] or [B, 1]) = the pick, ring[b,
+        draws[b] % R] = the pick (ring: a host_buffer, or None), draws[b] += 1; seeds [B] uint64,
+        draws [B] int32. Greedy at temperature ≤ 0, else 1 ≤ top_k ≤ SAMPLE_CANDIDATES. This
+        version brings the arrays to the host and back."""
+        from andrea.engine import numpy_backend as nb
+
+        tok, d = self.to_host(tokens).copy(), self.to_host(draws).copy()
+        nb.sample_tokens(self.to_host(logits), self.to_host(seeds), d, tok, ring, temperature, top_k, top_p)
+        tokens[...] = self.xp.asarray(tok)
+        draws[...] = self.xp.asarray(d)
 
     # ------------------------------------------------------------------ optimizer
     @abc.abstractmethod

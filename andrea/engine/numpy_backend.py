@@ -315,6 +315,70 @@ def adamw(w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale=1
     w -= tmp
 
 
+# ----------------------------------------------------------------------------- sampling
+
+SAMPLE_CANDIDATES = 1024  # the most tokens one draw keeps (kernels/sampling.cu: its shared memory)
+_M64 = (1 << 64) - 1
+
+
+def _mix64(z: int) -> int:
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def draw_uniform(seed: int, draw: int) -> np.float32:
+    """The draw-th uniform in [0, 1) of generator `seed`: splitmix64 of (seed, draw), 24 bits
+    (exact in fp32). Counter-based: a row's draws depend on its seed and count alone."""
+    x = _mix64((int(seed) + (int(draw) + 1) * 0x9E3779B97F4A7C15) & _M64)
+    return np.float32((x >> 40) * 2.0**-24)
+
+
+def sample_row(z, greedy: bool, inv_temp: np.float32, top_k: int, top_p: float, seed: int, draw: int) -> int:
+    """One token from one row of fp32 logits (kernels/sampling.cu, step for step): −1 where a
+    logit is NaN or +inf. Greedy: the first largest. Otherwise the top_k largest (the ties at the
+    k-th all kept, to SAMPLE_CANDIDATES in index order), ranked by logit then index, p = exp((z −
+    z_max)·inv_temp); the smallest prefix whose sum before each member is below top_p·total
+    (all of them when top_p ≥ 1); the first member whose running sum exceeds u·(the kept sum)."""
+    z = np.asarray(z, dtype=np.float32)
+    if np.isnan(z).any() or np.isposinf(z).any():
+        return -1
+    if greedy:
+        return int(np.argmax(z))
+    V = z.size
+    k = min(int(top_k), V)
+    cut = np.partition(z, V - k)[V - k]
+    cand = np.concatenate([np.flatnonzero(z > cut), np.flatnonzero(z == cut)])[:SAMPLE_CANDIDATES]
+    cand = cand[np.lexsort((cand, -z[cand]))]
+    v = z[cand]
+    if not np.isfinite(v[0]):
+        return -1
+    p = np.exp((v - v[0]) * np.float32(inv_temp))
+    cum = np.cumsum(p, dtype=np.float32)
+    m, top_p = cum.size, np.float32(top_p)
+    if top_p < 1:
+        before = np.concatenate([[np.float32(0)], cum[:-1]])
+        m = max(1, int(np.count_nonzero(before < top_p * cum[-1])))
+    target = draw_uniform(seed, draw) * cum[m - 1]
+    hit = np.flatnonzero(cum[:m - 1] > target)
+    return int(cand[hit[0]] if hit.size else cand[m - 1])
+
+
+def sample_tokens(logits, seeds, draws, tokens, ring, temperature: float, top_k: int, top_p: float | None) -> None:
+    """Each row's next token from its logits ([B, V] fp32): tokens[b] = the pick (sample_row, with
+    uniform(seeds[b], draws[b])), ring[b, draws[b] % R] = the pick (when a ring is given), draws[b] += 1."""
+    greedy = temperature <= 0
+    inv_temp = np.float32(0.0 if greedy else 1.0 / temperature)
+    flat = tokens.reshape(-1)
+    for b in range(logits.shape[0]):
+        d = int(draws[b])
+        pick = sample_row(logits[b], greedy, inv_temp, top_k, 1.0 if top_p is None else top_p, int(seeds[b]), d)
+        flat[b] = pick
+        if ring is not None:
+            ring[b, d % ring.shape[1]] = pick
+        draws[b] = d + 1
+
+
 # ----------------------------------------------------------------------------- the backend object
 
 
@@ -346,6 +410,7 @@ class NumpyBackend(Backend):
     grad_norm_final = staticmethod(grad_norm_final)
     grad_scale = staticmethod(grad_scale)
     adamw = staticmethod(adamw)
+    sample_tokens = staticmethod(sample_tokens)
 
     def __init__(self, precision: str = "fp32"):
         super().__init__(precision)

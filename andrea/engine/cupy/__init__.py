@@ -47,6 +47,7 @@ import cupyx
 import numpy as np
 
 from andrea.engine.backend import Backend
+from andrea.engine.numpy_backend import SAMPLE_CANDIDATES
 from andrea.engine.cupy import attention, decode
 from andrea.engine.cupy.cudnn_attention import CudnnAttention, deterministic_from_env, implementation_from_env, workspace_cap
 from andrea.engine.cupy.cudnn_attention import takes as cudnn_takes
@@ -119,6 +120,16 @@ def _consecutive(mats) -> bool:
     """Equal-shaped matrices back to back in memory (W_Q, W_K, W_V in the flat buffers)?"""
     step = mats[0].size * mats[0].itemsize
     return all(b.data.ptr - a.data.ptr == step for a, b in zip(mats, mats[1:]))
+
+
+class _EventMark:
+    """Backend.mark on the GPU: a CUDA event recorded on the current stream."""
+
+    def __init__(self, event):
+        self.event = event
+
+    def wait(self) -> None:
+        self.event.synchronize()
 
 
 class Readback:
@@ -453,6 +464,11 @@ class CupyBackend(Backend):
 
     def wait(self) -> None:
         cp.cuda.get_current_stream().synchronize()
+
+    def mark(self):
+        ev = cp.cuda.Event(disable_timing=True)
+        ev.record(cp.cuda.get_current_stream())
+        return _EventMark(ev)
 
     def snapshot(self, a) -> Snapshot:
         return Snapshot(a)
@@ -822,6 +838,26 @@ class CupyBackend(Backend):
         out = self.scratch("logits", (x2.shape[0], wp.shape[0]), cp.float32)  # one per row count (prompts: last position)
         self.gemm(self._operand(x2), wp, out, tb=True)
         return out[:, :V]
+
+    def sample_tokens(self, logits, seeds, draws, tokens, ring, temperature, top_k, top_p) -> None:
+        """kernels/sampling.cu, one block per row: no host wait, so a captured step can sample and
+        feed its own next token. `ring` (pinned host memory, device-addressable under unified
+        addressing) receives each pick directly."""
+        B, V = logits.shape
+        greedy = temperature <= 0
+        if logits.dtype != cp.float32 or logits.strides[1] != 4 or tokens.dtype != np.int32 or tokens.size != B:
+            raise ValueError(f"sample_tokens: fp32 logits with unit column stride and {B} int32 tokens, got "
+                             f"{logits.dtype} {logits.strides}, {tokens.dtype} {tokens.shape}")
+        if not greedy and not 1 <= top_k <= SAMPLE_CANDIDATES:
+            raise ValueError(f"sample_tokens: top_k {top_k} outside 1..{SAMPLE_CANDIDATES}")
+        if ring is not None and (ring.dtype != np.int32 or ring.shape[0] != B or not ring.flags.c_contiguous):
+            raise ValueError(f"sample_tokens: a contiguous int32 ring of {B} rows, got {ring.dtype} {ring.shape}")
+        f32 = np.float32
+        self.kernel("sampling", "sample_rows")((B,), (decode.SAMPLE_THREADS,), (
+            logits, np.int64(logits.strides[0] // 4), np.int32(V), seeds, draws, tokens,
+            np.uint64(0 if ring is None else ring.ctypes.data), np.int32(0 if ring is None else ring.shape[1]),
+            np.int32(greedy), f32(0.0 if greedy else 1.0 / temperature), np.int32(top_k if not greedy else 1),
+            f32(1.0 if top_p is None else top_p)))
 
     def qkv_heads(self, qkv):
         """q, k, v as [B, H, T, D] views: of the 16-bit [B, T, 3, H, D] buffer, or of fp32's [3, B, H, T, D]."""
