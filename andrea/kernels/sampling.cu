@@ -15,7 +15,7 @@
 // NaN or +inf anywhere in a row: the token is −1 (the host reports it). −inf is a masked token.
 // Writes tokens[row] (the next step's input), ring[row·R + draw % R] (host-mapped memory: the host
 // reads it after an event) and draws[row] = draw + 1.
-#include <cstdint>
+#include "common.cuh"  // INFINITY (NVRTC has no <math.h>)
 
 #define SAMPLE_THREADS 512
 #define SAMPLE_CANDIDATES 1024
