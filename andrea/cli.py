@@ -512,7 +512,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--raw", action="store_true", help="use the prompt as it is, not as a chat turn")
     sp.add_argument("--max-tokens", type=int, default=200)
     sp.add_argument("--temperature", type=float, default=0.8)
-    sp.add_argument("--top-k", type=int, default=40)
+    sp.add_argument("--top-k", type=int, default=40,
+                    help="sample among this many most likely tokens (default 40); 0, or over 1024: all of them, chosen on the host (slower)")
     sp.add_argument("--top-p", type=float, default=0.95)
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--samples", type=int, default=1, help="continuations of the prompt, decoded together (default 1)")
