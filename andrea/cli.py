@@ -296,6 +296,8 @@ def cmd_dashboard(args) -> int:
 
 
 def cmd_sample(args) -> int:
+    import codecs
+
     import numpy as np
 
     from andrea.sampling import chat_prompt, generate, generate_rows, load_model
@@ -306,9 +308,16 @@ def cmd_sample(args) -> int:
     lm = load_model(args.ckpt, backend=args.backend)
     text = args.prompt if args.raw else chat_prompt(args.prompt)
     ids = [BOS, *lm.tokenizer.encode(text).tolist()]
-    if args.samples == 1:
-        out = generate(lm.model, ids, args.max_tokens, np.random.default_rng(args.seed), args.temperature, args.top_k, args.top_p)
-        print(lm.tokenizer.decode(out, errors="replace"))
+    if args.samples == 1:  # the text as it comes (bytes of a character split across tokens wait for the rest)
+        text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+        def show(new_ids):
+            sys.stdout.write(text.decode(lm.tokenizer.decode_bytes(new_ids)))
+            sys.stdout.flush()
+
+        generate(lm.model, ids, args.max_tokens, np.random.default_rng(args.seed), args.temperature, args.top_k, args.top_p,
+                 on_tokens=show)
+        print(text.decode(b"", final=True))
         return 0
     # decoded together, one cache row each; sample k draws from its own generator (seed, k)
     rngs = [np.random.default_rng([args.seed, k]) for k in range(args.samples)]

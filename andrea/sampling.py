@@ -200,10 +200,11 @@ class InferenceModel:
         self.be.sample_tokens(logits, st.seeds, st.draws, self._tokens(), st.ring, *params)
 
     def sample(self, prompt_ids, max_new: int, seeds: list[int], temperature: float = 0.8, top_k: int | None = 40,
-               top_p: float | None = 0.95, stop_at_bos: bool = True) -> list[list[int]]:
+               top_p: float | None = 0.95, stop_at_bos: bool = True, on_tokens=None) -> list[list[int]]:
         """Up to max_new token IDs per seed after the same prompt, decoded together (one row per
         seed), each token chosen on the backend (Backend.sample_tokens: greedy at temperature ≤ 0,
-        else 1 ≤ top_k ≤ SAMPLE_CANDIDATES). The steps are queued a chunk ahead of the reads."""
+        else 1 ≤ top_k ≤ SAMPLE_CANDIDATES). The steps are queued a chunk ahead of the reads.
+        on_tokens(row, ids): called with each row's new tokens as they are read (a chunk at a time)."""
         if temperature > 0 and not (top_k and 1 <= top_k <= SAMPLE_CANDIDATES):
             raise ValueError(f"sampling on the backend takes top_k from 1 to {SAMPLE_CANDIDATES}, got {top_k}")
         T, B = self.cfg.context, len(seeds)
@@ -237,6 +238,7 @@ class InferenceModel:
                 marks.append((launched, self.be.mark()))
             upto, mark = marks.popleft()
             mark.wait()
+            had = [len(o) for o in outs]
             for d in range(read, upto):
                 col = st.ring[:, d % RING].copy()
                 if (col < 0).any():
@@ -248,6 +250,10 @@ class InferenceModel:
                         done[k] = True
                     else:
                         outs[k].append(int(col[k]))
+            if on_tokens is not None:
+                for k in range(B):
+                    if len(outs[k]) > had[k]:
+                        on_tokens(k, outs[k][had[k]:])
             read = upto
             if done.all() or read >= max_new:
                 return outs
@@ -280,26 +286,30 @@ def sample_next(logits: np.ndarray, rng: np.random.Generator, temperature: float
 
 
 def generate(model: InferenceModel, prompt_ids, max_new: int, rng: np.random.Generator, temperature: float = 0.8,
-             top_k: int | None = 40, top_p: float | None = 0.95, stop_at_bos: bool = True) -> list[int]:
-    """Up to max_new token IDs after `prompt_ids` (which should start with BOS)."""
-    return generate_rows(model, prompt_ids, max_new, [rng], temperature, top_k, top_p, stop_at_bos)[0]
+             top_k: int | None = 40, top_p: float | None = 0.95, stop_at_bos: bool = True, on_tokens=None) -> list[int]:
+    """Up to max_new token IDs after `prompt_ids` (which should start with BOS); on_tokens(ids), when
+    given, receives them as they come."""
+    each = None if on_tokens is None else (lambda _row, ids: on_tokens(ids))
+    return generate_rows(model, prompt_ids, max_new, [rng], temperature, top_k, top_p, stop_at_bos, each)[0]
 
 
 def generate_rows(model: InferenceModel, prompt_ids, max_new: int, rngs: list[np.random.Generator], temperature: float = 0.8,
-                  top_k: int | None = 40, top_p: float | None = 0.95, stop_at_bos: bool = True) -> list[list[int]]:
+                  top_k: int | None = 40, top_p: float | None = 0.95, stop_at_bos: bool = True,
+                  on_tokens=None) -> list[list[int]]:
     """One sample of up to max_new tokens per generator, all after the same prompt, decoded
     together (one cache row each): row k draws from rngs[k] alone, so it is the sample that
     `generate` gives with that generator (to the float rounding of a batched product). Greedy,
     or top-k up to SAMPLE_CANDIDATES: chosen on the backend (InferenceModel.sample, the row's
-    generator seeding the row's draws); top-k off: on the host (sample_next)."""
+    generator seeding the row's draws); top-k off: on the host (sample_next). on_tokens(row, ids):
+    each row's new tokens as they come (InferenceModel.sample)."""
     if temperature <= 0 or (top_k and 1 <= top_k <= SAMPLE_CANDIDATES):
         seeds = [int(r.integers(0, 2**63)) for r in rngs]
-        return model.sample(prompt_ids, max_new, seeds, temperature, top_k, top_p, stop_at_bos)
-    return _generate_on_host(model, prompt_ids, max_new, rngs, temperature, top_k, top_p, stop_at_bos)
+        return model.sample(prompt_ids, max_new, seeds, temperature, top_k, top_p, stop_at_bos, on_tokens)
+    return _generate_on_host(model, prompt_ids, max_new, rngs, temperature, top_k, top_p, stop_at_bos, on_tokens)
 
 
 def _generate_on_host(model: InferenceModel, prompt_ids, max_new: int, rngs: list[np.random.Generator], temperature: float,
-                      top_k: int | None, top_p: float | None, stop_at_bos: bool) -> list[list[int]]:
+                      top_k: int | None, top_p: float | None, stop_at_bos: bool, on_tokens=None) -> list[list[int]]:
     """generate_rows with each token chosen on the host from the step's logits."""
     T, B = model.cfg.context, len(rngs)
     seqs = np.tile(np.asarray(list(prompt_ids)[-T:], dtype=np.int64), (B, 1))
@@ -317,6 +327,8 @@ def _generate_on_host(model: InferenceModel, prompt_ids, max_new: int, rngs: lis
                 done[k] = True
             else:
                 outs[k].append(int(nxt[k]))
+                if on_tokens is not None:
+                    on_tokens(k, [int(nxt[k])])
         if all(done):
             break
         seqs = np.concatenate([seqs, nxt[:, None]], axis=1)

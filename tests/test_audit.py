@@ -154,5 +154,9 @@ def test_sample_command_prints_several_continuations_decoded_together(trained):
     ids = [BOS, *lm.tokenizer.encode(chat_prompt("Why is the sky blue?")).tolist()]
     want = [lm.tokenizer.decode(generate(lm.model, ids, 12, np.random.default_rng([5, k])), errors="replace") for k in range(3)]
     assert [t.removesuffix("\n") for t in parts[1:]] == want and len(set(want)) == 3
+    # one sample is printed as it comes: the same text
+    one = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert one.returncode == 0, one.stderr
+    assert one.stdout == lm.tokenizer.decode(generate(lm.model, ids, 12, np.random.default_rng(5)), errors="replace") + "\n"
     bad = subprocess.run([*cmd, "--samples", "0"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert bad.returncode != 0 and "--samples 0: at least 1" in bad.stderr

@@ -69,6 +69,30 @@ def test_rows_decoded_together_are_the_samples_each_generator_gives_alone():
     assert len({len(r) for r in rows}) > 2 and min(map(len, rows)) < 60
 
 
+@pytest.mark.parametrize("top_k", [40, None])
+def test_tokens_reach_on_tokens_as_they_come(top_k):
+    """Each row's tokens arrive in order through on_tokens (a chunk at a time, or one by one on the
+    host path), together exactly the returned samples, BOS never among them."""
+    cfg = ModelConfig(**{**CFG.__dict__, "vocab_size": 300})
+    m = InferenceModel(cfg, init_weights(cfg, seed=5) * 4)
+    m.P["lnf.b"][:] = 3 * m.P["wte"][BOS] / np.linalg.norm(m.P["wte"][BOS])
+    seen: dict[int, list[int]] = {}
+    calls = []
+
+    def got(row, ids):
+        seen.setdefault(row, []).extend(ids)
+        calls.append(len(ids))
+
+    rows = generate_rows(m, [1, 5, 6, 7], 60, [np.random.default_rng([9, k]) for k in range(4)], temperature=1.0,
+                         top_k=top_k, on_tokens=got)
+    assert [seen.get(k, []) for k in range(4)] == rows and sum(map(len, rows)) == sum(calls)
+    assert all(BOS not in r for r in rows)
+    if top_k:  # rows that stopped early (these draws): nothing of theirs reported past BOS
+        assert len({len(r) for r in rows}) > 1 and max(calls) > 1
+    else:
+        assert max(calls) == 1
+
+
 def test_rows_share_nothing_but_the_weights():
     m = InferenceModel(CFG, init_weights(CFG, seed=3) * 8)
     ids = np.random.default_rng(1).integers(0, CFG.vocab_size, (3, 9))
