@@ -4,11 +4,7 @@
 // operations below follow it step for step, in fp32, sums in the same order.
 //
 // One block of SAMPLE_THREADS threads per row. Thread t owns the contiguous indices
-// [t·per, (t + 1)·per) of the row, so scans over threads keep index order. With dynamic shared
-// memory of V words the row's keys are staged there first (one coalesced read of the logits);
-// without it (a vocabulary too large for shared memory) every pass reads the logits again. A
-// warp adds to the histogram once per distinct bin among its lanes (__match_any_sync): most keys
-// share their top bits, and one shared-memory atomic per key on a few addresses serialises.
+// [t·per, (t + 1)·per) of the row, so scans over threads keep index order.
 //   greedy (temperature ≤ 0): the first largest logit.
 //   otherwise: the k-th largest logit by a radix select over order-preserving keys (four passes
 //   of 8 bits); the candidates are every logit above it, then the ties at it in index order (at
@@ -30,10 +26,6 @@ __device__ __forceinline__ unsigned int order_key(float x) {
     if (x == 0.0f) x = 0.0f;
     unsigned int b = __float_as_uint(x);
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-
-__device__ __forceinline__ float key_value(unsigned int k) {  // order_key's inverse (NaN came back as −inf)
-    return __uint_as_float((k & 0x80000000u) ? (k ^ 0x80000000u) : ~k);
 }
 
 __device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
@@ -76,8 +68,7 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* out, int* warp_s
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_rows(const float* __restrict__ logits, long long ld, int V, const unsigned long long* __restrict__ seeds,
             int* __restrict__ draws, int* __restrict__ tokens, unsigned long long ring_addr, int R, int greedy,
-            float inv_temp, int top_k, float top_p, int staged) {
-    extern __shared__ unsigned int skeys[];  // [V] when staged
+            float inv_temp, int top_k, float top_p) {
     __shared__ unsigned int hist[256];
     __shared__ int warp_sums[32];
     __shared__ unsigned int s_prefix;
@@ -92,29 +83,16 @@ sample_rows(const float* __restrict__ logits, long long ld, int V, const unsigne
     const int per = (V + blockDim.x - 1) / blockDim.x;
     const int lo = min(V, tid * per), hi = min(V, lo + per);
     if (tid == 0) s_bad = 0;
-    bool bad = false;
-    if (staged) {
-        for (int i = tid; i < V; i += blockDim.x) {
-            float x = z[i];
-            bad |= isnan(x) || (isinf(x) && x > 0);
-            skeys[i] = order_key(x);
-        }
-    }
     __syncthreads();
-#define KEY(i) (staged ? skeys[i] : order_key(z[i]))
 
     // non-finite logits (NaN, +inf), and the greedy pick: the first largest key of the thread's stretch
     unsigned int bk = 0;
     int bi = V;
+    bool bad = false;
     for (int i = lo; i < hi; ++i) {
-        unsigned int k;
-        if (staged) {
-            k = skeys[i];
-        } else {
-            float x = z[i];
-            bad |= isnan(x) || (isinf(x) && x > 0);
-            k = order_key(x);
-        }
+        float x = z[i];
+        bad |= isnan(x) || (isinf(x) && x > 0);
+        unsigned int k = order_key(x);
         if (bi == V || k > bk) bk = k, bi = i;
     }
     if (bad) s_bad = 1;
@@ -143,13 +121,9 @@ sample_rows(const float* __restrict__ logits, long long ld, int V, const unsigne
         for (int shift = 24; shift >= 0; shift -= 8) {
             for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0;
             __syncthreads();
-            for (int j = 0; j < per; ++j) {  // every lane of a warp at each j: the match below takes them all
-                const int i = lo + j;
-                unsigned int key = i < hi ? KEY(i) : 0u;
-                const bool counted = i < hi && (key & mask) == prefix;
-                const unsigned int bin = (key >> shift) & 255u;
-                const unsigned int peers = __match_any_sync(0xffffffff, counted ? bin : 256u + lane);
-                if (counted && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned int)__popc(peers));
+            for (int i = lo; i < hi; ++i) {
+                unsigned int key = order_key(z[i]);
+                if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
             }
             __syncthreads();
             if (warp == 0) {
@@ -182,7 +156,7 @@ sample_rows(const float* __restrict__ logits, long long ld, int V, const unsigne
         // candidates: above the cut first, then the ties at it, each in index order
         int n_above = 0, n_tie = 0;
         for (int i = lo; i < hi; ++i) {
-            unsigned int key = KEY(i);
+            unsigned int key = order_key(z[i]);
             n_above += key > cut;
             n_tie += key == cut;
         }
@@ -191,10 +165,11 @@ sample_rows(const float* __restrict__ logits, long long ld, int V, const unsigne
         const int total_tie = block_exclusive_scan(n_tie, &at_tie, warp_sums);
         at_tie += total_above;  // total_above < k ≤ SAMPLE_CANDIDATES: every one above the cut fits
         for (int i = lo; i < hi; ++i) {
-            unsigned int key = KEY(i);
-            if (key > cut) cand_val[at_above] = key_value(key), cand_idx[at_above] = i, ++at_above;
+            unsigned int key = order_key(z[i]);
+            float x = isnan(z[i]) ? -INFINITY : z[i];
+            if (key > cut) cand_val[at_above] = x, cand_idx[at_above] = i, ++at_above;
             else if (key == cut) {
-                if (at_tie < SAMPLE_CANDIDATES) cand_val[at_tie] = key_value(key), cand_idx[at_tie] = i;
+                if (at_tie < SAMPLE_CANDIDATES) cand_val[at_tie] = x, cand_idx[at_tie] = i;
                 ++at_tie;
             }
         }
@@ -235,7 +210,6 @@ sample_rows(const float* __restrict__ logits, long long ld, int V, const unsigne
             }
         }
     }
-#undef KEY
     if (tid == 0) {
         const int d = draws[row];
         tokens[row] = pick;

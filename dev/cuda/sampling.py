@@ -7,9 +7,7 @@ sample_tokens  each row's next token from fp32 logits: greedy, or temperature + 
                a counter-based generator per row; writes the token, the host ring and the draw count.
 Rows 1 and 16 (decoding one sample, and the audit's rows) at each model's vocabulary, plus edge
 shapes: top-k above the vocabulary, bf16-rounded logits (many ties at the k-th), masked (−inf)
-tokens, a row with a NaN (token −1). Versions: v1 (dev/cuda/sampling_v1.cu, the first one), and
-production's v2 both ways it runs: the row staged in shared memory, and read from global memory
-(vocabularies too large to stage). The rate column counts one read of the logits.
+tokens, a row with a NaN (token −1).
 
 The picks must equal the reference's. The one allowed difference: a row whose draw lands within
 SLACK (relative) of a boundary between two tokens' running sums, or whose top-p limit lands that
@@ -52,10 +50,8 @@ def near_boundary(z, temperature: float, top_k: int, top_p: float, seed: int, dr
 SCRIPT = "sampling"
 REFERENCES = {"sample_tokens": nb.sample_tokens}
 VERSIONS = [
-    common.Version("sample_tokens", "v1: a block of 512 per row, every pass from global memory", ("sample_rows",),
-                   "dev/cuda/sampling_v1.cu", ("fp32",), production=False),
-    common.Version("sample_tokens", "v2: the row's keys staged in shared memory, warp-aggregated histogram",
-                   ("sample_rows",), "sampling.cu", ("fp32",)),
+    common.Version("sample_tokens", "a block of 512 per row: radix select, ranked candidates", ("sample_rows",),
+                   "sampling.cu", ("fp32",)),
 ]
 EDGE = [common.Shape("edge V=301", 3, 1, 64, 1, 301), common.Shape("edge V=50", 2, 1, 64, 1, 50)]
 SETTINGS = [(0.0, 1, None), (0.8, 40, 0.95), (1.0, 5, None), (1.3, 1024, 0.9)]
@@ -64,16 +60,10 @@ SETTINGS = [(0.0, 1, None), (0.8, 40, 0.95), (1.0, 5, None), (1.3, 1024, 0.9)]
 def run_shape(cp, report, shape, rng, reps):
     import cupyx
 
-    v1 = common.build(cp, VERSIONS[0])["sample_rows"]
-    v2 = common.build(cp, VERSIONS[1])["sample_rows"]
+    from andrea.engine.cupy.decode import SAMPLE_THREADS
+
+    k = common.build(cp, VERSIONS[0])["sample_rows"]
     V = shape.V
-    smem = 4 * V
-    if v2.max_dynamic_shared_size_bytes < smem:
-        v2.max_dynamic_shared_size_bytes = smem
-    # (version, its name, extra argument, dynamic shared memory): v2 staged as production runs it,
-    # and v2 reading global memory (its path for vocabularies past decode.SAMPLE_STAGE_BYTES)
-    runs = [(v1, VERSIONS[0].name, (), 0), (v2, VERSIONS[1].name, (np.int32(1),), smem),
-            (v2, VERSIONS[1].name + " (not staged)", (np.int32(0),), 0)]
     for rows in sorted({shape.B, 1, 16} if shape.name.startswith("edge") else {1, 16}):
         for temperature, top_k, top_p in SETTINGS:
             for kind in ("normal", "bf16 ties", "masked", "nan row"):
@@ -97,43 +87,29 @@ def run_shape(cp, report, shape, rng, reps):
                 ring = cupyx.empty_pinned((rows, R), np.int32)  # as the backend's host_buffer
                 ring[...] = -9
                 greedy = temperature <= 0
-                args = (d_z, np.int64(V + 7), np.int32(V), d_seeds, None, d_tok, np.uint64(ring.ctypes.data), np.int32(R),
+                args = (d_z, np.int64(V + 7), np.int32(V), d_seeds, d_draws, d_tok, np.uint64(ring.ctypes.data), np.int32(R),
                         np.int32(greedy), np.float32(0 if greedy else 1 / temperature), np.int32(top_k),
                         np.float32(1.0 if top_p is None else top_p))
+
+                def case(args=args, d_tok=d_tok, d_draws=d_draws, ring=ring, want_tok=want_tok, want_draws=want_draws,
+                         want_ring=want_ring, z=z, seeds=seeds, draws=draws, setting=(temperature, top_k, top_p)):
+                    k((rows,), (SAMPLE_THREADS,), args)
+                    cp.cuda.Device().synchronize()
+                    got = d_tok.get()[:, 0].astype(np.int64)
+                    diff = np.flatnonzero(got != want_tok[:, 0])
+                    t, tk, tp = setting
+                    allowed = [b for b in diff if got[b] >= 0 and want_tok[b, 0] >= 0
+                               and near_boundary(z[b], t, tk, 1.0 if tp is None else tp, int(seeds[b]), int(draws[b]))]
+                    err = common.exact(np.delete(got, allowed), np.delete(want_tok[:, 0], allowed), "tokens")
+                    err = err.worst(common.exact(d_draws.get(), want_draws, "draws"))
+                    err = err.worst(common.exact(np.delete(ring, allowed, axis=0), np.delete(want_ring, allowed, axis=0), "ring"))
+                    if allowed:
+                        err.what += f" ({len(allowed)} of {rows} rows at a boundary within {SLACK:g})"
+                    ms = common.bench(cp, lambda: k((rows,), (SAMPLE_THREADS,), args), reps)
+                    return err, ms, common.gbps(rows * V * 4 * 6, ms)
+
                 setting = "greedy" if greedy else f"T={temperature} k={top_k} p={top_p}"
-                for k, name, extra, shared in runs if kind == "normal" or rows == 16 else runs[1:2]:
-                    d_draws = cp.asarray(draws)
-                    ring[...] = -9
-                    kargs = args[:4] + (d_draws,) + args[5:] + extra
-
-                    def case(k=k, kargs=kargs, shared=shared, d_tok=d_tok, d_draws=d_draws, ring=ring, want_tok=want_tok,
-                             want_draws=want_draws, want_ring=want_ring, z=z, seeds=seeds, draws=draws,
-                             setting=(temperature, top_k, top_p)):
-                        return check(cp, k, kargs, shared, rows, V, reps, d_tok, d_draws, ring, want_tok, want_draws,
-                                     want_ring, z, seeds, draws, setting)
-
-                    report.attempt("sample_tokens", name, "fp32", f"{shape.name.split()[0]} V={V} rows={rows} {setting} {kind}",
-                                   case, production=k is v2)
-
-
-def check(cp, k, kargs, shared, rows, V, reps, d_tok, d_draws, ring, want_tok, want_draws, want_ring, z, seeds, draws, setting):
-    """One launch against the reference (see the module's docstring), then its time."""
-    from andrea.engine.cupy.decode import SAMPLE_THREADS
-
-    k((rows,), (SAMPLE_THREADS,), kargs, shared_mem=shared)
-    cp.cuda.Device().synchronize()
-    got = d_tok.get()[:, 0].astype(np.int64)
-    diff = np.flatnonzero(got != want_tok[:, 0])
-    t, tk, tp = setting
-    allowed = [b for b in diff if got[b] >= 0 and want_tok[b, 0] >= 0
-               and near_boundary(z[b], t, tk, 1.0 if tp is None else tp, int(seeds[b]), int(draws[b]))]
-    err = common.exact(np.delete(got, allowed), np.delete(want_tok[:, 0], allowed), "tokens")
-    err = err.worst(common.exact(d_draws.get(), want_draws, "draws"))
-    err = err.worst(common.exact(np.delete(ring, allowed, axis=0), np.delete(want_ring, allowed, axis=0), "ring"))
-    if allowed:
-        err.what += f" ({len(allowed)} of {rows} rows at a boundary within {SLACK:g})"
-    ms = common.bench(cp, lambda: k((rows,), (SAMPLE_THREADS,), kargs, shared_mem=shared), reps)
-    return err, ms, common.gbps(rows * V * 4, ms)
+                report.attempt("sample_tokens", VERSIONS[0].name, "fp32", f"{shape.name.split()[0]} V={V} rows={rows} {setting} {kind}", case)
 
 
 def main(argv=None) -> int:

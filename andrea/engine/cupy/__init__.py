@@ -853,15 +853,11 @@ class CupyBackend(Backend):
         if ring is not None and (ring.dtype != np.int32 or ring.shape[0] != B or not ring.flags.c_contiguous):
             raise ValueError(f"sample_tokens: a contiguous int32 ring of {B} rows, got {ring.dtype} {ring.shape}")
         f32 = np.float32
-        kern = self.kernel("sampling", "sample_rows")
-        smem = 4 * V if 4 * V <= decode.SAMPLE_STAGE_BYTES else 0  # the row's keys in shared memory, when they fit
-        if kern.max_dynamic_shared_size_bytes < smem:  # past 48 KiB only by request
-            kern.max_dynamic_shared_size_bytes = smem
-        kern((B,), (decode.SAMPLE_THREADS,), (
+        self.kernel("sampling", "sample_rows")((B,), (decode.SAMPLE_THREADS,), (
             logits, np.int64(logits.strides[0] // 4), np.int32(V), seeds, draws, tokens,
             np.uint64(0 if ring is None else ring.ctypes.data), np.int32(0 if ring is None else ring.shape[1]),
             np.int32(greedy), f32(0.0 if greedy else 1.0 / temperature), np.int32(top_k if not greedy else 1),
-            f32(1.0 if top_p is None else top_p), np.int32(smem > 0)), shared_mem=smem)
+            f32(1.0 if top_p is None else top_p)))
 
     def qkv_heads(self, qkv):
         """q, k, v as [B, H, T, D] views: of the 16-bit [B, T, 3, H, D] buffer, or of fp32's [3, B, H, T, D]."""
