@@ -522,7 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-tokens", type=int, default=200)
     sp.add_argument("--temperature", type=float, default=0.8)
     sp.add_argument("--top-k", type=int, default=40,
-                    help="sample among this many most likely tokens (default 40); 0, or over 1024: all of them, chosen on the host (slower)")
+                    help="sample among this many most likely tokens (default 40; 0: no top-k). 0, or over 1024: "
+                         "chosen on the host, slower (greedy, at --temperature 0, always on the device)")
     sp.add_argument("--top-p", type=float, default=0.95)
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--samples", type=int, default=1, help="continuations of the prompt, decoded together (default 1)")

@@ -14,7 +14,8 @@ The token is chosen where the logits are (Backend.sample_tokens: kernels/samplin
 numpy_backend.sample_tokens its definition), with a counter-based generator per row seeded from
 that row's NumPy generator. The step then feeds its own pick to the next step: the host queues up
 to 2·CHUNK steps and reads the picks a chunk at a time, so it never waits on the GPU per token;
-rows that stopped at BOS run on until the chunk in flight ends, and their extra tokens are dropped.
+rows that stopped at BOS run on (until every row has stopped or the length is reached), and their
+extra tokens are dropped.
 Greedy decoding and top-k up to SAMPLE_CANDIDATES take this path; top-k off (None or 0) or larger
 samples on the host from the logits of each step (sample_next).
 """
@@ -186,6 +187,8 @@ class InferenceModel:
 
         def step():
             pos = st.cache.pos
+            if pos >= self.cfg.context:
+                raise ValueError(f"the cache is full: {self.cfg.context} positions (rebuild it before the next step)")
             fn()
             st.cache.pos = pos + 1
 
@@ -203,8 +206,9 @@ class InferenceModel:
                top_p: float | None = 0.95, stop_at_bos: bool = True, on_tokens=None) -> list[list[int]]:
         """Up to max_new token IDs per seed after the same prompt, decoded together (one row per
         seed), each token chosen on the backend (Backend.sample_tokens: greedy at temperature ≤ 0,
-        else 1 ≤ top_k ≤ SAMPLE_CANDIDATES). The steps are queued a chunk ahead of the reads.
-        on_tokens(row, ids): called with each row's new tokens as they are read (a chunk at a time)."""
+        else 1 ≤ top_k ≤ SAMPLE_CANDIDATES). Up to RING steps are queued ahead of the reads, in
+        chunks of CHUNK. on_tokens(row, ids): called with each row's new tokens as they are read
+        (a chunk at a time)."""
         if temperature > 0 and not (top_k and 1 <= top_k <= SAMPLE_CANDIDATES):
             raise ValueError(f"sampling on the backend takes top_k from 1 to {SAMPLE_CANDIDATES}, got {top_k}")
         T, B = self.cfg.context, len(seeds)
@@ -219,32 +223,34 @@ class InferenceModel:
             st.ring = self.be.host_buffer((B, RING), np.int32)
         self.be.upload(np.asarray(seeds, dtype=np.uint64), st.seeds)
         st.draws.fill(0)
-        params = (float(temperature), int(top_k or 1), None if top_p is None else float(top_p))
+        # the captured step's key: greedy ignores top_k and top_p
+        params = (0.0, 1, None) if temperature <= 0 else (float(temperature), int(top_k), None if top_p is None else float(top_p))
         step = self._sampling_step(params)
         done = np.zeros(B, dtype=bool)
         since_prefill: list[np.ndarray] = []  # picks since the cache was last built, for a rebuild
         marks: deque = deque()  # (picks queued, the backend's mark after them)
         self._prefill_and_sample(seqs, params)
-        launched, read = 1, 0
-        marks.append((launched, self.be.mark()))
+        launched, read = 1, 0  # picks queued (the prefill's included), picks read
         while True:
-            while True:  # queue steps: up to a chunk at a time, RING picks unread at most, not past the context
-                n = min(CHUNK, max_new - launched, T - self.pos, RING - (launched - read))
+            while True:  # queue steps: chunks ending at multiples of CHUNK picks, RING unread at most, not past the context
+                n = min(CHUNK - launched % CHUNK, max_new - launched, T - self.pos, RING - (launched - read))
                 if n <= 0:
                     break
                 for _ in range(n):
                     step()
                 launched += n
                 marks.append((launched, self.be.mark()))
+            if not marks or marks[-1][0] < launched:  # a prefill's pick with no step queued after it
+                marks.append((launched, self.be.mark()))
             upto, mark = marks.popleft()
             mark.wait()
             had = [len(o) for o in outs]
             for d in range(read, upto):
                 col = st.ring[:, d % RING].copy()
-                if (col < 0).any():
+                if (col[~done] < 0).any():  # (a finished row's garbage does not count)
                     raise FloatingPointError(f"generated token {d + 1}: the model's logits are not finite (NaN or +inf) "
-                                             f"in row(s) {np.flatnonzero(col < 0).tolist()}")
-                since_prefill.append(col)
+                                             f"in row(s) {np.flatnonzero((col < 0) & ~done).tolist()}")
+                since_prefill.append(np.maximum(col, 0))
                 for k in np.flatnonzero(~done):
                     if stop_at_bos and col[k] == BOS:
                         done[k] = True
@@ -263,7 +269,6 @@ class InferenceModel:
                 self.reset(rows=B)
                 self._prefill_and_sample(seqs, params)
                 launched += 1
-                marks.append((launched, self.be.mark()))
 
 
 def sample_next(logits: np.ndarray, rng: np.random.Generator, temperature: float = 0.8, top_k: int | None = 40,

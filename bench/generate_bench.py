@@ -100,6 +100,8 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="only split one token's time (ours, one row)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if args.host_picks and args.temperature <= 0:
+        ap.error("--host-picks needs --temperature above 0 (greedy picks are made on the device whatever top-k is)")
     if args.profile:
         for name in args.models:
             cfg = MODELS[name]

@@ -166,14 +166,61 @@ def test_the_counter_based_generator_is_uniform_and_reproducible():
 
 
 def test_sample_tokens_writes_the_token_the_ring_and_counts_draws():
+    """Row b's pick goes to ring[b, draw % R] (no other slot) and to tokens[b]; a row with a NaN
+    logit picks −1 in the ring and feeds token 0 to the next step (an index the embedding has)."""
     logits = np.random.default_rng(0).standard_normal((3, 50)).astype(np.float32)
+    logits[2, 7] = np.nan
     tokens, draws, ring = np.zeros((3, 1), np.int64), np.array([0, 5, 17], np.int32), np.full((3, 4), -9, np.int32)
     seeds = np.array([1, 2, 3], np.uint64)
     nb.sample_tokens(logits, seeds, draws, tokens, ring, 0.8, 10, 0.9)
     assert draws.tolist() == [1, 6, 18]
-    assert [ring[0, 0], ring[1, 1], ring[2, 1]] == tokens[:, 0].tolist()
-    assert tokens[:, 0].tolist() == [nb.sample_row(logits[b], False, np.float32(1 / 0.8), 10, 0.9, int(seeds[b]), d)
-                                     for b, d in enumerate([0, 5, 17])]
+    picks = [nb.sample_row(logits[b], False, np.float32(1 / 0.8), 10, 0.9, int(seeds[b]), d) for b, d in enumerate([0, 5, 17])]
+    assert picks[2] == -1 and min(picks[:2]) >= 0
+    assert [ring[0, 0], ring[1, 1], ring[2, 1]] == picks and (ring == -9).sum() == 9
+    assert tokens[:, 0].tolist() == [*picks[:2], 0]
+
+
+def reference_generation(m, prompt, max_new, seeds, temperature, top_k, top_p):
+    """The host loop the device path replaces: each step's logits to the host, the pick by
+    numpy_backend.sample_row with draw d for the d-th token, stop at BOS, and the cache rebuilt
+    from the last half when it is full."""
+    T, B = m.cfg.context, len(seeds)
+    seqs = np.tile(np.asarray(list(prompt)[-T:]), (B, 1))
+    m.reset(rows=B)
+    logits = m.forward(seqs, last=True)[:, -1]
+    outs, done = [[] for _ in range(B)], [False] * B
+    greedy, inv = temperature <= 0, np.float32(0 if temperature <= 0 else 1 / temperature)
+    for d in range(max_new):
+        nxt = np.array([nb.sample_row(logits[k], greedy, inv, top_k, 1.0 if top_p is None else top_p, seeds[k], d)
+                        for k in range(B)])
+        for k in range(B):
+            if not done[k]:
+                done[k] = nxt[k] == BOS
+                outs[k] += [] if done[k] else [int(nxt[k])]
+        if all(done):
+            break
+        seqs = np.concatenate([seqs, nxt[:, None]], axis=1)
+        if m.pos >= T:
+            seqs = seqs[:, -(T // 2):]
+            m.reset(rows=B)
+            logits = m.forward(seqs, last=True)[:, -1]
+        else:
+            logits = m.forward(nxt[:, None])[:, 0]
+    return outs
+
+
+@pytest.mark.parametrize("setting", [(0.0, 1, None), (1.0, 40, 0.95), (0.9, 3, 0.5)])
+@pytest.mark.parametrize("prompt_len,max_new", [(4, 60), (30, 9), (23, 1)])
+def test_queued_steps_give_what_the_host_loop_gives(setting, prompt_len, max_new):
+    """InferenceModel.sample (steps queued in chunks, the picks fed back, read a chunk behind) is the
+    host loop's generation token for token: through cache rebuilds (context 24), a prompt longer
+    than the context, one new token, and rows stopping at BOS."""
+    cfg = ModelConfig(**{**CFG.__dict__, "vocab_size": 300})
+    m = InferenceModel(cfg, init_weights(cfg, seed=5) * 4)
+    m.P["lnf.b"][:] = 3 * m.P["wte"][BOS] / np.linalg.norm(m.P["wte"][BOS])
+    prompt = np.random.default_rng(prompt_len).integers(0, 300, prompt_len).tolist()
+    seeds = [11, 12, 13]
+    assert m.sample(prompt, max_new, seeds, *setting) == reference_generation(m, prompt, max_new, seeds, *setting)
 
 
 def test_generation_stops_with_a_clear_error_on_non_finite_logits():

@@ -306,8 +306,8 @@ class Backend(abc.ABC):
     def sample_tokens(self, logits, seeds, draws, tokens, ring, temperature: float, top_k: int,
                       top_p: float | None) -> None:
         """Generation: each row's next token, chosen where the logits are (numpy_backend.sample_tokens
-        is the definition): tokens[b] (the next step's input, [B] or [B, 1]) = the pick, ring[b,
-        draws[b] % R] = the pick (ring: a host_buffer, or None), draws[b] += 1; seeds [B] uint64,
+        is the definition): tokens[b] (the next step's input, [B] or [B, 1]) = the pick (0 for −1:
+        non-finite logits), ring[b, draws[b] % R] = the pick (ring: a host_buffer, or None), draws[b] += 1; seeds [B] uint64,
         draws [B] int32. Greedy at temperature ≤ 0, else 1 ≤ top_k ≤ SAMPLE_CANDIDATES. This
         version brings the arrays to the host and back."""
         from andrea.engine import numpy_backend as nb

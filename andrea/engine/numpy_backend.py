@@ -365,15 +365,16 @@ def sample_row(z, greedy: bool, inv_temp: np.float32, top_k: int, top_p: float, 
 
 
 def sample_tokens(logits, seeds, draws, tokens, ring, temperature: float, top_k: int, top_p: float | None) -> None:
-    """Each row's next token from its logits ([B, V] fp32): tokens[b] = the pick (sample_row, with
-    uniform(seeds[b], draws[b])), ring[b, draws[b] % R] = the pick (when a ring is given), draws[b] += 1."""
+    """Each row's next token from its logits ([B, V] fp32): the pick is sample_row's, with
+    uniform(seeds[b], draws[b]); ring[b, draws[b] % R] = the pick (when a ring is given), tokens[b]
+    = the pick, or 0 where it is −1 (the next step's input: an index into the embedding); draws[b] += 1."""
     greedy = temperature <= 0
     inv_temp = np.float32(0.0 if greedy else 1.0 / temperature)
     flat = tokens.reshape(-1)
     for b in range(logits.shape[0]):
         d = int(draws[b])
         pick = sample_row(logits[b], greedy, inv_temp, top_k, 1.0 if top_p is None else top_p, int(seeds[b]), d)
-        flat[b] = pick
+        flat[b] = max(pick, 0)
         if ring is not None:
             ring[b, d % ring.shape[1]] = pick
         draws[b] = d + 1

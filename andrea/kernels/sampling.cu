@@ -12,9 +12,10 @@
 //   z_max)·(1/temperature)); one thread sums them in rank order, keeps the smallest prefix whose
 //   sum before each member stays below top_p·total, and picks the first member whose running sum
 //   exceeds u·(the kept sum), u from a counter-based generator: splitmix64 of (seed, draw).
-// NaN or +inf anywhere in a row: the token is −1 (the host reports it). −inf is a masked token.
-// Writes tokens[row] (the next step's input), ring[row·R + draw % R] (host-mapped memory: the host
-// reads it after an event) and draws[row] = draw + 1.
+// NaN or +inf anywhere in a row: the pick is −1 (the host reports it), and the next step's input
+// gets token 0 instead (steps already queued embed it: never an index outside the table). −inf is
+// a masked token. Writes tokens[row] (the next step's input), ring[row·R + draw % R] (host-mapped
+// memory: the host reads it after an event) and draws[row] = draw + 1.
 #include "common.cuh"  // INFINITY (NVRTC has no <math.h>)
 
 #define SAMPLE_THREADS 512
@@ -212,7 +213,7 @@ sample_rows(const float* __restrict__ logits, long long ld, int V, const unsigne
     }
     if (tid == 0) {
         const int d = draws[row];
-        tokens[row] = pick;
+        tokens[row] = max(pick, 0);
         if (ring_addr) reinterpret_cast<int*>(ring_addr)[(long long)row * R + d % R] = pick;
         draws[row] = d + 1;
     }

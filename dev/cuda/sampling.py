@@ -6,8 +6,9 @@ andrea/engine/numpy_backend.sample_tokens and timed.
 sample_tokens  each row's next token from fp32 logits: greedy, or temperature + top-k + top-p with
                a counter-based generator per row; writes the token, the host ring and the draw count.
 Rows 1 and 16 (decoding one sample, and the audit's rows) at each model's vocabulary, plus edge
-shapes: top-k above the vocabulary, bf16-rounded logits (many ties at the k-th), masked (−inf)
-tokens, a row with a NaN (token −1).
+shapes: top-k above the vocabulary, bf16-rounded logits (many ties at the k-th), small integers
+with −0 and +0 among them (ties; the two zeros equal), masked (−inf) tokens, a row with a NaN
+(token −1).
 
 The picks must equal the reference's. The one allowed difference: a row whose draw lands within
 SLACK (relative) of a boundary between two tokens' running sums, or whose top-p limit lands that
@@ -66,10 +67,12 @@ def run_shape(cp, report, shape, rng, reps):
     V = shape.V
     for rows in sorted({shape.B, 1, 16} if shape.name.startswith("edge") else {1, 16}):
         for temperature, top_k, top_p in SETTINGS:
-            for kind in ("normal", "bf16 ties", "masked", "nan row"):
+            for kind in ("normal", "bf16 ties", "signed zeros", "masked", "nan row"):
                 z = (rng.standard_normal((rows, V)) * 3).astype(np.float32)
                 if kind == "bf16 ties":
                     z = common.from_h16(common.to_h16(z, "bf16"), "bf16").astype(np.float32).reshape(rows, V)
+                if kind == "signed zeros":  # small integers: ties everywhere, −0 and +0 among them (equal, as NumPy compares)
+                    z = np.trunc(z / 3) * np.where(rng.random((rows, V)) < 0.5, -1, 1).astype(np.float32)
                 if kind == "masked":
                     z[:, rng.random(V) < 0.3] = -np.inf
                 if kind == "nan row":

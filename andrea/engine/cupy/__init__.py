@@ -850,8 +850,15 @@ class CupyBackend(Backend):
                              f"{logits.dtype} {logits.strides}, {tokens.dtype} {tokens.shape}")
         if not greedy and not 1 <= top_k <= SAMPLE_CANDIDATES:
             raise ValueError(f"sample_tokens: top_k {top_k} outside 1..{SAMPLE_CANDIDATES}")
-        if ring is not None and (ring.dtype != np.int32 or ring.shape[0] != B or not ring.flags.c_contiguous):
-            raise ValueError(f"sample_tokens: a contiguous int32 ring of {B} rows, got {ring.dtype} {ring.shape}")
+        if ring is not None and (not isinstance(ring, np.ndarray) or ring.dtype != np.int32 or ring.ndim != 2
+                                 or ring.shape[0] != B or not ring.flags.c_contiguous):
+            raise ValueError(f"sample_tokens: the ring is a contiguous int32 host_buffer of {B} rows, got {type(ring).__name__} "
+                             f"{getattr(ring, 'dtype', '')} {getattr(ring, 'shape', '')}")
+        for name, a, dtype in (("seeds", seeds, np.uint64), ("draws", draws, np.int32)):
+            if a.dtype != dtype or a.size < B or not a.flags.c_contiguous:
+                raise ValueError(f"sample_tokens: {name} is {B} contiguous {np.dtype(dtype)} on the device, got {a.dtype} {a.shape}")
+        if not tokens.flags.c_contiguous:
+            raise ValueError("sample_tokens: tokens must be contiguous")
         f32 = np.float32
         self.kernel("sampling", "sample_rows")((B,), (decode.SAMPLE_THREADS,), (
             logits, np.int64(logits.strides[0] // 4), np.int32(V), seeds, draws, tokens,
