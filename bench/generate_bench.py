@@ -12,7 +12,8 @@ eager" is the generation path before the 16-bit decode kernels. --host-picks: th
 step to the host and the token chosen there (top-k off, sample_next: the path before the device
 sampler). PyTorch (bench/torch_generate.py, when it is there): a static KV cache in bf16, eager and
 torch.compile(mode="reduce-overhead"), the token chosen on the device (argmax, or topk + softmax
-+ multinomial). Tokens/s counts new tokens of all rows.
++ multinomial run eagerly, as Hugging Face's generate does; when sampling, also the same pick by
+the Gumbel-max trick compiled into a CUDA graph of its own). Tokens/s counts new tokens of all rows.
 """
 
 from __future__ import annotations
@@ -131,10 +132,18 @@ def main() -> None:
             except ImportError as e:
                 print(f"PyTorch baseline skipped: {e}", flush=True)
                 continue
-            for compiled in (False, True):
-                r = generate_tokens_per_s(cfg, w, "cuda", torch.bfloat16, compiled, prompt_len=args.prompt,
-                                          new_tokens=args.new, batch=rows, rounds=args.rounds, temperature=args.temperature)
-                results.append({**r, "model": name, "rows": rows, "variant": f"torch bf16 {'compile' if compiled else 'eager'}"})
+            runs = [(False, False, "torch bf16 eager"), (True, False, "torch bf16 compile")]
+            if args.temperature > 0:
+                runs.append((True, True, "torch bf16 compile, sampler compiled"))
+            for compiled, compiled_pick, label in runs:
+                try:
+                    r = generate_tokens_per_s(cfg, w, "cuda", torch.bfloat16, compiled, prompt_len=args.prompt,
+                                              new_tokens=args.new, batch=rows, rounds=args.rounds,
+                                              temperature=args.temperature, compiled_pick=compiled_pick)
+                except Exception as e:  # noqa: BLE001 - a baseline that cannot run is reported, not fatal
+                    print(f"{label} failed: {type(e).__name__}: {e}", flush=True)
+                    continue
+                results.append({**r, "model": name, "rows": rows, "variant": label})
                 print(json.dumps(results[-1]), flush=True)
     print("\n| model | rows | variant | tokens/s | ms/token | warm-up s |")
     print("|---|---|---|---|---|---|")

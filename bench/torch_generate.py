@@ -132,12 +132,25 @@ def pick(logits: torch.Tensor, temperature: float, top_k: int, top_p: float | No
     return i.gather(-1, torch.multinomial(p, 1, generator=gen))[:, 0]
 
 
+def pick_gumbel(logits: torch.Tensor, temperature: float, top_k: int, top_p: float | None) -> torch.Tensor:
+    """pick's distribution through the Gumbel-max trick (argmax of the kept logits plus Gumbel noise
+    from torch.rand): no multinomial and no generator object, so torch.compile(mode="reduce-overhead")
+    takes the whole pick into a CUDA graph."""
+    v, i = torch.topk(logits.float() / temperature, top_k, dim=-1)
+    if top_p is not None and top_p < 1:
+        p = torch.softmax(v, dim=-1)
+        v = v.masked_fill(p.cumsum(-1) - p >= top_p, float("-inf"))
+    gumbel = -torch.log(-torch.log(torch.rand_like(v).clamp(1e-20, 1.0 - 1e-7)))
+    return i.gather(-1, (v + gumbel).argmax(-1, keepdim=True))[:, 0]
+
+
 def generate_tokens_per_s(cfg, flat, device: str, dtype, compile: bool, prompt_len: int = 32, new_tokens: int = 200,
                           batch: int = 1, warmup: int = 1, rounds: int = 3, temperature: float = 0.0, top_k: int = 40,
-                          top_p: float | None = 0.95) -> dict:
+                          top_p: float | None = 0.95, compiled_pick: bool = False) -> dict:
     """Decoding of new_tokens after a prompt_len random prompt (greedy at temperature 0, else
-    sampled on the device: pick), timed over `rounds` after `warmup` untimed rounds (compilation
-    included there); the median round counts."""
+    sampled on the device: pick, or with compiled_pick pick_gumbel compiled into a CUDA graph of
+    its own), timed over `rounds` after `warmup` untimed rounds (compilation included there); the
+    median round counts."""
     if prompt_len + new_tokens > cfg.context:
         raise ValueError(f"prompt {prompt_len} + new {new_tokens} tokens exceed the context of {cfg.context}")
     if compile:  # each decoder's model is a new class: compile afresh, not as a recompile towards dynamo's limit
@@ -147,15 +160,23 @@ def generate_tokens_per_s(cfg, flat, device: str, dtype, compile: bool, prompt_l
     prompt = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=gen).to(dec.device)
     sync = torch.cuda.synchronize if dec.device.type == "cuda" else (lambda: None)
     draws = torch.Generator(device=dec.device).manual_seed(1)
+    chooser = (lambda logits: pick(logits, temperature, top_k, top_p, draws))
+    if compiled_pick and temperature > 0:
+        torch.manual_seed(1)
+        compiled = torch.compile(lambda logits: pick_gumbel(logits, temperature, top_k, top_p), mode="reduce-overhead")
+
+        def chooser(logits):
+            torch.compiler.cudagraph_mark_step_begin()
+            return compiled(logits).clone()  # out of the graph's pool before the next replay
 
     def one_round():
         sync()
         t0 = time.perf_counter()
-        ids = pick(dec.prefill(prompt), temperature, top_k, top_p, draws)
+        ids = chooser(dec.prefill(prompt))
         sync()
         t1 = time.perf_counter()
         for _ in range(new_tokens):
-            ids = pick(dec.step(ids), temperature, top_k, top_p, draws)
+            ids = chooser(dec.step(ids))
         sync()
         return (t1 - t0), time.perf_counter() - t1
 
@@ -168,7 +189,8 @@ def generate_tokens_per_s(cfg, flat, device: str, dtype, compile: bool, prompt_l
     return {"tokens_per_s": new_tokens * batch / med, "ms_per_token": med / new_tokens * 1e3,
             "prefill_ms": statistics.median(prefills) * 1e3, "rounds_s": list(decodes),
             "warmup_s": round(warmup_s, 3), "variant": "compile" if compile else "eager", "batch": batch,
-            "prompt_len": prompt_len, "new_tokens": new_tokens, "temperature": temperature, "dtype": str(dtype).removeprefix("torch."),
+            "prompt_len": prompt_len, "new_tokens": new_tokens, "temperature": temperature,
+            "compiled_pick": bool(compiled_pick and temperature > 0), "dtype": str(dtype).removeprefix("torch."),
             "device": torch.cuda.get_device_name(dec.device) if dec.device.type == "cuda" else "cpu"}
 
 
