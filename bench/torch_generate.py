@@ -165,9 +165,8 @@ def generate_tokens_per_s(cfg, flat, device: str, dtype, compile: bool, prompt_l
         torch.manual_seed(1)
         compiled = torch.compile(lambda logits: pick_gumbel(logits, temperature, top_k, top_p), mode="reduce-overhead")
 
-        def chooser(logits):
-            torch.compiler.cudagraph_mark_step_begin()
-            return compiled(logits).clone()  # out of the graph's pool before the next replay
+        def chooser(logits):  # within the step's cudagraph "step": its logits stay valid
+            return compiled(logits).clone()  # out of the graph's pool before the next step begins
 
     def one_round():
         sync()
