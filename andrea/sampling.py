@@ -161,7 +161,6 @@ class InferenceModel:
         st.cache.pos = pos + 1
         return st.logits_host.copy()  # the buffer is the next step's
 
-
     def _tokens(self):
         """The one-token step's input, [rows, 1] on the device (shared by both captured steps)."""
         st = self._now

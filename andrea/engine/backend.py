@@ -307,9 +307,9 @@ class Backend(abc.ABC):
                       top_p: float | None) -> None:
         """Generation: each row's next token, chosen where the logits are (numpy_backend.sample_tokens
         is the definition): tokens[b] (the next step's input, [B] or [B, 1]) = the pick (0 for −1:
-        non-finite logits), ring[b, draws[b] % R] = the pick (ring: a host_buffer, or None), draws[b] += 1; seeds [B] uint64,
-        draws [B] int32. Greedy at temperature ≤ 0, else 1 ≤ top_k ≤ SAMPLE_CANDIDATES. This
-        version brings the arrays to the host and back."""
+        non-finite logits), ring[b, draws[b] % R] = the pick (ring: a host_buffer, or None),
+        draws[b] += 1; seeds [B] uint64, draws [B] int32. Greedy at temperature ≤ 0, else
+        1 ≤ top_k ≤ SAMPLE_CANDIDATES. This version brings the arrays to the host and back."""
         from andrea.engine import numpy_backend as nb
 
         tok, d = self.to_host(tokens).copy(), self.to_host(draws).copy()
