@@ -3,10 +3,8 @@
 // (andrea/sampling.py). The NumPy reference is andrea/engine/numpy_backend.sample_tokens; the
 // operations below follow it step for step, in fp32, sums in the same order.
 //
-// One block of SAMPLE_THREADS threads per row. The passes that need no order (the check for
-// non-finite logits, the greedy pick, the radix histograms) read the row coalesced: thread t takes
-// indices t, t + blockDim, …. The candidates' gather keeps index order: there thread t owns the
-// contiguous indices [t·per, (t + 1)·per), so scans over threads keep it.
+// One block of SAMPLE_THREADS threads per row. Thread t owns the contiguous indices
+// [t·per, (t + 1)·per) of the row, so scans over threads keep index order.
 //   greedy (temperature ≤ 0): the first largest logit.
 //   otherwise: the k-th largest logit by a radix select over order-preserving keys (four passes
 //   of 8 bits); the candidates are every logit above it, then the ties at it in index order (at
@@ -88,11 +86,11 @@ sample_rows(const float* __restrict__ logits, long long ld, int V, const unsigne
     if (tid == 0) s_bad = 0;
     __syncthreads();
 
-    // non-finite logits (NaN, +inf), and the greedy pick: the first largest key among the thread's indices
+    // non-finite logits (NaN, +inf), and the greedy pick: the first largest key of the thread's stretch
     unsigned int bk = 0;
     int bi = V;
     bool bad = false;
-    for (int i = tid; i < V; i += blockDim.x) {
+    for (int i = lo; i < hi; ++i) {
         float x = z[i];
         bad |= isnan(x) || (isinf(x) && x > 0);
         unsigned int k = order_key(x);
@@ -124,7 +122,7 @@ sample_rows(const float* __restrict__ logits, long long ld, int V, const unsigne
         for (int shift = 24; shift >= 0; shift -= 8) {
             for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0;
             __syncthreads();
-            for (int i = tid; i < V; i += blockDim.x) {
+            for (int i = lo; i < hi; ++i) {
                 unsigned int key = order_key(z[i]);
                 if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
             }

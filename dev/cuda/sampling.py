@@ -8,9 +8,7 @@ sample_tokens  each row's next token from fp32 logits: greedy, or temperature + 
 Rows 1 and 16 (decoding one sample, and the audit's rows) at each model's vocabulary, plus edge
 shapes: top-k above the vocabulary, bf16-rounded logits (many ties at the k-th), small integers
 with −0 and +0 among them (ties; the two zeros equal), masked (−inf) tokens, a row with a NaN
-(token −1). Versions: v1 (dev/cuda/sampling_v1.cu, every pass over each thread's contiguous
-stretch) and production's v2 (the passes that need no order read the row coalesced). The rate
-column counts one read of the logits.
+(token −1).
 
 The picks must equal the reference's. The one allowed difference: a row whose draw lands within
 SLACK (relative) of a boundary between two tokens' running sums, or whose top-p limit lands that
@@ -53,9 +51,8 @@ def near_boundary(z, temperature: float, top_k: int, top_p: float, seed: int, dr
 SCRIPT = "sampling"
 REFERENCES = {"sample_tokens": nb.sample_tokens}
 VERSIONS = [
-    common.Version("sample_tokens", "v1: each thread's contiguous stretch in every pass", ("sample_rows",),
-                   "dev/cuda/sampling_v1.cu", ("fp32",), production=False),
-    common.Version("sample_tokens", "v2: coalesced passes but the ordered gather", ("sample_rows",), "sampling.cu", ("fp32",)),
+    common.Version("sample_tokens", "a block of 512 per row: radix select, ranked candidates", ("sample_rows",),
+                   "sampling.cu", ("fp32",)),
 ]
 EDGE = [common.Shape("edge V=301", 3, 1, 64, 1, 301), common.Shape("edge V=50", 2, 1, 64, 1, 50)]
 SETTINGS = [(0.0, 1, None), (0.8, 40, 0.95), (1.0, 5, None), (1.3, 1024, 0.9)]
@@ -66,7 +63,7 @@ def run_shape(cp, report, shape, rng, reps):
 
     from andrea.engine.cupy.decode import SAMPLE_THREADS
 
-    kernels = [(common.build(cp, v)["sample_rows"], v) for v in VERSIONS]
+    k = common.build(cp, VERSIONS[0])["sample_rows"]
     V = shape.V
     for rows in sorted({shape.B, 1, 16} if shape.name.startswith("edge") else {1, 16}):
         for temperature, top_k, top_p in SETTINGS:
@@ -88,39 +85,34 @@ def run_shape(cp, report, shape, rng, reps):
                 # the logits as the backend leaves them: rows of a padded buffer
                 pad = cp.zeros((rows, V + 7), cp.float32)
                 pad[:, :V] = cp.asarray(z)
-                d_z, d_seeds = pad[:, :V], cp.asarray(seeds)
+                d_z, d_seeds, d_draws = pad[:, :V], cp.asarray(seeds), cp.asarray(draws)
+                d_tok = cp.zeros((rows, 1), cp.int32)
                 ring = cupyx.empty_pinned((rows, R), np.int32)  # as the backend's host_buffer
                 ring[...] = -9
                 greedy = temperature <= 0
+                args = (d_z, np.int64(V + 7), np.int32(V), d_seeds, d_draws, d_tok, np.uint64(ring.ctypes.data), np.int32(R),
+                        np.int32(greedy), np.float32(0 if greedy else 1 / temperature), np.int32(top_k),
+                        np.float32(1.0 if top_p is None else top_p))
+
+                def case(args=args, d_tok=d_tok, d_draws=d_draws, ring=ring, want_tok=want_tok, want_draws=want_draws,
+                         want_ring=want_ring, z=z, seeds=seeds, draws=draws, setting=(temperature, top_k, top_p)):
+                    k((rows,), (SAMPLE_THREADS,), args)
+                    cp.cuda.Device().synchronize()
+                    got = d_tok.get()[:, 0].astype(np.int64)
+                    diff = np.flatnonzero(got != want_tok[:, 0])
+                    t, tk, tp = setting
+                    allowed = [b for b in diff if got[b] >= 0 and want_tok[b, 0] >= 0
+                               and near_boundary(z[b], t, tk, 1.0 if tp is None else tp, int(seeds[b]), int(draws[b]))]
+                    err = common.exact(np.delete(got, allowed), np.delete(want_tok[:, 0], allowed), "tokens")
+                    err = err.worst(common.exact(d_draws.get(), want_draws, "draws"))
+                    err = err.worst(common.exact(np.delete(ring, allowed, axis=0), np.delete(want_ring, allowed, axis=0), "ring"))
+                    if allowed:
+                        err.what += f" ({len(allowed)} of {rows} rows at a boundary within {SLACK:g})"
+                    ms = common.bench(cp, lambda: k((rows,), (SAMPLE_THREADS,), args), reps)
+                    return err, ms, common.gbps(rows * V * 4 * 6, ms)
+
                 setting = "greedy" if greedy else f"T={temperature} k={top_k} p={top_p}"
-                for k, version in kernels:  # each version from the same inputs: fresh draws, token and ring
-                    d_draws, d_tok = cp.asarray(draws), cp.zeros((rows, 1), cp.int32)
-                    ring[...] = -9
-                    args = (d_z, np.int64(V + 7), np.int32(V), d_seeds, d_draws, d_tok, np.uint64(ring.ctypes.data),
-                            np.int32(R), np.int32(greedy), np.float32(0 if greedy else 1 / temperature), np.int32(top_k),
-                            np.float32(1.0 if top_p is None else top_p))
-
-                    def case(k=k, args=args, d_tok=d_tok, d_draws=d_draws, want_tok=want_tok, want_draws=want_draws,
-                             want_ring=want_ring, z=z, seeds=seeds, draws=draws, setting=(temperature, top_k, top_p)):
-                        k((rows,), (SAMPLE_THREADS,), args)
-                        cp.cuda.Device().synchronize()
-                        got = d_tok.get()[:, 0].astype(np.int64)
-                        diff = np.flatnonzero(got != want_tok[:, 0])
-                        t, tk, tp = setting
-                        allowed = [b for b in diff if got[b] >= 0 and want_tok[b, 0] >= 0
-                                   and near_boundary(z[b], t, tk, 1.0 if tp is None else tp, int(seeds[b]), int(draws[b]))]
-                        err = common.exact(np.delete(got, allowed), np.delete(want_tok[:, 0], allowed), "tokens")
-                        err = err.worst(common.exact(d_draws.get(), want_draws, "draws"))
-                        err = err.worst(common.exact(np.delete(ring, allowed, axis=0), np.delete(want_ring, allowed, axis=0),
-                                                     "ring"))
-                        if allowed:
-                            err.what += f" ({len(allowed)} of {rows} rows at a boundary within {SLACK:g})"
-                        ms = common.bench(cp, lambda: k((rows,), (SAMPLE_THREADS,), args), reps)
-                        return err, ms, common.gbps(rows * V * 4, ms)
-
-                    report.attempt("sample_tokens", version.name, "fp32",
-                                   f"{shape.name.split()[0]} V={V} rows={rows} {setting} {kind}", case,
-                                   production=version.production)
+                report.attempt("sample_tokens", VERSIONS[0].name, "fp32", f"{shape.name.split()[0]} V={V} rows={rows} {setting} {kind}", case)
 
 
 def main(argv=None) -> int:
