@@ -114,10 +114,9 @@ def main() -> None:
         w = init_weights(cfg, seed=0)
         prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, args.prompt).tolist()
         for rows in args.rows:
-            variants = [("ours bf16 graph", "bf16", True), ("ours bf16 eager", "bf16", False)]
+            variants = [("ours bf16 graph", "bf16", True, 40), ("ours bf16 eager", "bf16", False, 40)]
             if rows == 1:
-                variants.append(("ours fp32 eager", "fp32", False))
-            variants = [(label, precision, graphs, 40) for label, precision, graphs in variants]
+                variants.append(("ours fp32 eager", "fp32", False, 40))
             if args.host_picks:
                 variants.append(("ours bf16 graph, host picks", "bf16", True, None))
             for label, precision, graphs, top_k in variants:

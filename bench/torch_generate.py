@@ -120,26 +120,29 @@ class TorchDecoder:
         return logits
 
 
+def _kept(logits: torch.Tensor, temperature: float, top_k: int, top_p: float | None):
+    """The top_k logits over temperature, with −inf past the top-p prefix, and their token IDs."""
+    v, i = torch.topk(logits.float() / temperature, top_k, dim=-1)
+    if top_p is not None and top_p < 1:
+        p = torch.softmax(v, dim=-1)
+        v = v.masked_fill(p.cumsum(-1) - p >= top_p, float("-inf"))
+    return v, i
+
+
 def pick(logits: torch.Tensor, temperature: float, top_k: int, top_p: float | None, gen) -> torch.Tensor:
     """The next token of each row, on the device and without a host wait: argmax at temperature ≤ 0,
     else the usual plain-PyTorch sampler (topk, softmax, the top-p prefix, multinomial)."""
     if temperature <= 0:
         return logits.argmax(-1)
-    v, i = torch.topk(logits.float() / temperature, top_k, dim=-1)
-    p = torch.softmax(v, dim=-1)
-    if top_p is not None and top_p < 1:
-        p = p.masked_fill(p.cumsum(-1) - p >= top_p, 0.0)
-    return i.gather(-1, torch.multinomial(p, 1, generator=gen))[:, 0]
+    v, i = _kept(logits, temperature, top_k, top_p)
+    return i.gather(-1, torch.multinomial(torch.softmax(v, dim=-1), 1, generator=gen))[:, 0]
 
 
 def pick_gumbel(logits: torch.Tensor, temperature: float, top_k: int, top_p: float | None) -> torch.Tensor:
     """pick's distribution through the Gumbel-max trick (argmax of the kept logits plus Gumbel noise
     from torch.rand): no multinomial and no generator object, so torch.compile(mode="reduce-overhead")
     takes the whole pick into a CUDA graph."""
-    v, i = torch.topk(logits.float() / temperature, top_k, dim=-1)
-    if top_p is not None and top_p < 1:
-        p = torch.softmax(v, dim=-1)
-        v = v.masked_fill(p.cumsum(-1) - p >= top_p, float("-inf"))
+    v, i = _kept(logits, temperature, top_k, top_p)
     gumbel = -torch.log(-torch.log(torch.rand_like(v).clamp(1e-20, 1.0 - 1e-7)))
     return i.gather(-1, (v + gumbel).argmax(-1, keepdim=True))[:, 0]
 
@@ -159,14 +162,17 @@ def generate_tokens_per_s(cfg, flat, device: str, dtype, compile: bool, prompt_l
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=gen).to(dec.device)
     sync = torch.cuda.synchronize if dec.device.type == "cuda" else (lambda: None)
-    draws = torch.Generator(device=dec.device).manual_seed(1)
-    chooser = (lambda logits: pick(logits, temperature, top_k, top_p, draws))
     if compiled_pick and temperature > 0:
         torch.manual_seed(1)
         compiled = torch.compile(lambda logits: pick_gumbel(logits, temperature, top_k, top_p), mode="reduce-overhead")
 
         def chooser(logits):  # within the step's cudagraph "step": its logits stay valid
             return compiled(logits).clone()  # out of the graph's pool before the next step begins
+    else:
+        draws = torch.Generator(device=dec.device).manual_seed(1)
+
+        def chooser(logits):
+            return pick(logits, temperature, top_k, top_p, draws)
 
     def one_round():
         sync()
