@@ -283,8 +283,17 @@ class Activations:
         self.scratch |= {name: z(name, *shape) for name, shape in tail.items() if name not in self.aliased}
         if backward:
             self.scratch |= {name: z(name, *shape) for name, shape in {
-                "d_res": (B, T, d), "d_branch": (B, T, d), "d_ln": (B, T, d), "d_qkv": (3, B, H, T, D),
+                "d_res": (B, T, d), "d_ln": (B, T, d), "d_qkv": (3, B, H, T, D),
             }.items()}
+            # the branch's gradient is the residual stream's, in the form the product after it reads:
+            # where the backend stores both alike, one buffer serves both (no copy)
+            b_shape, b_dt = be.plan_buffer("d_branch", (B, T, d), dtype, H)
+            d_res = self.scratch["d_res"]
+            if tuple(b_shape) == d_res.shape and np.dtype(b_dt) == d_res.dtype:
+                self.scratch["d_branch"] = d_res
+                self.aliased.add("d_branch")
+            else:
+                self.scratch["d_branch"] = z("d_branch", B, T, d)
         A = self.saved
         # each layer's views, made once (a pass asks for them per layer, per token when generating)
         self.layers = [LayerActivations(**{f.name: A[f.name][min(l, n - 1)] for f in fields(LayerActivations) if f.name != "mlp_a"},

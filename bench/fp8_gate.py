@@ -1,17 +1,21 @@
 """fp8's quality gate (issue 15): one model trained in bf16 and in fp8 from the same weights on the
 same batches of a real corpus, its validation loss on the held-out documents compared: fp8 must end
-within --gate (1.5 %) of bf16. Also the fp8 casts' overflow and underflow counts, and the steps'
-speed of both.
+within --gate (1.5 %) of bf16 (and so must the bf16 residual stream against the fp32 one). Also the
+fp8 casts' overflow and underflow counts, and the steps' speed of each run.
 
     python3 bench/fp8_gate.py --shards results/ANDREA-120M/shards.json --steps 2000 --out DIR
+    python3 bench/fp8_gate.py ... --precisions bf16:fp32 bf16 fp8   # the residual stream's gate too
+
+Runs are PRECISION or PRECISION:RESIDUAL (the residual stream in fp32 or bf16, ANDREA_RESIDUAL);
+each run after the first is gated against the first.
 
 The data: the encode stage's shards (shards.json names the directory), rows drawn as training
 draws them (a source with probability ∝ its tokens, a training document uniformly, a window of
 T + 1 tokens from its start; the held-out documents, every `--heldout-every`-th, are never read).
 The schedule: warm-up then cosine (andrea/optim.py) over --steps. Validation: the held-out windows
 (andrea/evaluation.py, as the trainer validates), every --eval-every steps on the training engine
-(fp8 forward passes for the fp8 run), and at the end with a bf16 engine for both runs (as the
-audit scores a model). Writes DIR/fp8_gate.json (curves, final losses, the verdict, counts) and
+(fp8 forward passes for the fp8 run), and at the end with one bf16 engine (fp32 residual stream)
+for every run (as the audit scores a model). Writes DIR/fp8_gate.json (curves, final losses, the verdict, counts) and
 exits 1 when the gate fails.
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -66,7 +71,9 @@ def main() -> int:
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--eval-windows", type=int, default=32, help="held-out windows per source")
     ap.add_argument("--heldout-every", type=int, default=50, help="as the curriculum's heldout_every (config default 50)")
-    ap.add_argument("--precisions", nargs="+", default=["bf16", "fp8"])
+    ap.add_argument("--precisions", nargs="+", default=["bf16", "fp8"],
+                    help="runs, each PRECISION or PRECISION:RESIDUAL (the residual stream's type, fp32 or bf16: "
+                         "ANDREA_RESIDUAL; default bf16 in bf16 and fp8); each run after the first is gated against it")
     ap.add_argument("--gate", type=float, default=0.015)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, required=True)
@@ -89,8 +96,11 @@ def main() -> int:
     result = {"model": args.model, "steps": args.steps, "batch": B, "seq": T, "lr": args.lr, "warmup": args.warmup,
               "tokens": int(sum(s.n_tokens for s in shards.values())), "runs": {}}
     finals = {}
-    for prec in args.precisions:
+    for run_name in args.precisions:
+        prec, _, residual = run_name.partition(":")
+        os.environ["ANDREA_RESIDUAL"] = residual or "bf16"  # read when the backend is made
         e = Engine(cfg, batch_size=B, seq_len=T, backend="cupy", precision=prec, seed=args.seed)
+        os.environ.pop("ANDREA_RESIDUAL")
         eval_batches = prepare_batches(e, es)
         curve, losses = [], []
         t_train = 0.0
@@ -102,33 +112,42 @@ def main() -> int:
             if (s + 1) % args.eval_every == 0 or s + 1 == args.steps:
                 r = evaluate(e, es, eval_batches)
                 curve.append({"step": s + 1, "val_loss": r["loss"], "train_loss": float(np.mean(losses[-50:]))})
-                print(f"{prec} step {s + 1}: train {curve[-1]['train_loss']:.4f} val {r['loss']:.4f} "
+                print(f"{run_name} step {s + 1}: train {curve[-1]['train_loss']:.4f} val {r['loss']:.4f} "
                       f"({B * T * (s + 1) / t_train:,.0f} tok/s so far)", flush=True)
         run = {"curve": curve, "train_losses": [round(x, 5) for x in losses], "tok_s": B * T * args.steps / t_train,
                "val_loss_own": curve[-1]["val_loss"]}
         if prec == "fp8":
             run["fp8_counts"] = e.be.fp8_counts()
             run["fp8_scales"] = e.be.fp8.scales()
-        finals[prec] = cp.asnumpy(e.w)
-        result["runs"][prec] = run
+        run["residual"] = e.be.residual
+        finals[run_name] = cp.asnumpy(e.w)
+        result["runs"][run_name] = run
         e.be.release()
         del e
-    # the end, scored as the audit scores a model: a bf16 engine over each run's weights
+    # the end, scored as the audit scores a model: one bf16 engine (fp32 residual stream, the more
+    # exact) over each run's weights
+    os.environ["ANDREA_RESIDUAL"] = "fp32"
     ev = Engine(cfg, batch_size=B, seq_len=T, backend="cupy", precision="bf16", seed=args.seed)
-    for prec, w in finals.items():
+    os.environ.pop("ANDREA_RESIDUAL")
+    for name, w in finals.items():
         ev.load_state(w)
-        result["runs"][prec]["val_loss_bf16_eval"] = evaluate(ev, es)["loss"]
-    if "bf16" in finals and "fp8" in finals:
-        a, b = result["runs"]["bf16"]["val_loss_bf16_eval"], result["runs"]["fp8"]["val_loss_bf16_eval"]
+        result["runs"][name]["val_loss_bf16_eval"] = evaluate(ev, es)["loss"]
+    reference, *others = args.precisions
+    a = result["runs"][reference]["val_loss_bf16_eval"]
+    result["gates"] = []
+    for name in others:
+        b = result["runs"][name]["val_loss_bf16_eval"]
         gap = (b - a) / a
-        result["gate"] = {"bf16": a, "fp8": b, "relative_gap": gap, "limit": args.gate, "passed": bool(abs(gap) <= args.gate)}
-        c = result["runs"]["fp8"]["fp8_counts"]
-        print(f"validation loss after {args.steps} steps: bf16 {a:.4f}, fp8 {b:.4f} ({gap:+.2%}; gate ±{args.gate:.1%}: "
-              f"{'PASS' if abs(gap) <= args.gate else 'FAIL'}); fp8 casts {c['values']:,}, overflow {c['overflow']:,}, "
-              f"underflow {c['underflow']:,}", flush=True)
+        gate = {"reference": reference, "run": name, "reference_loss": a, "loss": b, "relative_gap": gap,
+                "limit": args.gate, "passed": bool(abs(gap) <= args.gate)}
+        result["gates"].append(gate)
+        c = result["runs"][name].get("fp8_counts")
+        casts = (f"; fp8 casts {c['values']:,}, overflow {c['overflow']:,}, underflow {c['underflow']:,}" if c else "")
+        print(f"validation loss after {args.steps} steps: {reference} {a:.4f}, {name} {b:.4f} ({gap:+.2%}; gate "
+              f"±{args.gate:.1%}: {'PASS' if gate['passed'] else 'FAIL'}){casts}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out / "fp8_gate.json", result)
-    return 0 if result.get("gate", {}).get("passed", True) else 1
+    return 0 if all(g["passed"] for g in result["gates"]) else 1
 
 
 if __name__ == "__main__":

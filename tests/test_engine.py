@@ -417,10 +417,12 @@ def test_memory_plan_counts_every_buffer():
     saved = (2 * L + 1) * N * d + L * per_layer + N * d + 2 * N + N * V + N  # residuals, blocks, LN_f (+ stats), probs, losses
     assert plan.activations == 4 * saved + 2 * 8 * N  # and the token and target IDs, int64
     norm_blocks = -(-e.n_params // (1 << 16))
-    # d_res, d_branch, d_ln, dq/dk/dv; fp64 partial sums. The forward's branch and the backward's d_y
-    # live at the tail of the probabilities (dead while the layers run): no memory of their own
-    assert {"branch", "d_y"} <= e.A.aliased
-    assert plan.scratch == 4 * (3 * N * d + 3 * N * d) + 8 * norm_blocks
+    # d_res, d_ln, dq/dk/dv; fp64 partial sums. The forward's branch and the backward's d_y live at
+    # the tail of the probabilities (dead while the layers run), and the branch's gradient is the
+    # residual stream's (both fp32 here): no memory of their own
+    assert {"branch", "d_y", "d_branch"} <= e.A.aliased
+    assert e.A.scratch["d_branch"] is e.A.scratch["d_res"]
+    assert plan.scratch == 4 * (2 * N * d + 3 * N * d) + 8 * norm_blocks
     assert "memory plan" in plan.describe()
 
 

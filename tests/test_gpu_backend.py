@@ -778,12 +778,66 @@ def test_fp16_step_with_loss_scaling_matches_fp32():
     assert runs[0] == runs[1]
 
 
-def test_bf16_engine_plans_bf16_activations():
+def test_bf16_engine_plans_bf16_activations(monkeypatch):
     fp32 = Engine(CFG, 4, 128, backend="cupy", seed=1)
     bf16 = Engine(CFG, 4, 128, backend="cupy", seed=1, precision="bf16")
     assert bf16.acts["qkv"].shape == (CFG.n_layer, 4, 128, 3, CFG.n_head, CFG.head_dim)
-    assert bf16.acts["mlp_h"].dtype == BF16 and bf16.acts["res"].dtype == np.float32
-    assert bf16.memory_plan().activations < 0.6 * fp32.memory_plan().activations
+    # the residual stream and its gradient in bf16 too, the branch's gradient one buffer with it
+    assert bf16.acts["mlp_h"].dtype == BF16 and bf16.acts["res"].dtype == BF16
+    assert bf16.A.scratch["d_branch"] is bf16.A.scratch["d_res"] and bf16.A.scratch["d_res"].dtype == BF16
+    assert bf16.memory_plan().activations < 0.5 * fp32.memory_plan().activations
+    monkeypatch.setenv("ANDREA_RESIDUAL", "fp32")  # the fp32 stream, on request
+    r32 = Engine(CFG, 4, 128, backend="cupy", seed=1, precision="bf16")
+    assert r32.acts["res"].dtype == np.float32 and r32.A.scratch["d_branch"].dtype == BF16
+    assert r32.A.scratch["d_branch"] is not r32.A.scratch["d_res"]
+    assert bf16.memory_plan().activations < r32.memory_plan().activations
+
+
+def test_bf16_residual_stream_pairs_match_numpy():
+    """The 16-bit residual stream's kernels: the residual add rounds fp32(x + f) to bf16 once and
+    normalises that; the backward reads x and the old dx in bf16 and stores dx rounded once, which is
+    then the branch's gradient (no copy); the embedding writes the stream and reads its gradient in
+    bf16. Each against NumPy on the same stored values."""
+    gb = CupyBackend("bf16")
+    assert gb.residual == "bf16"
+    x, f, gam, bet, dout, dx0 = (round16(a) for a in (r(B, T, d), r(B, T, d), r(d), r(d), r(B, T, d), r(B, T, d)))
+    res_n = round16(x + f)
+    out_n, m_n, s_n = np.zeros((B, T, d), np.float32), np.zeros((B, T), np.float32), np.zeros((B, T), np.float32)
+    nb.layernorm_fwd(res_n, gam, bet, out_n, m_n, s_n)
+    res_g, out_g = cp.zeros((B, T, d), BF16), cp.zeros((B, T, d), BF16)
+    m_g, s_g = cp.zeros((B, T), cp.float32), cp.zeros((B, T), cp.float32)
+    gb.add_layernorm_fwd(g(x).astype(BF16), g(f).astype(BF16), res_g, g(gam), g(bet), out_g, m_g, s_g)
+    assert np.array_equal(h(res_g).astype(np.float32), res_n)  # one fp32 add, one rounding
+    assert rel(h(out_g), out_n) < 1e-2 and rel(h(m_g), m_n) < 1e-5 and rel(h(s_g), s_n) < 1e-5
+    # the first LayerNorm: the stream alone
+    out1 = cp.zeros((B, T, d), BF16)
+    gb.layernorm_fwd(g(x).astype(BF16), g(gam), g(bet), out1, m_g, s_g)
+    o1_n = np.zeros((B, T, d), np.float32)
+    nb.layernorm_fwd(x, gam, bet, o1_n, np.zeros((B, T), np.float32), np.zeros((B, T), np.float32))
+    assert rel(h(out1), o1_n) < 1e-2
+    # the backward over the stream, dx updated in place and handed on as the branch's gradient
+    gb.add_layernorm_fwd(g(x).astype(BF16), g(f).astype(BF16), res_g, g(gam), g(bet), out_g, m_g, s_g)
+    dx_n, dg_n, db_n = dx0.copy(), np.zeros(d, np.float32), np.zeros(d, np.float32)
+    nb.layernorm_bwd(dout, res_n, h(m_g), h(s_g), gam, dx_n, dg_n, db_n)
+    dx_g, dg_g, db_g = g(dx0).astype(BF16), cp.zeros(d, cp.float32), cp.zeros(d, cp.float32)
+    gb.layernorm_bwd(g(dout).astype(BF16), res_g, m_g, s_g, g(gam), dx_g, dg_g, db_g, branch=dx_g)
+    assert rel(h(dx_g), dx_n) < 1e-2 and rel(h(dg_g), dg_n) < 1e-4 and rel(h(db_g), db_n) < 1e-4
+    with pytest.raises(ValueError, match="16-bit residual gradient"):
+        gb.layernorm_bwd(g(dout).astype(BF16), res_g, m_g, s_g, g(gam), dx_g, dg_g, db_g, branch=cp.zeros_like(dx_g))
+    # the embedding pair on the 16-bit stream
+    V_, T_ = 50, T
+    wte, wpe = r(V_, d), r(T_, d)
+    tok = RNG.integers(0, V_, (B, T_))
+    emb_n = np.zeros((B, T_, d), np.float32)
+    nb.embed_fwd(tok, wte, wpe, emb_n)
+    emb_g = cp.zeros((B, T_, d), BF16)
+    gb.embed_fwd(g(tok.astype(np.int32)), g(wte), g(wpe), emb_g)
+    assert np.array_equal(h(emb_g).astype(np.float32), round16(emb_n))
+    dwte_n, dwpe_n = np.zeros_like(wte), np.zeros_like(wpe)
+    nb.embed_bwd(dout, tok, dwte_n, dwpe_n)
+    dwte_g, dwpe_g = cp.zeros(wte.shape, cp.float32), cp.zeros(wpe.shape, cp.float32)
+    gb.embed_bwd(g(dout).astype(BF16), g(tok.astype(np.int32)), dwte_g, dwpe_g)
+    assert rel(h(dwte_g), dwte_n) < 1e-5 and rel(h(dwpe_g), dwpe_n) < 1e-5
 
 
 def test_gpu_checkpoint_loads_in_the_numpy_backend(tmp_path):

@@ -75,7 +75,7 @@ def layernorm_bwd(dout, x, mean, rstd, g, dx, dg, db, branch=None, feeds=None):
     c1 = dxhat.mean(axis=-1, keepdims=True)
     c2 = (dxhat * xhat).mean(axis=-1, keepdims=True)
     dx += (dxhat - c1 - xhat * c2) * rstd[..., None]
-    if branch is not None:
+    if branch is not None and branch is not dx:  # (where they are one buffer there is nothing to copy)
         residual_add_bwd(dx, branch)
 
 

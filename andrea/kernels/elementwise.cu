@@ -12,13 +12,22 @@ __device__ __forceinline__ float gelu_grad(float x) {
     return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * GELU_C * (1.f + 3.f * 0.044715f * u);
 }
 
-extern "C" __global__ void embed_fwd(const int* __restrict__ tok, const float* __restrict__ wte,
-                                     const float* __restrict__ wpe, float* __restrict__ out,
-                                     int N, int T, int C) {
+// out[row] = wte[tok[row]] + wpe[row % T]: the residual stream's start (fp32, or 16-bit: embed_fwd_h16)
+template <typename Out>
+__device__ void embed_rows(const int* __restrict__ tok, const float* __restrict__ wte, const float* __restrict__ wpe,
+                           Out* __restrict__ out, int N, int T, int C) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)N * C) return;
     int row = i / C, c = i % C;
-    out[i] = wte[(long)tok[row] * C + c] + wpe[(long)(row % T) * C + c];
+    out[i] = to_out<Out>(wte[(long)tok[row] * C + c] + wpe[(long)(row % T) * C + c]);
+}
+
+extern "C" __global__ void embed_fwd(const int* tok, const float* wte, const float* wpe, float* out, int N, int T, int C) {
+    embed_rows(tok, wte, wpe, out, N, T, C);
+}
+
+extern "C" __global__ void embed_fwd_h16(const int* tok, const float* wte, const float* wpe, h16* out, int N, int T, int C) {
+    embed_rows(tok, wte, wpe, out, N, T, C);
 }
 
 extern "C" __global__ void gelu_fwd(const float* __restrict__ h, float* __restrict__ a, long n) {
@@ -174,27 +183,51 @@ extern "C" __global__ void adamw_h16(float* __restrict__ w, const float* __restr
 // sorted (stably) by token, seg[k]..seg[k+1] the positions of the k-th distinct token uniq[k],
 // count[0] distinct tokens. One block per distinct token sums its rows in position order:
 // deterministic, no atomics, no device sort and no host sync (a CUDA graph can hold it).
-extern "C" __global__ void embed_bwd_planned(const float* __restrict__ dout, const int* __restrict__ order,
-                                             const int* __restrict__ seg, const int* __restrict__ uniq,
-                                             const int* __restrict__ count, float* __restrict__ dwte, int C) {
+// (dout: the residual stream's gradient, fp32, or 16-bit in the _h16 kernels)
+__device__ __forceinline__ float as_float(float v) { return v; }
+__device__ __forceinline__ float as_float(h16 v) { return from_h16(v); }
+
+template <typename DOut>
+__device__ void embed_bwd_rows(const DOut* __restrict__ dout, const int* __restrict__ order, const int* __restrict__ seg,
+                               const int* __restrict__ uniq, const int* __restrict__ count, float* __restrict__ dwte,
+                               int C) {
     int k = blockIdx.x;
     if (k >= count[0]) return;
     int p0 = seg[k], p1 = seg[k + 1];
     float* dst = dwte + (long)uniq[k] * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float s = 0.f;
-        for (int p = p0; p < p1; p++) s += dout[(long)order[p] * C + c];
+        for (int p = p0; p < p1; p++) s += as_float(dout[(long)order[p] * C + c]);
         dst[c] += s;
     }
 }
 
+extern "C" __global__ void embed_bwd_planned(const float* dout, const int* order, const int* seg, const int* uniq,
+                                             const int* count, float* dwte, int C) {
+    embed_bwd_rows(dout, order, seg, uniq, count, dwte, C);
+}
+
+extern "C" __global__ void embed_bwd_planned_h16(const h16* dout, const int* order, const int* seg, const int* uniq,
+                                                 const int* count, float* dwte, int C) {
+    embed_bwd_rows(dout, order, seg, uniq, count, dwte, C);
+}
+
 // dwpe[t] += sum over the batch of dout[b, t], b in order
-extern "C" __global__ void embed_bwd_wpe(const float* __restrict__ dout, float* __restrict__ dwpe, int B, int T, int C) {
+template <typename DOut>
+__device__ void embed_bwd_pos(const DOut* __restrict__ dout, float* __restrict__ dwpe, int B, int T, int C) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)T * C) return;
     float s = 0.f;
-    for (int b = 0; b < B; b++) s += dout[(long)b * T * C + i];
+    for (int b = 0; b < B; b++) s += as_float(dout[(long)b * T * C + i]);
     dwpe[i] += s;
+}
+
+extern "C" __global__ void embed_bwd_wpe(const float* dout, float* dwpe, int B, int T, int C) {
+    embed_bwd_pos(dout, dwpe, B, T, C);
+}
+
+extern "C" __global__ void embed_bwd_wpe_h16(const h16* dout, float* dwpe, int B, int T, int C) {
+    embed_bwd_pos(dout, dwpe, B, T, C);
 }
 
 // ---- vectorised 16-bit GELU (8 elements per thread; n a multiple of 8), tanh on the SFU: the

@@ -294,8 +294,8 @@ FP8_GELU_BWD_CAST(fp8_gelu_bwd_cast_tiles, FP8_TILES)
 // multiple of 8 (qt's stores are 8 rows at a time; the host checks).
 #define LN_FP8_ROWS 32
 
-template <int NV>
-__device__ void add_layernorm_fp8(const float* __restrict__ x, const h16* __restrict__ f, float* __restrict__ res,
+template <int NV, typename X = float>
+__device__ void add_layernorm_fp8(const X* __restrict__ x, const h16* __restrict__ f, X* __restrict__ res,
                                   const float* __restrict__ g, const float* __restrict__ b,
                                   unsigned char* __restrict__ q, unsigned char* __restrict__ qt,
                                   float* __restrict__ mean, float* __restrict__ rstd, int N, int C, float eps,
@@ -312,7 +312,7 @@ __device__ void add_layernorm_fp8(const float* __restrict__ x, const h16* __rest
         const long off = (long)row * C;
         float4 v[NV];
         float m, r;
-        add_ln_row<NV, h16>(x, f, res, off, C, eps, lane, v, m, r);
+        add_ln_row<NV, h16, X>(x, f, res, off, C, eps, lane, v, m, r);
 #pragma unroll
         for (int k = 0; k < NV; k++) {
             const int c = (lane + 32 * k) * 4;
@@ -356,6 +356,23 @@ LN_FP8(add_layernorm_fp8_6, 6)
 LN_FP8(add_layernorm_fp8_8, 8)
 LN_FP8(add_layernorm_fp8_12, 12)
 
+// the same over a 16-bit residual stream (x and res 16-bit; andrea/engine/cupy: residual16)
+#define LN_FP8_R16(name, NV)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(256) name(                                                    \
+        const h16* x, const h16* f, h16* res, const float* g, const float* b, unsigned char* q,               \
+        unsigned char* qt, float* mean, float* rstd, int N, int C, float eps, int site, const float* scale,      \
+        float* amax_now, unsigned long long* counts, int record, int count) {                                 \
+        add_layernorm_fp8<NV, h16>(x, f, res, g, b, q, qt, mean, rstd, N, C, eps, site, scale, amax_now, counts, \
+                                   record, count);                                                            \
+    }
+LN_FP8_R16(add_layernorm_fp8_r16_1, 1)
+LN_FP8_R16(add_layernorm_fp8_r16_2, 2)
+LN_FP8_R16(add_layernorm_fp8_r16_3, 3)
+LN_FP8_R16(add_layernorm_fp8_r16_4, 4)
+LN_FP8_R16(add_layernorm_fp8_r16_6, 6)
+LN_FP8_R16(add_layernorm_fp8_r16_8, 8)
+LN_FP8_R16(add_layernorm_fp8_r16_12, 12)
+
 // The one-pass LayerNorm backward (layernorm.cu layernorm_bwd_fused) whose 16-bit copy of dx is the
 // gradient an fp8 product reads (the residual branch's: the attention output's and the second MLP
 // product's): instead of that copy, dx rounded to 16 bits is cast to e5m2 at the site's scale (as
@@ -388,9 +405,9 @@ struct Fp8GradCast {
 };
 
 // dynamic shared memory: the warps' sums (LN_WARPS · 2C floats), then the tile (`rows` x (C + 4) bytes)
-#define LN_BWD_FP8(name, NV)                                                                                  \
+#define LN_BWD_FP8(name, NV, X)                                                                               \
     extern "C" __global__ void __launch_bounds__(LN_WARPS * 32) name(                                          \
-        const h16* dout, const float* x, const float* mean, const float* rstd, const float* g, float* dx,       \
+        const h16* dout, const X* x, const float* mean, const float* rstd, const float* g, X* dx,               \
         unsigned char* q, unsigned char* qt, float* partial, int N, int C, int rows, int site,                 \
         const float* scale, float* amax_now, unsigned long long* counts, int record, int count) {             \
         extern __shared__ __align__(16) float lnb_smem[];                                                      \
@@ -399,12 +416,19 @@ struct Fp8GradCast {
         layernorm_bwd_fused<NV, h16>(dout, x, mean, rstd, g, dx, emit, partial, N, C, rows);                   \
         if (record || count) block_record(emit.st, site, amax_now, counts, record, count);                    \
     }
-LN_BWD_FP8(layernorm_bwd_fused_fp8_1, 1)
-LN_BWD_FP8(layernorm_bwd_fused_fp8_2, 2)
-LN_BWD_FP8(layernorm_bwd_fused_fp8_3, 3)
-LN_BWD_FP8(layernorm_bwd_fused_fp8_4, 4)
-LN_BWD_FP8(layernorm_bwd_fused_fp8_6, 6)
-LN_BWD_FP8(layernorm_bwd_fused_fp8_8, 8)
+LN_BWD_FP8(layernorm_bwd_fused_fp8_1, 1, float)
+LN_BWD_FP8(layernorm_bwd_fused_fp8_2, 2, float)
+LN_BWD_FP8(layernorm_bwd_fused_fp8_3, 3, float)
+LN_BWD_FP8(layernorm_bwd_fused_fp8_4, 4, float)
+LN_BWD_FP8(layernorm_bwd_fused_fp8_6, 6, float)
+LN_BWD_FP8(layernorm_bwd_fused_fp8_8, 8, float)
+// over a 16-bit residual stream: x and dx (the stream's gradient) 16-bit
+LN_BWD_FP8(layernorm_bwd_fused_fp8_r16_1, 1, h16)
+LN_BWD_FP8(layernorm_bwd_fused_fp8_r16_2, 2, h16)
+LN_BWD_FP8(layernorm_bwd_fused_fp8_r16_3, 3, h16)
+LN_BWD_FP8(layernorm_bwd_fused_fp8_r16_4, 4, h16)
+LN_BWD_FP8(layernorm_bwd_fused_fp8_r16_6, 6, h16)
+LN_BWD_FP8(layernorm_bwd_fused_fp8_r16_8, 8, h16)
 
 // the scale from an amax (a power of two: amax·s <= max < amax·2s); 1 when there is nothing to go on
 __device__ __forceinline__ float scale_for(float amax, float fmax) {

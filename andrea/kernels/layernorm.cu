@@ -169,10 +169,21 @@ __device__ __forceinline__ void store4(h16* p, float4 v) {
     *reinterpret_cast<uint2*>(p) = u;
 }
 
+// v as the residual stream of type X stores it: itself (fp32), or rounded to 16 bits (the bf16
+// residual stream of the bf16 and fp8 modes, where the LayerNorm normalises the rounded sum, so that
+// the backward's x̂, recomputed from the stored stream, is the forward's)
+template <typename X> __device__ __forceinline__ float4 as_stored(float4 v);
+template <> __device__ __forceinline__ float4 as_stored<float>(float4 v) { return v; }
+template <> __device__ __forceinline__ float4 as_stored<h16>(float4 v) {
+    const float2 lo = unpack_h16x2(pack_h16x2(v.x, v.y)), hi = unpack_h16x2(pack_h16x2(v.z, v.w));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
 // One row's residual add and LayerNorm statistics in a warp's registers: v[k] = x + f (f nullable; also
-// stored into res where given) for the lane's float4s, and the row's mean m and rstd r.
-template <int NV, typename F>
-__device__ __forceinline__ void add_ln_row(const float* __restrict__ x, const F* __restrict__ f, float* __restrict__ res,
+// stored into res where given) for the lane's float4s, and the row's mean m and rstd r. X: the
+// residual stream's type (x and res), fp32 or 16-bit.
+template <int NV, typename F, typename X = float>
+__device__ __forceinline__ void add_ln_row(const X* __restrict__ x, const F* __restrict__ f, X* __restrict__ res,
                                            long off, int C, float eps, int lane, float4 (&v)[NV], float& m, float& r) {
     const int nv = C / 4;
     float s = 0.f;
@@ -180,7 +191,7 @@ __device__ __forceinline__ void add_ln_row(const float* __restrict__ x, const F*
     for (int k = 0; k < NV; k++) {
         int c = (lane + 32 * k) * 4;
         if (c < C) {
-            float4 a = f ? add4(load4(x + off + c), load4(f + off + c)) : load4(x + off + c);
+            float4 a = f ? as_stored<X>(add4(load4(x + off + c), load4(f + off + c))) : load4(x + off + c);
             v[k] = a;
             if (res) store4(res + off + c, a);
             s += a.x + a.y + a.z + a.w;
@@ -205,9 +216,10 @@ __device__ __forceinline__ float4 ln_out4(float4 a, float m, float r, const floa
                        (a.w - m) * r * gg.w + bb.w);
 }
 
-// res = x + f; out = LayerNorm(res) (f fp32, or the 16-bit branch output of the 16-bit modes)
-template <typename Out, typename F = float>
-__device__ void add_layernorm_vec(const float* __restrict__ x, const F* __restrict__ f, float* __restrict__ res,
+// res = x + f; out = LayerNorm(res) (f fp32, or the 16-bit branch output of the 16-bit modes; x and
+// res: the residual stream, fp32 or 16-bit)
+template <typename Out, typename F = float, typename X = float>
+__device__ void add_layernorm_vec(const X* __restrict__ x, const F* __restrict__ f, X* __restrict__ res,
                                   const float* __restrict__ g, const float* __restrict__ b, Out* __restrict__ out,
                                   float* __restrict__ mean, float* __restrict__ rstd, int N, int C, float eps) {
     int row, lane;
@@ -215,7 +227,7 @@ __device__ void add_layernorm_vec(const float* __restrict__ x, const F* __restri
     if (!warp_row(N, C, row, lane, off)) return;
     float4 v[LN_MAXV];
     float m, r;
-    add_ln_row<LN_MAXV, F>(x, f, res, off, C, eps, lane, v, m, r);
+    add_ln_row<LN_MAXV, F, X>(x, f, res, off, C, eps, lane, v, m, r);
 #pragma unroll
     for (int k = 0; k < LN_MAXV; k++) {
         int c = (lane + 32 * k) * 4;
@@ -234,17 +246,24 @@ extern "C" __global__ void add_h16_layernorm_fwd_vec_h16(const float* x, const h
     add_layernorm_vec<h16, h16>(x, f, res, g, b, out, mean, rstd, N, C, eps);
 }
 
+// the same over a 16-bit residual stream (the bf16 and fp8 modes; andrea/engine/cupy: residual16):
+// 8 bytes a value moved instead of 12; f and res null: the first LayerNorm, of the embeddings
+extern "C" __global__ void add_h16_layernorm_fwd_vec_h16_r16(const h16* x, const h16* f, h16* res, const float* g,
+                                                             const float* b, h16* out, float* mean, float* rstd, int N,
+                                                             int C, float eps) {
+    add_layernorm_vec<h16, h16, h16>(x, f, res, g, b, out, mean, rstd, N, C, eps);
+}
+
 // add_h16_layernorm_fwd_vec_h16 for a few rows (generation's one-token step, where the kernel's
 // latency is its time): a block per row, a float4 of the row per thread (C / 4 threads, rounded up
 // to whole warps), γ and β loaded with it, so that the block waits on memory once; the warps' sums
 // added in warp order through shared memory. The vec kernel's warp per row waited twice (γ and β
 // after the reductions) over 6 float4s a lane: 4.7 us a call at ANDREA-120M, one row
 // (bench/decode_profile.py). Sums in another order than the vec kernel's: the same to fp32 rounding.
-extern "C" __global__ void add_h16_layernorm_fwd_block_h16(const float* __restrict__ x, const h16* __restrict__ f,
-                                                           float* __restrict__ res, const float* __restrict__ g,
-                                                           const float* __restrict__ b, h16* __restrict__ out,
-                                                           float* __restrict__ mean, float* __restrict__ rstd, int N,
-                                                           int C, float eps) {
+template <typename X>
+__device__ void add_h16_layernorm_block(const X* __restrict__ x, const h16* __restrict__ f, X* __restrict__ res,
+                                        const float* __restrict__ g, const float* __restrict__ b, h16* __restrict__ out, float* __restrict__ mean,
+                                        float* __restrict__ rstd, int N, int C, float eps) {
     __shared__ float red[32];
     const int row = blockIdx.x, t = threadIdx.x, warp = t / 32, lane = t % 32, warps = blockDim.x / 32;
     const long off = (long)row * C;
@@ -254,7 +273,7 @@ extern "C" __global__ void add_h16_layernorm_fwd_block_h16(const float* __restri
     if (on) {
         gg = *reinterpret_cast<const float4*>(g + c);
         bb = *reinterpret_cast<const float4*>(b + c);
-        a = add4(load4(x + off + c), load4(f + off + c));
+        a = as_stored<X>(add4(load4(x + off + c), load4(f + off + c)));
         store4(res + off + c, a);
     }
     float s = warp_sum(a.x + a.y + a.z + a.w);
@@ -275,6 +294,19 @@ extern "C" __global__ void add_h16_layernorm_fwd_block_h16(const float* __restri
         store4(out + off + c, make_float4((a.x - m) * r * gg.x + bb.x, (a.y - m) * r * gg.y + bb.y,
                                           (a.z - m) * r * gg.z + bb.z, (a.w - m) * r * gg.w + bb.w));
     if (t == 0) { mean[row] = m; rstd[row] = r; }
+}
+
+extern "C" __global__ void add_h16_layernorm_fwd_block_h16(const float* x, const h16* f, float* res, const float* g,
+                                                           const float* b, h16* out, float* mean, float* rstd, int N,
+                                                           int C, float eps) {
+    add_h16_layernorm_block<float>(x, f, res, g, b, out, mean, rstd, N, C, eps);
+}
+
+// the same over a 16-bit residual stream
+extern "C" __global__ void add_h16_layernorm_fwd_block_h16_r16(const h16* x, const h16* f, h16* res, const float* g,
+                                                               const float* b, h16* out, float* mean, float* rstd,
+                                                               int N, int C, float eps) {
+    add_h16_layernorm_block<h16>(x, f, res, g, b, out, mean, rstd, N, C, eps);
 }
 
 // layernorm_bwd_dx with the row's dout and x held in registers
@@ -341,10 +373,10 @@ struct H16Copy {
     __device__ __forceinline__ void finish(int, int, int, int) {}
 };
 
-template <int NV, typename DOut, typename Emit>
-__device__ void layernorm_bwd_fused(const DOut* __restrict__ dout, const float* __restrict__ x,
+template <int NV, typename DOut, typename Emit, typename X = float>
+__device__ void layernorm_bwd_fused(const DOut* __restrict__ dout, const X* __restrict__ x,
                                     const float* __restrict__ mean, const float* __restrict__ rstd,
-                                    const float* __restrict__ g, float* __restrict__ dx, Emit& emit,
+                                    const float* __restrict__ g, X* __restrict__ dx, Emit& emit,
                                     float* __restrict__ partial, int N, int C, int rows) {
     extern __shared__ __align__(16) float acc[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
@@ -368,10 +400,10 @@ __device__ void layernorm_bwd_fused(const DOut* __restrict__ dout, const float* 
         for (int k = 0; k < NV; k++) {
             const int c = (lane + 32 * k) * 4;
             if (c < C) {
-                float4 xv = *reinterpret_cast<const float4*>(x + off + c);
+                float4 xv = load4(x + off + c);
                 float4 gg = *reinterpret_cast<const float4*>(g + c);
                 dv[k] = load4(dout + off + c);
-                o[k] = *reinterpret_cast<const float4*>(dx + off + c);
+                o[k] = load4(dx + off + c);
                 xh[k] = make_float4((xv.x - m) * r, (xv.y - m) * r, (xv.z - m) * r, (xv.w - m) * r);
                 s1 += dv[k].x * gg.x + dv[k].y * gg.y + dv[k].z * gg.z + dv[k].w * gg.w;
                 s2 += dv[k].x * gg.x * xh[k].x + dv[k].y * gg.y * xh[k].y + dv[k].z * gg.z * xh[k].z +
@@ -397,6 +429,7 @@ __device__ void layernorm_bwd_fused(const DOut* __restrict__ dout, const float* 
                 ov.y += (dv[k].y * gg.y - s1 - xh[k].y * s2) * r;
                 ov.z += (dv[k].z * gg.z - s1 - xh[k].z * s2) * r;
                 ov.w += (dv[k].w * gg.w - s1 - xh[k].w * s2) * r;
+                ov = as_stored<X>(ov);  // a 16-bit dx: the branch's gradient is the stored value
                 store4(dx + off + c, ov);
                 emit.row(row - r0, off, c, ov);
             }
@@ -437,6 +470,25 @@ LN_BWD_FUSED(layernorm_bwd_fused_h16_4, 4, h16)
 LN_BWD_FUSED(layernorm_bwd_fused_h16_6, 6, h16)
 LN_BWD_FUSED(layernorm_bwd_fused_h16_8, 8, h16)
 LN_BWD_FUSED(layernorm_bwd_fused_h16_12, 12, h16)
+
+// the 16-bit modes over a 16-bit residual stream (andrea/engine/cupy: residual16): x and dx (the
+// stream's gradient, updated in place) in 16 bits; dx is then the branch's gradient too, so there is
+// no copy: 8 bytes a value moved instead of 16
+#define LN_BWD_FUSED_R16(name, NV)                                                                               \
+    extern "C" __global__ void __launch_bounds__(LN_WARPS * 32) name(const h16* dout, const h16* x,               \
+                                                                     const float* mean, const float* rstd,       \
+                                                                     const float* g, h16* dx, float* partial,    \
+                                                                     int N, int C, int rows) {                   \
+        H16Copy emit{nullptr};                                                                                   \
+        layernorm_bwd_fused<NV, h16, H16Copy, h16>(dout, x, mean, rstd, g, dx, emit, partial, N, C, rows);      \
+    }
+LN_BWD_FUSED_R16(layernorm_bwd_fused_h16_r16_1, 1)
+LN_BWD_FUSED_R16(layernorm_bwd_fused_h16_r16_2, 2)
+LN_BWD_FUSED_R16(layernorm_bwd_fused_h16_r16_3, 3)
+LN_BWD_FUSED_R16(layernorm_bwd_fused_h16_r16_4, 4)
+LN_BWD_FUSED_R16(layernorm_bwd_fused_h16_r16_6, 6)
+LN_BWD_FUSED_R16(layernorm_bwd_fused_h16_r16_8, 8)
+LN_BWD_FUSED_R16(layernorm_bwd_fused_h16_r16_12, 12)
 
 // For comparison (bench/ln_bwd_variants.py): the previous production kernel, the warps' sums in
 // registers and the old dx loaded after the row's reduction.

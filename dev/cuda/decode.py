@@ -4,6 +4,8 @@ device, checked against andrea/engine/numpy_backend and timed.
     python3 dev/cuda/decode.py [--quick]
 
 embed_at      out[b, t] = wte[tok[b, t]] + wpe[pos + t]     (numpy_backend.embed_fwd on wpe[pos:])
+embed_at_h16  the same written in 16 bits (the bf16 and fp8 modes' 16-bit residual stream): the fp32
+              sum (numpy_backend.embed_fwd in fp32) rounded once to 16 bits
 kv_store      the chunk's keys and values into the caches at [pos, pos + n)  (a copy: exact)
 advance       pos += n                                        (exact)
 attn_decode   one new query per row over the cached keys 0..pos: the last row of causal attention
@@ -60,6 +62,7 @@ VERSIONS = [
     V("attn_decode", "one block per (row, head), 256 threads", ("attn_decode",), SRC, H16),
     V("attn_decode_store", "16 warps per (row, head), online softmax, cache store fused",
       ("attn_decode_store_e1", "attn_decode_store_e2", "attn_decode_store_e4"), SRC, H16),
+    V("embed_at", "embed_at_h16", ("embed_at_h16",), SRC, H16),  # the 16-bit residual stream's
 ]
 EDGE = [common.Shape("edge B=3 T=40 C=96", 3, 40, 96, 2, 301),  # D = 48: parts of 5 groups, idle threads
         common.Shape("edge B=2 T=300 C=256", 2, 300, 256, 2, 301)]  # D = 128; up to 3 rounds of keys per warp
@@ -77,6 +80,7 @@ def run_shape(cp, report, shape, rng, reps):
         ks.update(common.build(cp, VERSIONS[2], prec))
         ks.update(common.build(cp, VERSIONS[3], prec))
         ks.update(common.build(cp, VERSIONS[4], prec))
+        ks.update(common.build(cp, VERSIONS[5], prec))
         for pos in sorted({T // 4, T - 1}):
             d_pos = cp.asarray(np.array([pos], np.int32))
             # embed_at: one token per row at pos (fp32 tables: one rounding of one addition)
@@ -94,6 +98,20 @@ def run_shape(cp, report, shape, rng, reps):
                 return common.compare(d_out.get(), want, rtol=u32), ms, common.gbps(3 * B * C * 4, ms)
 
             report.attempt("embed_at", "embed_at", prec, f"{shape.name} pos={pos}", case_embed)
+
+            # embed_at_h16: the fp32 sum (one IEEE addition, as NumPy's in fp32) rounded once to 16 bits
+            want32 = np.zeros((B, 1, C), np.float32)
+            embed_at_reference(tok, wte, wpe, pos, want32)
+            d_out16 = cp.zeros((B, 1, C), cp.uint16)
+            run16 = lambda d_out16=d_out16: ks["embed_at_h16"]((common.blocks(B * C),), (256,), (d_tok, d_wte, d_wpe, d_pos, d_out16, np.int32(B), np.int32(1), np.int32(C)))  # noqa: E731
+
+            def case_embed16(run16=run16, d_out16=d_out16, want32=want32):
+                run16()
+                ms = common.bench(cp, run16, reps)
+                err = common.compare(common.loaded(d_out16, prec), want32.astype(np.float64), rtol=common.u(prec), atol=common.tiny(prec))
+                return err, ms, common.gbps(2 * B * C * 4 + B * C * 2, ms)
+
+            report.attempt("embed_at", VERSIONS[5].name, prec, f"{shape.name} pos={pos}", case_embed16)
 
             # the cache: positions 0..pos-1 filled, then kv_store puts the new key/value at pos
             kc_host = rng.standard_normal((B, H, T, D))

@@ -7,6 +7,10 @@ embed_fwd          out[b, t] = wte[tok[b, t]] + wpe[t]
 embed_bwd_wpe      dwpe[t] += Σ_b dout[b, t]  (b in order)
 embed_bwd_planned  dwte[v] += Σ dout over the positions of token v, planned on the host
                    (CupyBackend.plan_tokens: positions sorted stably by token), one block per token
+*_h16              the same over a 16-bit (bf16) residual stream (the bf16 and fp8 modes): embed_fwd_h16
+                   writes the fp32 sum rounded once to 16 bits; embed_bwd_wpe_h16 and
+                   embed_bwd_planned_h16 read a 16-bit dout and sum it in fp32 in the same order (their
+                   reference: numpy_backend.embed_bwd on dout rounded to bf16)
 """
 
 from __future__ import annotations
@@ -19,10 +23,15 @@ from andrea.engine import numpy_backend as nb
 SCRIPT = "embedding"
 REFERENCES = {"embed_fwd": nb.embed_fwd, "embed_bwd_wpe": nb.embed_bwd, "embed_bwd_planned": nb.embed_bwd}
 V = common.Version
+BF = ("bf16",)
 VERSIONS = [
     V("embed_fwd", "embed_fwd", ("embed_fwd",), "elementwise.cu"),
     V("embed_bwd_wpe", "embed_bwd_wpe", ("embed_bwd_wpe",), "elementwise.cu"),
     V("embed_bwd_planned", "embed_bwd_planned", ("embed_bwd_planned",), "elementwise.cu"),
+    # the 16-bit residual stream (andrea/engine/cupy residual_from_env: the bf16 and fp8 modes)
+    V("embed_fwd", "embed_fwd_h16", ("embed_fwd_h16",), "elementwise.cu", BF),
+    V("embed_bwd_wpe", "embed_bwd_wpe_h16", ("embed_bwd_wpe_h16",), "elementwise.cu", BF),
+    V("embed_bwd_planned", "embed_bwd_planned_h16", ("embed_bwd_planned_h16",), "elementwise.cu", BF),
 ]
 EDGE = [common.Shape("edge B=3 T=37 C=130", 3, 37, 130, 2, 301)]  # C not a multiple of 4 or of the block
 
@@ -99,6 +108,61 @@ def run_shape(cp, report, shape, rng, reps):
         return err, ms, common.gbps((N * C + 2 * distinct * C) * 4 + 3 * N * 4, ms)
 
     report.attempt("embed_bwd_planned", "embed_bwd_planned", "fp32", shape, case_planned)
+
+    # ---- the 16-bit residual stream: the same tables and tokens, dout rounded to bf16
+    prec = "bf16"
+    u16 = common.u(prec)
+    # the kernel's fp32 sum is one IEEE addition, as NumPy's in fp32: the fp32 result itself
+    out32 = np.zeros((B, T, C), np.float32)
+    nb.embed_fwd(tok, wte, wpe, out32)
+    k = common.build(cp, VERSIONS[3], prec)["embed_fwd_h16"]
+    d_out16 = cp.zeros((B, T, C), cp.uint16)
+    fwd16 = lambda: k((common.blocks(N * C),), (256,), (d_tok, d_wte, d_wpe, d_out16, np.int32(N), np.int32(T), np.int32(C)))  # noqa: E731
+
+    def case_fwd16():
+        fwd16()
+        # the fp32 result rounded once to 16 bits: u16·|x| + the subnormal half step
+        err = common.compare(common.loaded(d_out16, prec), out32.astype(np.float64), rtol=u16, atol=common.tiny(prec))
+        ms = common.bench(cp, fwd16, reps)
+        return err, ms, common.gbps(2 * N * C * 4 + N * C * 2 + N * 4, ms)
+
+    report.attempt("embed_fwd", VERSIONS[3].name, prec, shape, case_fwd16)
+
+    # dout as the kernels see it (exact in fp32), then the fp32 checks' reference and bounds on it
+    dout16 = common.to_h16(dout, prec)
+    dout_r = common.from_h16(dout16, prec)
+    dwte_ref16, dwpe_ref16 = f64(dwte0), f64(dwpe0)
+    nb.embed_bwd(dout_r, tok, dwte_ref16, dwpe_ref16)
+    dwte_abs16, dwpe_abs16 = np.abs(f64(dwte0)), np.abs(f64(dwpe0))
+    nb.embed_bwd(np.abs(dout_r), tok, dwte_abs16, dwpe_abs16)
+    d_dout16 = cp.asarray(dout16)
+
+    k = common.build(cp, VERSIONS[4], prec)["embed_bwd_wpe_h16"]
+    d_dwpe16 = cp.asarray(dwpe0)
+    wpe_bwd16 = lambda: k((common.blocks(T * C),), (256,), (d_dout16, d_dwpe16, np.int32(B), np.int32(T), np.int32(C)))  # noqa: E731
+
+    def case_wpe16():
+        wpe_bwd16()
+        # the 16-bit values are exact in fp32: the fp32 sum's bound, (B + 1)·u·Σ|terms|
+        err = common.compare(d_dwpe16.get(), dwpe_ref16, rtol=0, atol=(B + 1) * u * dwpe_abs16)
+        ms = common.bench(cp, wpe_bwd16, reps)
+        return err, ms, common.gbps(N * C * 2 + 2 * T * C * 4, ms)
+
+    report.attempt("embed_bwd_wpe", VERSIONS[4].name, prec, shape, case_wpe16)
+
+    k = common.build(cp, VERSIONS[5], prec)["embed_bwd_planned_h16"]
+    d_dwte16 = cp.asarray(dwte0)
+    args16 = (d_dout16, plan[:n], plan[n:2 * n + 1], plan[2 * n + 1:3 * n + 1], plan[3 * n + 1:], d_dwte16, np.int32(C))
+    planned16 = lambda: k((n,), (256,), args16)  # noqa: E731
+
+    def case_planned16():
+        planned16()
+        # as the fp32 check: (count + 1)·u·Σ|terms| per row, the terms exact in fp32
+        err = common.compare(d_dwte16.get(), dwte_ref16, rtol=0, atol=(most + 1) * u * dwte_abs16)
+        ms = common.bench(cp, planned16, reps)
+        return err, ms, common.gbps(N * C * 2 + 2 * distinct * C * 4 + 3 * N * 4, ms)
+
+    report.attempt("embed_bwd_planned", VERSIONS[5].name, prec, shape, case_planned16)
 
 
 def main(argv=None) -> int:

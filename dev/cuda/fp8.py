@@ -14,7 +14,13 @@ fp8_cast     a matrix cast to e4m3 or e5m2 at a scale: its bytes, its transpose'
              The weights of a layer in one launch (fp8_cast_f32_e4m3_jobs, run_weight_jobs); the
              LayerNorm that casts its own output for an fp8 product and the LayerNorm backward that
              casts the branch's gradient (add_layernorm_fp8, layernorm_bwd_fused_fp8: run_layernorm),
-             against the host cast of production's bf16 kernels' 16-bit outputs, bit for bit
+             against the host cast of production's bf16 kernels' 16-bit outputs, bit for bit.
+             The same two over the 16-bit residual stream of the bf16 and fp8 modes
+             (add_layernorm_fp8_r16, layernorm_bwd_fused_fp8_r16: run_layernorm_r16): the residual
+             sum stored is the host's (x + f in fp32, rounded once to bf16), bit for bit, and its
+             LayerNorm is checked as above on that sum (also with no residual: x the sum); the
+             backward's 16-bit dx is the fp32 dx of production's bf16 backward on the same values
+             rounded once to bf16 (within u·|dx|), its e5m2 bytes the host cast of that 16-bit dx
 fp8_update   the delayed scales: each site's amax joins its history (the oldest leaves), the scale is
              the largest power of two that keeps the history's largest amax within the format
              (andrea/fp8.py DelayedScale), and a site's first scale from its own amax
@@ -46,6 +52,12 @@ VERSIONS = [
       (*(f"add_layernorm_fp8_{nv}" for nv in LN_NV), "add_h16_layernorm_fwd_vec_h16"), SRC, BF),
     V("fp8_cast", "LayerNorm backward, branch gradient -> e5m2 + transpose",
       (*(f"layernorm_bwd_fused_fp8_{nv}" for nv in LN_NV[:-1]), *(f"layernorm_bwd_fused_h16_{nv}" for nv in LN_NV[:-1])),
+      SRC, BF),
+    # the same over a 16-bit residual stream (x, res and dx in bf16: andrea/engine/cupy residual_from_env)
+    V("fp8_cast", "residual add + LayerNorm -> e4m3 + transpose, 16-bit residual stream",
+      (*(f"add_layernorm_fp8_r16_{nv}" for nv in LN_NV), "add_h16_layernorm_fwd_vec_h16"), SRC, BF),
+    V("fp8_cast", "LayerNorm backward, branch gradient -> e5m2 + transpose, 16-bit residual stream",
+      (*(f"layernorm_bwd_fused_fp8_r16_{nv}" for nv in LN_NV[:-1]), *(f"layernorm_bwd_fused_h16_{nv}" for nv in LN_NV[:-1])),
       SRC, BF),
 ]
 HISTORY = 16
@@ -317,6 +329,128 @@ def _layernorm_bwd(cp, report, shape, rng, reps, N, C, nv, x, mean, rstd, g):
     report.attempt(ver.op, ver.name, "bf16", shape, case, ver.production)
 
 
+def run_layernorm_r16(cp, report, shape, rng, reps):
+    """run_layernorm over a 16-bit residual stream (add_layernorm_fp8_r16, layernorm_bwd_fused_fp8_r16).
+    The residual sum on the host: float32(x) + float32(f) in fp32, rounded to bf16, as the kernel
+    forms it (the same IEEE operations: bit for bit); it is stored into res bit for bit and its
+    LayerNorm is what is normalised: the reference is production's bf16 LayerNorm
+    (add_h16_layernorm_fwd_vec_h16, no residual) on that sum as fp32, its 16-bit output cast on the
+    host, bit for bit, with its mean and rstd; the kernel with no residual (f and res null, x that
+    sum) the same. The backward: production's bf16 one-pass backward (layernorm_bwd_fused_h16) on
+    the same values in fp32 (x the sum, dx0 rounded to bf16) is the reference; the kernel's 16-bit
+    dx is its fp32 dx rounded once to 16 bits (u·|dx| + the subnormal half step), the partial sums
+    the same bits, and the e5m2 bytes, transposed bytes, amax and counts the host cast of the
+    kernel's 16-bit dx (the value it stores is the value it casts)."""
+    N, C = shape.B * shape.T, shape.C
+    if C % 4 or C > 128 * LN_NV[-1]:
+        return
+    nv = _ln_nv(C)
+    ver = VERSIONS[10]
+    k = common.build(cp, ver, "bf16")
+    x_h = common.to_h16(rng.standard_normal((N, C)) * 2, "bf16")
+    f_h = common.to_h16(rng.standard_normal((N, C)), "bf16")
+    s32 = common.from_h16(x_h, "bf16").astype(np.float32) + common.from_h16(f_h, "bf16").astype(np.float32)
+    res_h = common.to_h16(s32, "bf16")  # the residual sum as the kernel forms and stores it
+    g, b = cp.asarray(rng.standard_normal(C).astype(np.float32)), cp.asarray(rng.standard_normal(C).astype(np.float32) * 0.1)
+    # the reference: production's bf16 LayerNorm of that sum (x = the sum in fp32, no residual)
+    d_res32 = cp.asarray(common.from_h16(res_h, "bf16").astype(np.float32))
+    mean_ref, rstd_ref, out16 = cp.zeros(N, cp.float32), cp.zeros(N, cp.float32), cp.zeros((N, C), cp.uint16)
+    k["add_h16_layernorm_fwd_vec_h16"]((common.blocks(N, 8),), (256,), (d_res32, 0, 0, g, b, out16, mean_ref, rstd_ref,
+                                                                          np.int32(N), np.int32(C), np.float32(1e-5)))
+    o = common.from_h16(out16.get(), "bf16").astype(np.float32)
+    want_mean, want_rstd = mean_ref.get(), rstd_ref.get()
+    s_x = scale_reference([float(np.abs(o).max())], "e4m3")
+    want, over, under = cast_reference(o, s_x, "e4m3")
+    want_t = np.ascontiguousarray(want.T)
+    d_x, d_f, d_res16 = cp.asarray(x_h), cp.asarray(f_h), cp.asarray(res_h)
+    res, mean, rstd = cp.zeros((N, C), cp.uint16), cp.zeros(N, cp.float32), cp.zeros(N, cp.float32)
+    q, qt = cp.zeros((N, C), cp.uint8), cp.zeros((C, N), cp.uint8)
+    d_scale, d_amax, d_counts = cp.full(1, s_x, cp.float32), cp.full(1, -1.0, cp.float32), cp.zeros(3, cp.uint64)
+    fn = k[f"add_layernorm_fp8_r16_{nv}"]
+    smem = LN_FP8_ROWS * (C + 4)
+    fn.max_dynamic_shared_size_bytes = max(fn.max_dynamic_shared_size_bytes, smem)
+
+    def launch(xx, ff, rr):
+        fn((-(-N // LN_FP8_ROWS),), (256,), (xx, ff, rr, g, b, q, qt, mean, rstd, np.int32(N), np.int32(C), np.float32(1e-5),
+                                             np.int32(0), d_scale, d_amax, d_counts, np.int32(1), np.int32(1)), shared_mem=smem)
+
+    run = lambda: launch(d_x, d_f, res)  # noqa: E731
+
+    def case():
+        err = None
+        # with the residual add (res stored), then with none (x the sum itself, f and res null)
+        for xx, ff, rr, tag in ((d_x, d_f, res, ""), (d_res16, 0, 0, "no residual: ")):
+            for a in (res, mean, rstd, q, qt, d_counts):
+                a.fill(0)
+            d_amax.fill(-1.0)
+            launch(xx, ff, rr)
+            e = common.exact(q.get(), want, what=tag + "bytes").worst(common.exact(qt.get(), want_t, what=tag + "transposed bytes"))
+            if tag == "":
+                e = e.worst(common.exact(res.get(), res_h, what="residual sum (16-bit)"))
+            e = e.worst(common.exact(mean.get(), want_mean, what=tag + "mean")).worst(common.exact(rstd.get(), want_rstd, what=tag + "rstd"))
+            e = e.worst(common.exact(np.array([float(d_amax.get()[0])]), np.array([float(np.abs(o).max())]), what=tag + "amax"))
+            e = e.worst(common.exact(d_counts.get().astype(np.int64), np.array([o.size, over, under]), what=tag + "counts"))
+            err = e if err is None else err.worst(e)
+        ms = common.bench(cp, run, reps)
+        return err, ms, common.gbps(N * C * (2 + 2 + 2 + 1 + 1), ms)
+
+    report.attempt(ver.op, ver.name, "bf16", shape, case, ver.production)
+    if nv > 8:
+        return  # the backward's tile does not fit beside its sums (production keeps the 16-bit copy there)
+    _layernorm_bwd_r16(cp, report, shape, rng, reps, N, C, nv, d_res16, res_h, mean_ref, rstd_ref, g)
+
+
+def _layernorm_bwd_r16(cp, report, shape, rng, reps, N, C, nv, x16, x_h, mean, rstd, g):
+    ver = VERSIONS[11]
+    k = common.build(cp, ver, "bf16")
+    u16, tiny16 = common.u("bf16"), common.tiny("bf16")
+    rows = max(8, min(64, N // 256 // 8 * 8))  # andrea/engine/cupy ln_fused_rows
+    chunks = -(-N // rows)
+    sums = 8 * 2 * C * 4  # ln_fused_smem
+    dout = cp.asarray(common.to_h16(rng.standard_normal((N, C)) * 1e-3, "bf16"))
+    dx0_h = common.to_h16(rng.standard_normal((N, C)) * 1e-3, "bf16")
+    # the reference: production's bf16 one-pass backward on the same values, x and dx in fp32
+    x32 = cp.asarray(common.from_h16(x_h, "bf16").astype(np.float32))
+    dx32 = cp.asarray(common.from_h16(dx0_h, "bf16").astype(np.float32))
+    copy16, part = cp.zeros((N, C), cp.uint16), cp.zeros((chunks, 2 * C), cp.float32)
+    ref = k[f"layernorm_bwd_fused_h16_{nv}"]
+    ref.max_dynamic_shared_size_bytes = max(ref.max_dynamic_shared_size_bytes, sums)
+    ref((chunks,), (256,), (dout, x32, mean, rstd, g, dx32, copy16, part, np.int32(N), np.int32(C), np.int32(rows)), shared_mem=sums)
+    want_dx, want_part = dx32.get().astype(np.float64), part.get()
+    c16_ref = common.from_h16(copy16.get(), "bf16").astype(np.float32)
+    s_d = scale_reference([float(np.abs(c16_ref).max())], "e5m2")
+    d_dx0 = cp.asarray(dx0_h)
+    dx = d_dx0.copy()
+    q, qt = cp.zeros((N, C), cp.uint8), cp.zeros((C, N), cp.uint8)
+    d_scale, d_amax, d_counts = cp.full(1, s_d, cp.float32), cp.full(1, -1.0, cp.float32), cp.zeros(3, cp.uint64)
+    fn = k[f"layernorm_bwd_fused_fp8_r16_{nv}"]
+    smem = sums + rows * (C + 4)
+    fn.max_dynamic_shared_size_bytes = max(fn.max_dynamic_shared_size_bytes, smem)
+    run = lambda: fn((chunks,), (256,), (dout, x16, mean, rstd, g, dx, q, qt, part, np.int32(N), np.int32(C),  # noqa: E731
+                                         np.int32(rows), np.int32(0), d_scale, d_amax, d_counts, np.int32(1),
+                                         np.int32(1)), shared_mem=smem)
+
+    def case():
+        dx[...] = d_dx0
+        part.fill(0)
+        d_amax.fill(-1.0)
+        d_counts.fill(0)
+        run()
+        got = common.from_h16(dx.get(), "bf16")
+        # the reference's fp32 dx rounded once to 16 bits (a few fp32 ulps for a differently contracted sum)
+        err = common.compare(got, want_dx, rtol=u16 + 4 * common.u("fp32"), atol=tiny16, what="dx (16-bit)")
+        c16 = got.astype(np.float32)  # the kernel's 16-bit dx: the value it casts
+        want, over, under = cast_reference(c16, s_d, "e5m2")
+        err = err.worst(common.exact(q.get(), want, what="bytes")).worst(common.exact(qt.get(), np.ascontiguousarray(want.T), what="transposed bytes"))
+        err = err.worst(common.exact(part.get(), want_part, what="dγ, dβ partials"))
+        err = err.worst(common.exact(np.array([float(d_amax.get()[0])]), np.array([float(np.abs(c16).max())]), what="amax"))
+        err = err.worst(common.exact(d_counts.get().astype(np.int64), np.array([c16.size, over, under]), what="counts"))
+        ms = common.bench(cp, run, reps)  # dx keeps adding: the same work
+        return err, ms, common.gbps(N * C * (2 + 2 + 2 + 2 + 1 + 1), ms)
+
+    report.attempt(ver.op, ver.name, "bf16", shape, case, ver.production)
+
+
 def run_update(cp, report, shape, rng, reps):
     if shape is not EDGE[0]:
         return  # one size: the sites of a model (16 per layer)
@@ -353,7 +487,8 @@ def run_update(cp, report, shape, rng, reps):
 
 
 def main(argv=None) -> int:
-    return common.run_script(__doc__, "fp8", EDGE, [run_cast, run_gelu_bwd, run_weight_jobs, run_layernorm, run_update], argv)
+    return common.run_script(__doc__, "fp8", EDGE, [run_cast, run_gelu_bwd, run_weight_jobs, run_layernorm,
+                                                      run_layernorm_r16, run_update], argv)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,10 @@ add_layernorm_fwd  "vec, 16-bit branch": the residual add reading the branch in 
                    "block per row, 16-bit branch": the same with a block per row and γ and β loaded
                    with it (up to 64 rows: generation's step); both timed on the shape's first row
                    too ("N=1": a decoding step's latency)
+"16-bit stream"    the bf16 mode's residual stream in 16 bits: x (and res) read and written in bf16, the
+                   sum rounded before it is normalised (the first LayerNorm, the residual add, the
+                   block per row); the backward reading x and updating dx in bf16, dx being the
+                   branch's gradient too (layernorm_bwd_fused_h16_r16_<NV>)
 Outputs in fp32, or bf16/fp16 (the *_h16 kernels; the fp16 build has -DANDREA_FP16).
 """
 
@@ -61,6 +65,15 @@ VERSIONS = [
       + ("ln_partials_final",), "layernorm.cu", H16, production=False),
     # generation's few rows: the 16-bit-branch residual add, a block per row
     V("add_layernorm_fwd", "block per row, 16-bit branch", ("add_h16_layernorm_fwd_block_h16",), "layernorm.cu", H16),
+    # the bf16 mode's 16-bit residual stream (andrea/engine/cupy residual_from_env): x and res in 16 bits,
+    # the sum rounded before it is normalised; the first LayerNorm (no residual), the residual add,
+    # generation's block per row, and the backward reading x and updating dx in 16 bits
+    V("layernorm_fwd", "vec, 16-bit stream", ("add_h16_layernorm_fwd_vec_h16_r16",), "layernorm.cu", ("bf16",)),
+    V("add_layernorm_fwd", "vec, 16-bit stream", ("add_h16_layernorm_fwd_vec_h16_r16",), "layernorm.cu", ("bf16",)),
+    V("add_layernorm_fwd", "block per row, 16-bit stream", ("add_h16_layernorm_fwd_block_h16_r16",), "layernorm.cu",
+      ("bf16",)),
+    V("layernorm_bwd", "fused, 16-bit dout and stream", tuple(f"layernorm_bwd_fused_h16_r16_{nv}" for nv in (1, 2, 3, 4, 6, 8, 12))
+      + ("ln_partials_final",), "layernorm.cu", ("bf16",)),
 ]
 FUSED_NV = (1, 2, 3, 4, 6, 8, 12)  # layernorm.cu's layernorm_bwd_fused_<NV> (float4s per lane)
 LN_MAXV = 12  # layernorm.cu: float4s per lane in the vec kernels, so C <= 4 * 32 * 12
@@ -283,6 +296,83 @@ def run_shape(cp, report, shape, rng, reps):
             return None, ms, common.gbps(C * (4 + 2 + 4 + 2) + 8 + 8 * C, ms)
 
         report.attempt(v.op, v.name, prec, f"{shape.name} N=1", case_one_row)
+
+    # the 16-bit residual stream: x, f (and dx, dout) stored in 16 bits; the reference takes the same
+    # stored values, and the stream the kernel writes is fp32(x + f) rounded once to 16 bits (exact)
+    prec = "bf16"
+    x16, f16 = common.rounded(x, prec), common.rounded(f, prec)
+    res16 = common.rounded(f32(x16) + f32(f16), prec)  # one fp32 addition, one 16-bit rounding
+    d_x16, d_f16 = cp.asarray(common.to_h16(x, prec)), cp.asarray(common.to_h16(f, prec))
+    res_out, out = cp.zeros((N, C), cp.uint16), cp.zeros((N, C), cp.uint16)
+    for v in VERSIONS[16:19]:
+        add = v.op == "add_layernorm_fwd"
+        stream = res16 if add else x16  # what the kernel normalises
+        o_ref, m_ref, r_ref = np.empty((N, C)), np.empty(N), np.empty(N)
+        nb.layernorm_fwd(stream, f64(g), f64(b), o_ref, m_ref, r_ref, EPS)
+        xhat = (stream - m_ref[:, None]) * r_ref[:, None]
+        mean_abs = np.abs(stream).mean(1)
+        bound = (k + 10) * u32 * (np.abs(xhat * g) + np.abs(b) + (mean_abs * r_ref)[:, None] * np.abs(g))
+        kern = common.build(cp, v, prec)[v.kernels[0]]
+        block = "block" in v.name
+        launch = ((N,), (-(-C // 128) * 32,)) if block else (grid, (256,))
+        argv = ((d_x16, d_f16, res_out) if add else (d_x16, null, null)) + (d["g"], d["b"], out, *stats, np.int32(N),
+                                                                            np.int32(C), np.float32(EPS))
+
+        def case_stream(kern=kern, launch=launch, argv=argv, add=add, refs=(o_ref, m_ref, r_ref, bound, mean_abs)):
+            kern(*launch, argv)
+            o_ref, m_ref, r_ref, bound, mean_abs = refs
+            err = common.compare(common.loaded(out, prec), o_ref, rtol=common.u(prec), atol=bound + common.tiny(prec), what="out")
+            err = err.worst(common.compare(stats[0].get(), m_ref, rtol=0, atol=(k + 1) * u32 * mean_abs, what="mean"))
+            err = err.worst(common.compare(stats[1].get(), r_ref, rtol=(k + 5) * u32, what="rstd"))
+            if add:  # the stream written: exactly the host's fp32 sum rounded to 16 bits
+                err = err.worst(common.compare(common.loaded(res_out, prec), res16, rtol=0, what="res"))
+            ms = common.bench(cp, lambda: kern(*launch, argv), reps)
+            return err, ms, common.gbps(N * C * (2 * (3 if add else 1) + 2) + 8 * N + 8 * C, ms)
+
+        report.attempt(v.op, v.name, prec, shape, case_stream)
+
+    # the backward over the 16-bit stream: dout, x and the old dx in 16 bits; dx is updated in fp32 and
+    # rounded once to 16 bits, and it is the branch's gradient (no copy)
+    v = VERSIONS[19]
+    dout16, dx016 = common.rounded(dout, prec), common.rounded(dx0, prec)
+    _, m16, r16 = np.empty((N, C)), np.empty(N), np.empty(N)
+    nb.layernorm_fwd(x16, f64(g), f64(b), _, m16, r16, EPS)  # the forward's statistics of the stored stream
+    m16, r16 = f32(m16), f32(r16)
+    ref_dx, ref_dg, ref_db = dx016.copy(), f64(dg0), f64(db0)
+    nb.layernorm_bwd(dout16, x16, f64(m16), f64(r16), f64(g), ref_dx, ref_dg, ref_db)
+    xhat16 = (x16 - f64(m16)[:, None]) * f64(r16)[:, None]
+    dxh16 = dout16 * g
+    s2_16 = (dxh16 * xhat16).mean(1, keepdims=True)
+    dx16_bound = (k + 6) * u32 * (f64(r16)[:, None] * (np.abs(dxh16) + np.abs(dxh16).mean(1, keepdims=True)
+                                                        + np.abs(xhat16) * (np.abs(dxh16 * xhat16).mean(1, keepdims=True)
+                                                                            + np.abs(s2_16))) + np.abs(dx016))
+    name = f"layernorm_bwd_fused_h16_r16_{nv}"
+    kf = common.build(cp, v, prec)
+    smem = 8 * 2 * C * 4
+    if kf[name].max_dynamic_shared_size_bytes < smem:
+        kf[name].max_dynamic_shared_size_bytes = smem
+    dx = cp.asarray(common.to_h16(dx0, prec))
+    dg, db = cp.asarray(dg0), cp.asarray(db0)
+    d_dout16, d_m16, d_r16 = cp.asarray(common.to_h16(dout, prec)), cp.asarray(m16), cp.asarray(r16)
+
+    def fused16():
+        kf[name]((chunks,), (256,), (d_dout16, d_x16, d_m16, d_r16, d["g"], dx, partial, np.int32(N), np.int32(C),
+                                     np.int32(rows)), shared_mem=smem)
+        kf["ln_partials_final"]((common.blocks(2 * C, 32),), (32, 8), (partial, dg, db, np.int32(chunks), np.int32(C)))
+
+    def case_fused16():
+        fused16()
+        err = common.compare(common.loaded(dx, prec), ref_dx, rtol=common.u(prec), atol=dx16_bound + common.tiny(prec),
+                             what="dx")
+        err = err.worst(common.compare(dg.get(), ref_dg, rtol=0, what="dg",
+                                       atol=(n_sum + 3) * u32 * (np.abs(dout16 * xhat16).sum(0) + np.abs(dg0))))
+        err = err.worst(common.compare(db.get(), ref_db, rtol=0, what="db",
+                                       atol=n_sum * u32 * (np.abs(dout16).sum(0) + np.abs(db0))))
+        dx[...] = cp.asarray(common.to_h16(dx0, prec))  # dx accumulates: time from the same start
+        ms = common.bench(cp, fused16, reps)
+        return err, ms, common.gbps(N * C * (2 + 2 + 2 + 2) + 8 * N + 2 * chunks * 2 * C * 4, ms)
+
+    report.attempt(v.op, v.name, prec, shape, case_fused16)
 
 
 def main(argv=None) -> int:

@@ -9,7 +9,8 @@ attention, which goes to cuDNN where it is installed.
 Precision (one per backend object):
 - "fp32": weights, gradients, Adam state and activations are float32 (the reference mode, checked
   against NumPy to 1e-5). Attention runs the CUDA-core flash kernels (kernels/attention.cu).
-- "bf16": fp32 master weights, gradients, m and v, and an fp32 residual stream; every activation
+- "bf16": fp32 master weights, gradients, m and v, and a bf16 residual stream (its saved copies and
+  its gradient; ANDREA_RESIDUAL=fp32 keeps it fp32: residual_from_env); every activation
   that feeds a matrix product (LayerNorm outputs, q/k/v, attention output, MLP hidden and GELU
   output, logits and their gradient) is stored in bf16 by the kernel that produces it, so no pass
   casts operands; so are the branch a product adds to the residual stream and each LayerNorm's
@@ -19,9 +20,9 @@ Precision (one per backend object):
   (kernels/attention_mma.cu); q, k, v live in one [B, T, 3, H, D] buffer written by one
   strided-batched GEMM. Matrix products accumulate in fp32 and write fp32
   straight into the gradients (beta = 1).
-- "fp16": the same with fp16 for bf16 (the kernels are compiled with -DANDREA_FP16), and the
-  loss scaled (set_loss_scale) so that small gradients survive fp16's range; the optimizer step
-  unscales (andrea/optim.py: dynamic loss scaling).
+- "fp16": the same with fp16 for bf16 (the kernels are compiled with -DANDREA_FP16), but an fp32
+  residual stream, and the loss scaled (set_loss_scale) so that small gradients survive fp16's
+  range; the optimizer step unscales (andrea/optim.py: dynamic loss scaling).
 - "fp8": bf16, with the q/k/v, attention-output and MLP products in fp8 (e4m3 weights and
   activations, e5m2 gradients, delayed per-tensor scales; fp8.py, the recipe of andrea/fp8.py);
   the output head stays bf16.
@@ -81,16 +82,28 @@ LN_ROWS = 64  # rows per partial sum of the LayerNorm parameter gradients (the t
 LN_FUSED_NV = (1, 2, 3, 4, 6, 8, 12)  # layernorm.cu: the layernorm_bwd_fused_<NV> kernels (float4s per lane)
 
 
+def residual_from_env(precision: str) -> str:
+    """The residual stream's type (its saved copies and its gradient): "bf16" in the bf16 and fp8 modes
+    (decision, 2026-12-01: as llm.c's and Megatron-LM's defaults; half the bytes of the LayerNorms
+    around every block, half the residuals' memory; fp8_gate.py --residuals fp32 bf16 measured the
+    loss), "fp32" in fp32 and fp16 (fp16's scaled gradients need fp32's range). ANDREA_RESIDUAL=fp32
+    keeps the fp32 stream in the bf16 and fp8 modes too."""
+    raw = os.environ.get("ANDREA_RESIDUAL", "bf16")
+    if raw not in ("bf16", "fp32"):
+        raise ValueError(f"ANDREA_RESIDUAL={raw!r}: give bf16 (the default in the bf16 and fp8 modes) or fp32")
+    return raw if precision in ("bf16", "fp8") else "fp32"
+
+
 def _ln_vec(C: int) -> bool:
     """The vectorised LayerNorm row kernels apply: rows of float4s that fit a warp's registers."""
     return C % 4 == 0 and C <= 4 * 32 * LN_MAXV
 
 
-def _ln_fused(C: int, h16_dout: bool = False) -> str:
+def _ln_fused(C: int, h16_dout: bool = False, r16: bool = False) -> str:
     """The one-pass LayerNorm backward kernel for rows of C channels (C satisfies _ln_vec), for an
-    fp32 or a 16-bit output gradient."""
+    fp32 or a 16-bit output gradient, over an fp32 or (r16) a 16-bit residual stream."""
     need = -(-C // 128)
-    return f"layernorm_bwd_fused_{'h16_' if h16_dout else ''}{next(nv for nv in LN_FUSED_NV if nv >= need)}"
+    return f"layernorm_bwd_fused_{'h16_' if h16_dout else ''}{'r16_' if r16 else ''}{next(nv for nv in LN_FUSED_NV if nv >= need)}"
 
 
 def ln_fused_rows(N: int) -> int:
@@ -217,6 +230,7 @@ class CupyBackend(Backend):
         self.attention_workspace_cap = workspace_cap()
         self._cudnn: dict = {}  # device -> CudnnAttention
         self.backward_arena = None  # bytes dead during the layers' backward (set_backward_arena)
+        self.residual = residual_from_env(precision)  # the residual stream's type: "bf16" or "fp32"
 
     @property
     def recomputes_gelu(self) -> bool:
@@ -265,7 +279,7 @@ class CupyBackend(Backend):
         instead = sorted({key for c in self._cudnn.values() for key in c.ours_instead})
         if instead:  # (B, H, T, D)
             att += f" (our backward instead of cuDNN's in batch slices or a workspace of its own: {instead})"
-        return f"{att}, cuBLASLt{' with timed algorithms' if tune_from_env() else ''}"
+        return f"{att}, cuBLASLt{' with timed algorithms' if tune_from_env() else ''}, {self.residual} residual stream"
 
     def _cudnn_attention(self, *buffers):
         """This device's CudnnAttention where it runs these 16-bit buffers, else None (our kernels)."""
@@ -342,6 +356,8 @@ class CupyBackend(Backend):
             return shape, self.half
         if name in H16_LN_SIDES and _ln_vec(shape[-1]):
             return shape, self.half
+        if name in ("res", "d_res") and self.residual == "bf16" and _ln_vec(shape[-1]):
+            return shape, self.half  # the residual stream and its gradient (residual_from_env)
         return shape, dtype
 
     def set_backward_arena(self, buf) -> None:
@@ -583,21 +599,23 @@ class CupyBackend(Backend):
         B, T = tokens.shape
         C = wte.shape[1]
         n = B * T * C
-        self.kernel("elementwise", "embed_fwd")((blocks(n),), (256,), (tokens, wte, wpe, out, np.int32(B * T), np.int32(T),
-                                                                      np.int32(C)))
+        self.kernel("elementwise", "embed_fwd_h16" if is_16bit(out) else "embed_fwd")(
+            (blocks(n),), (256,), (tokens, wte, wpe, out, np.int32(B * T), np.int32(T), np.int32(C)))
 
     def embed_bwd(self, dout, tokens, dwte, dwpe) -> None:
         B, T, C = dout.shape
-        self.kernel("elementwise", "embed_bwd_wpe")((blocks(T * C),), (256,), (dout, dwpe, np.int32(B), np.int32(T), np.int32(C)))
+        h16 = "_h16" if is_16bit(dout) else ""  # the residual stream's gradient in 16 bits
+        self.kernel("elementwise", "embed_bwd_wpe" + h16)((blocks(T * C),), (256,),
+                                                          (dout, dwpe, np.int32(B), np.int32(T), np.int32(C)))
         plan = self._embed_plans.get((tokens.data.ptr, tokens.size))
         if plan is None:  # tokens not uploaded through upload_tokens: plan on the host now
             host = cp.asnumpy(tokens)
             self.upload_tokens(host, tokens, plan=self.plan_tokens(host))
             plan = self._embed_plans[(tokens.data.ptr, tokens.size)]
         n = tokens.size
-        self.kernel("elementwise", "embed_bwd_planned")((n,), (256,), (dout, plan[:n], plan[n:2 * n + 1],
-                                                                      plan[2 * n + 1:3 * n + 1], plan[3 * n + 1:], dwte,
-                                                                      np.int32(C)))
+        self.kernel("elementwise", "embed_bwd_planned" + h16)((n,), (256,), (dout, plan[:n], plan[n:2 * n + 1],
+                                                                            plan[2 * n + 1:3 * n + 1], plan[3 * n + 1:],
+                                                                            dwte, np.int32(C)))
 
     # ------------------------------------------------------------------ layernorm
     def layernorm_fwd(self, x, g, b, out, mean, rstd, eps=1e-5, feeds=None) -> None:
@@ -607,7 +625,11 @@ class CupyBackend(Backend):
         C = x.shape[-1]
         N = x.size // C
         if _ln_vec(C):  # the residual-add kernel with no residual
-            self.kernel("layernorm", "add_layernorm_fwd_vec_h16" if is_16bit(out) else "add_layernorm_fwd_vec")(
+            if is_16bit(x):  # a 16-bit residual stream (its outputs are 16-bit too)
+                name = "add_h16_layernorm_fwd_vec_h16_r16"
+            else:
+                name = "add_layernorm_fwd_vec_h16" if is_16bit(out) else "add_layernorm_fwd_vec"
+            self.kernel("layernorm", name)(
                 (blocks(N, 8),), (256,), (x, np.uint64(0), np.uint64(0), g, b, out, mean, rstd, np.int32(N), np.int32(C),
                                           np.float32(eps)))
             return
@@ -628,11 +650,12 @@ class CupyBackend(Backend):
         if is_16bit(f):  # the 16-bit modes' branch output (plan_buffer: only where the vec kernels apply)
             if not (vec and is_16bit(out)):
                 raise ValueError(f"a 16-bit branch needs C % 4 == 0, C <= {4 * 32 * LN_MAXV} and a 16-bit output")
+            r16 = "_r16" if is_16bit(x) else ""  # a 16-bit residual stream (x and res)
             if N <= LN_FEW_ROWS:  # a few rows (generation's step): a block per row, one wait on memory
-                self.kernel("layernorm", "add_h16_layernorm_fwd_block_h16")(
+                self.kernel("layernorm", "add_h16_layernorm_fwd_block_h16" + r16)(
                     (N,), (-(-C // 128) * 32,), (x, f, res, g, b, out, mean, rstd, np.int32(N), np.int32(C), np.float32(eps)))
                 return
-            name = "add_h16_layernorm_fwd_vec_h16"
+            name = "add_h16_layernorm_fwd_vec_h16" + r16
         else:
             name = f"add_layernorm_fwd{vec}_h16" if is_16bit(out) else f"add_layernorm_fwd{vec}"
         self.kernel("layernorm", name)((blocks(N, 8),), (256,), (x, f, res, g, b, out, mean, rstd, np.int32(N), np.int32(C),
@@ -648,6 +671,15 @@ class CupyBackend(Backend):
             return
         C = x.shape[-1]
         N = x.size // C
+        if branch is not None and branch.data.ptr == dx.data.ptr:
+            branch = None  # the branch's gradient is the stream's (a 16-bit residual stream: one buffer)
+        if is_16bit(dx):  # a 16-bit residual stream (x and dx): the one pass, x and dx in 16 bits
+            if not (is_16bit(x) and is_16bit(dout) and branch is None and _ln_vec(C)):
+                raise ValueError("a 16-bit residual gradient needs a 16-bit stream, a 16-bit output gradient and "
+                                 f"no separate branch copy, with C % 4 == 0 and C <= {4 * 32 * LN_MAXV}")
+            self._layernorm_bwd_one_pass(self.kernel("layernorm", _ln_fused(C, True, r16=True)),
+                                         (dout, x, mean, rstd, g, dx), (), (), dg, db)
+            return
         fused_copy = branch is not None and is_16bit(branch)
         copy = branch if fused_copy else np.uint64(0)
         # the one pass needs 8·2C floats of shared memory a block: 96 KiB at C = 1536, past what a
@@ -702,11 +734,15 @@ class CupyBackend(Backend):
         flat = branch.reshape(-1)
         q, qt = flat[:N * C].reshape(N, C), flat[N * C:].reshape(C, N)
         if site not in f.primed:
+            if is_16bit(dx):  # a 16-bit residual gradient is the branch's 16-bit gradient itself
+                self.layernorm_bwd(dout, x, mean, rstd, g, dx, dg, db)
+                f.cast(dx.reshape(N, C), site, "e5m2", q=q, qt=qt)
+                return
             copy = cp.empty((N, C), self.half)
             self.layernorm_bwd(dout, x, mean, rstd, g, dx, dg, db, branch=copy)
             f.cast(copy, site, "e5m2", q=q, qt=qt)
             return
-        kern = self.kernel("fp8", "layernorm_bwd_fused_fp8_" + _ln_fused(C, True).rsplit("_", 1)[1])
+        kern = self.kernel("fp8", f"layernorm_bwd_fused_fp8_{'r16_' if is_16bit(x) else ''}{_ln_fused(C, True).rsplit('_', 1)[1]}")
         # its transposing tile: a block's rows of the 16-bit gradient (kernels/fp8.cu)
         self._layernorm_bwd_one_pass(kern, (dout, x, mean, rstd, g, dx), (q, qt),
                                      (np.int32(site), f.scale, f.amax_now, f.counts, np.int32(1), np.int32(1)), dg, db,

@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from andrea.engine.cupy.kernels import blocks
+from andrea.engine.cupy.weights import is_16bit
 
 THREADS = 256  # attn_decode: threads per (row, head) block
 DEC_WARPS = 16  # kernels/decode.cu: attn_decode_store's warps per (row, head) block
@@ -21,7 +22,7 @@ SAMPLE_THREADS = 512  # kernels/sampling.cu: threads per row (its SAMPLE_THREADS
 def embed_at(be, tokens, wte, wpe, pos_dev, out) -> None:
     B, T = tokens.shape
     C = wte.shape[1]
-    be.kernel("decode", "embed_at")((blocks(B * T * C),), (256,), (tokens, wte, wpe, pos_dev, out, np.int32(B * T),
+    be.kernel("decode", "embed_at_h16" if is_16bit(out) else "embed_at")((blocks(B * T * C),), (256,), (tokens, wte, wpe, pos_dev, out, np.int32(B * T),
                                                                    np.int32(T), np.int32(C)))
 
 
