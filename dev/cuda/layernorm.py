@@ -68,12 +68,26 @@ VERSIONS = [
     # the bf16 mode's 16-bit residual stream (andrea/engine/cupy residual_from_env): x and res in 16 bits,
     # the sum rounded before it is normalised; the first LayerNorm (no residual), the residual add,
     # generation's block per row, and the backward reading x and updating dx in 16 bits
-    V("layernorm_fwd", "vec, 16-bit stream", ("add_h16_layernorm_fwd_vec_h16_r16",), "layernorm.cu", ("bf16",)),
-    V("add_layernorm_fwd", "vec, 16-bit stream", ("add_h16_layernorm_fwd_vec_h16_r16",), "layernorm.cu", ("bf16",)),
+    # (dev: a warp a row, as the fp32 stream's kernel; production runs add_layernorm_r16_<NV>, below)
+    V("layernorm_fwd", "vec, 16-bit stream", ("add_h16_layernorm_fwd_vec_h16_r16",), "layernorm.cu", ("bf16",),
+      production=False),
+    V("add_layernorm_fwd", "vec, 16-bit stream", ("add_h16_layernorm_fwd_vec_h16_r16",), "layernorm.cu", ("bf16",),
+      production=False),
     V("add_layernorm_fwd", "block per row, 16-bit stream", ("add_h16_layernorm_fwd_block_h16_r16",), "layernorm.cu",
       ("bf16",)),
     V("layernorm_bwd", "fused, 16-bit dout and stream", tuple(f"layernorm_bwd_fused_h16_r16_{nv}" for nv in (1, 2, 3, 4, 6, 8, 12))
       + ("ln_partials_final",), "layernorm.cu", ("bf16",)),
+    # the stream's forward with LN_R16_ROWS rows a warp (production: 2; dev: 4), all their loads issued first
+    V("layernorm_fwd", "2 rows a warp, 16-bit stream", tuple(f"add_layernorm_r16_{nv}" for nv in (1, 2, 3, 4, 6, 8, 12)),
+      "layernorm.cu", ("bf16",)),
+    V("add_layernorm_fwd", "2 rows a warp, 16-bit stream", tuple(f"add_layernorm_r16_{nv}" for nv in (1, 2, 3, 4, 6, 8, 12)),
+      "layernorm.cu", ("bf16",)),
+    V("add_layernorm_fwd", "4 rows a warp, 16-bit stream", tuple(f"add_layernorm_r16_{nv}" for nv in (1, 2, 3, 4, 6, 8, 12)),
+      "layernorm.cu", ("bf16",), ("-DLN_R16_ROWS=4",), production=False),
+    # the stream's backward without the next row's loads issued early (production prefetches)
+    V("layernorm_bwd", "fused, 16-bit dout and stream, no prefetch", tuple(f"layernorm_bwd_fused_h16_r16_{nv}" for nv in
+                                                                           (1, 2, 3, 4, 6, 8, 12)) + ("ln_partials_final",),
+      "layernorm.cu", ("bf16",), ("-DLN_R16_PREFETCH=false",), production=False),
 ]
 FUSED_NV = (1, 2, 3, 4, 6, 8, 12)  # layernorm.cu's layernorm_bwd_fused_<NV> (float4s per lane)
 LN_MAXV = 12  # layernorm.cu: float4s per lane in the vec kernels, so C <= 4 * 32 * 12
@@ -304,7 +318,8 @@ def run_shape(cp, report, shape, rng, reps):
     res16 = common.rounded(f32(x16) + f32(f16), prec)  # one fp32 addition, one 16-bit rounding
     d_x16, d_f16 = cp.asarray(common.to_h16(x, prec)), cp.asarray(common.to_h16(f, prec))
     res_out, out = cp.zeros((N, C), cp.uint16), cp.zeros((N, C), cp.uint16)
-    for v in VERSIONS[16:19]:
+    nv = next(nv for nv in FUSED_NV if 128 * nv >= C)
+    for v in VERSIONS[16:19] + VERSIONS[20:23]:
         add = v.op == "add_layernorm_fwd"
         stream = res16 if add else x16  # what the kernel normalises
         o_ref, m_ref, r_ref = np.empty((N, C)), np.empty(N), np.empty(N)
@@ -312,9 +327,11 @@ def run_shape(cp, report, shape, rng, reps):
         xhat = (stream - m_ref[:, None]) * r_ref[:, None]
         mean_abs = np.abs(stream).mean(1)
         bound = (k + 10) * u32 * (np.abs(xhat * g) + np.abs(b) + (mean_abs * r_ref)[:, None] * np.abs(g))
-        kern = common.build(cp, v, prec)[v.kernels[0]]
+        rows_a_warp = 4 if v.name.startswith("4 rows") else 2 if v.name.startswith("2 rows") else 0
+        kern = common.build(cp, v, prec)[f"add_layernorm_r16_{nv}" if rows_a_warp else v.kernels[0]]
         block = "block" in v.name
-        launch = ((N,), (-(-C // 128) * 32,)) if block else (grid, (256,))
+        launch = (((N,), (-(-C // 128) * 32,)) if block else
+                  ((common.blocks(N, 8 * rows_a_warp),), (256,)) if rows_a_warp else (grid, (256,)))
         argv = ((d_x16, d_f16, res_out) if add else (d_x16, null, null)) + (d["g"], d["b"], out, *stats, np.int32(N),
                                                                             np.int32(C), np.float32(EPS))
 
@@ -332,8 +349,19 @@ def run_shape(cp, report, shape, rng, reps):
         report.attempt(v.op, v.name, prec, shape, case_stream)
 
     # the backward over the 16-bit stream: dout, x and the old dx in 16 bits; dx is updated in fp32 and
-    # rounded once to 16 bits, and it is the branch's gradient (no copy)
-    v = VERSIONS[19]
+    # rounded once to 16 bits, and it is the branch's gradient (no copy); with and without prefetching
+    for v in (VERSIONS[19], VERSIONS[23]):
+        _layernorm_bwd_r16(cp, report, shape, v, reps, (x, dout, dx0, dg0, db0, g, b), k, rows, chunks, partial, n_sum, nv, d,
+                           d_x16)
+
+
+def _layernorm_bwd_r16(cp, report, shape, v, reps, inputs, k, rows, chunks, partial, n_sum, nv, d, d_x16):
+    """One version of the 16-bit stream's backward (layernorm_bwd_fused_h16_r16_<NV>) against NumPy."""
+    x, dout, dx0, dg0, db0, g, b = inputs
+    N, C, prec, u32 = shape.N, shape.C, "bf16", common.u("fp32")
+    f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
+    f64 = lambda a: np.asarray(a, np.float64)  # noqa: E731
+    x16 = common.rounded(x, prec)
     dout16, dx016 = common.rounded(dout, prec), common.rounded(dx0, prec)
     _, m16, r16 = np.empty((N, C)), np.empty(N), np.empty(N)
     nb.layernorm_fwd(x16, f64(g), f64(b), _, m16, r16, EPS)  # the forward's statistics of the stored stream
@@ -372,7 +400,7 @@ def run_shape(cp, report, shape, rng, reps):
         ms = common.bench(cp, fused16, reps)
         return err, ms, common.gbps(N * C * (2 + 2 + 2 + 2) + 8 * N + 2 * chunks * 2 * C * 4, ms)
 
-    report.attempt(v.op, v.name, prec, shape, case_fused16)
+    report.attempt(v.op, v.name, prec, shape, case_fused16, v.production)
 
 
 def main(argv=None) -> int:

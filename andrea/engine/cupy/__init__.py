@@ -80,6 +80,7 @@ LN_MAXV = 12  # kernels/layernorm.cu: float4s per lane in the vectorised row ker
 LN_FEW_ROWS = 64  # up to this many rows, add_layernorm_fwd's 16-bit-branch kernel is latency-bound (decoding)
 LN_ROWS = 64  # rows per partial sum of the LayerNorm parameter gradients (the two-kernel path)
 LN_FUSED_NV = (1, 2, 3, 4, 6, 8, 12)  # layernorm.cu: the layernorm_bwd_fused_<NV> kernels (float4s per lane)
+LN_R16_ROWS = 2  # layernorm.cu: rows a warp of add_layernorm_r16_<NV>
 
 
 def residual_from_env(precision: str) -> str:
@@ -624,11 +625,11 @@ class CupyBackend(Backend):
             return
         C = x.shape[-1]
         N = x.size // C
+        if _ln_vec(C) and is_16bit(x):  # a 16-bit residual stream (its outputs are 16-bit too)
+            self._add_layernorm_r16(x, None, None, g, b, out, mean, rstd, eps)
+            return
         if _ln_vec(C):  # the residual-add kernel with no residual
-            if is_16bit(x):  # a 16-bit residual stream (its outputs are 16-bit too)
-                name = "add_h16_layernorm_fwd_vec_h16_r16"
-            else:
-                name = "add_layernorm_fwd_vec_h16" if is_16bit(out) else "add_layernorm_fwd_vec"
+            name = "add_layernorm_fwd_vec_h16" if is_16bit(out) else "add_layernorm_fwd_vec"
             self.kernel("layernorm", name)(
                 (blocks(N, 8),), (256,), (x, np.uint64(0), np.uint64(0), g, b, out, mean, rstd, np.int32(N), np.int32(C),
                                           np.float32(eps)))
@@ -655,11 +656,24 @@ class CupyBackend(Backend):
                 self.kernel("layernorm", "add_h16_layernorm_fwd_block_h16" + r16)(
                     (N,), (-(-C // 128) * 32,), (x, f, res, g, b, out, mean, rstd, np.int32(N), np.int32(C), np.float32(eps)))
                 return
-            name = "add_h16_layernorm_fwd_vec_h16" + r16
+            if r16:
+                self._add_layernorm_r16(x, f, res, g, b, out, mean, rstd, eps)
+                return
+            name = "add_h16_layernorm_fwd_vec_h16"
         else:
             name = f"add_layernorm_fwd{vec}_h16" if is_16bit(out) else f"add_layernorm_fwd{vec}"
         self.kernel("layernorm", name)((blocks(N, 8),), (256,), (x, f, res, g, b, out, mean, rstd, np.int32(N), np.int32(C),
                                                                  np.float32(eps)))
+
+    def _add_layernorm_r16(self, x, f, res, g, b, out, mean, rstd, eps) -> None:
+        """res = x + f (f None: no add, res None) and out = LayerNorm(res) over a 16-bit residual stream,
+        LN_R16_ROWS rows a warp (kernels/layernorm.cu add_layernorm_r16_<NV>)."""
+        C = x.shape[-1]
+        N = x.size // C
+        nv = next(v for v in LN_FUSED_NV if 128 * v >= C)
+        self.kernel("layernorm", f"add_layernorm_r16_{nv}")(
+            (blocks(N, 8 * LN_R16_ROWS),), (256,), (x, np.uint64(0) if f is None else f, np.uint64(0) if res is None else res,
+                                                    g, b, out, mean, rstd, np.int32(N), np.int32(C), np.float32(eps)))
 
     def layernorm_bwd(self, dout, x, mean, rstd, g, dx, dg, db, branch=None, feeds=None) -> None:
         """dx += the input gradient; dγ and dβ += their gradients (per-block partials, then one ordered
