@@ -404,9 +404,7 @@ struct Fp8GradCast {
     }
 };
 
-// dynamic shared memory: the warps' sums (LN_WARPS · 2C floats), then the tile (`rows` x (C + 4) bytes);
-// over the 16-bit stream the next row's loads are issued early (layernorm.cu: PREFETCH)
-#define LN_BWD_FP8_PREFETCH(X) (sizeof(X) == 2 && LN_R16_PREFETCH)
+// dynamic shared memory: the warps' sums (LN_WARPS · 2C floats), then the tile (`rows` x (C + 4) bytes)
 #define LN_BWD_FP8(name, NV, X)                                                                               \
     extern "C" __global__ void __launch_bounds__(LN_WARPS * 32) name(                                          \
         const h16* dout, const X* x, const float* mean, const float* rstd, const float* g, X* dx,               \
@@ -415,8 +413,7 @@ struct Fp8GradCast {
         extern __shared__ __align__(16) float lnb_smem[];                                                      \
         Fp8GradCast emit{q, qt, reinterpret_cast<unsigned char*>(lnb_smem + LN_WARPS * 2 * C), C + 4,          \
                          scale[site], count, CastStats()};                                                    \
-        layernorm_bwd_fused<NV, h16, Fp8GradCast, X, LN_BWD_FP8_PREFETCH(X)>(dout, x, mean, rstd, g, dx, emit,      \
-                                                                           partial, N, C, rows);                \
+        layernorm_bwd_fused<NV, h16>(dout, x, mean, rstd, g, dx, emit, partial, N, C, rows);                   \
         if (record || count) block_record(emit.st, site, amax_now, counts, record, count);                    \
     }
 LN_BWD_FP8(layernorm_bwd_fused_fp8_1, 1, float)

@@ -179,8 +179,8 @@ template <> __device__ __forceinline__ float4 as_stored<h16>(float4 v) {
     return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 
-// Four values as stored, loaded now and converted later (a float4, or a uint2 of 16-bit values): a
-// row's loads can be issued before the previous row's arithmetic, at half the registers for 16 bits
+// Four values as stored, loaded now and converted later (a float4, or a uint2 of 16-bit values: half
+// the registers), and four values packed back into 16 bits
 __device__ __forceinline__ float4 raw4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 __device__ __forceinline__ uint2 raw4(const h16* p) { return *reinterpret_cast<const uint2*>(p); }
 __device__ __forceinline__ float4 f4(float4 v) { return v; }
@@ -473,106 +473,6 @@ extern "C" __global__ void layernorm_bwd_dx_vec(const float* __restrict__ dout, 
 // 4·NV extra float4 registers a thread left room for fewer warps.
 #define LN_WARPS 8
 
-// the one-pass backward's running sums of dγ, dβ in the warp's shared stretch (ag, ab), and the row's
-// two means (returned in s1, s2 before the warp's reduction), for one float4 of a row
-__device__ __forceinline__ void ln_bwd_sums(float* ag, float* ab, int c, float4 dv, float4 xh, float4 gg, float& s1,
-                                            float& s2) {
-    s1 += dv.x * gg.x + dv.y * gg.y + dv.z * gg.z + dv.w * gg.w;
-    s2 += dv.x * gg.x * xh.x + dv.y * gg.y * xh.y + dv.z * gg.z * xh.z + dv.w * gg.w * xh.w;
-    float4 a = *reinterpret_cast<float4*>(ag + c);
-    a.x += dv.x * xh.x;
-    a.y += dv.y * xh.y;
-    a.z += dv.z * xh.z;
-    a.w += dv.w * xh.w;
-    store4(ag + c, a);
-    store4(ab + c, add4(*reinterpret_cast<float4*>(ab + c), dv));
-}
-
-// layernorm_bwd_fused with PREFETCH (below): the same sums in the same order
-template <int NV, typename DOut, typename X, typename Emit>
-__device__ void layernorm_bwd_prefetched(const DOut* __restrict__ dout, const X* __restrict__ x,
-                                         const float* __restrict__ mean, const float* __restrict__ rstd,
-                                         const float* __restrict__ g, X* __restrict__ dx, Emit& emit,
-                                         float* __restrict__ partial, int N, int C, int rows) {
-    extern __shared__ __align__(16) float acc[];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
-    const int r0 = blockIdx.x * rows, r1 = min(N, r0 + rows);
-    float* ag = acc + (long)warp * 2 * C;
-    float* ab = ag + C;
-#pragma unroll
-    for (int k = 0; k < NV; k++) {
-        const int c = (lane + 32 * k) * 4;
-        if (c < C) {
-            store4(ag + c, make_float4(0.f, 0.f, 0.f, 0.f));
-            store4(ab + c, make_float4(0.f, 0.f, 0.f, 0.f));
-        }
-    }
-    decltype(raw4(x)) xr[NV], or_[NV];
-    decltype(raw4(dout)) dr[NV];
-    float mn = 0.f, rs = 0.f;
-    auto load_row = [&](int row) {
-        const long off = (long)row * C;
-        mn = mean[row];
-        rs = rstd[row];
-#pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int c = (lane + 32 * k) * 4;
-            if (c < C) {
-                xr[k] = raw4(x + off + c);
-                dr[k] = raw4(dout + off + c);
-                or_[k] = raw4(dx + off + c);
-            }
-        }
-    };
-    if (r0 + warp < r1) load_row(r0 + warp);
-    for (int row = r0 + warp; row < r1; row += nw) {
-        const long off = (long)row * C;
-        const float m = mn, r = rs;
-        float4 xh[NV], dv[NV], o[NV];
-        float s1 = 0.f, s2 = 0.f;
-#pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int c = (lane + 32 * k) * 4;
-            if (c < C) {
-                const float4 xv = f4(xr[k]);
-                xh[k] = make_float4((xv.x - m) * r, (xv.y - m) * r, (xv.z - m) * r, (xv.w - m) * r);
-                dv[k] = f4(dr[k]);
-                o[k] = f4(or_[k]);
-            }
-        }
-        if (row + nw < r1) load_row(row + nw);  // in flight while this row is reduced
-#pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int c = (lane + 32 * k) * 4;
-            if (c < C) ln_bwd_sums(ag, ab, c, dv[k], xh[k], *reinterpret_cast<const float4*>(g + c), s1, s2);
-        }
-        s1 = warp_sum(s1) / C;
-        s2 = warp_sum(s2) / C;
-#pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int c = (lane + 32 * k) * 4;
-            if (c < C) {
-                float4 gg = *reinterpret_cast<const float4*>(g + c);
-                float4 ov = o[k];
-                ov.x += (dv[k].x * gg.x - s1 - xh[k].x * s2) * r;
-                ov.y += (dv[k].y * gg.y - s1 - xh[k].y * s2) * r;
-                ov.z += (dv[k].z * gg.z - s1 - xh[k].z * s2) * r;
-                ov.w += (dv[k].w * gg.w - s1 - xh[k].w * s2) * r;
-                ov = as_stored<X>(ov);
-                store4(dx + off + c, ov);
-                emit.row(row - r0, off, c, ov);
-            }
-        }
-    }
-    __syncthreads();
-    float* dst = partial + (long)blockIdx.x * 2 * C;
-    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
-        float v = acc[c];
-        for (int w = 1; w < nw; w++) v += acc[(long)w * 2 * C + c];
-        dst[c] = v;
-    }
-    emit.finish(r0, r1, N, C);
-}
 
 // What the one-pass backward does with each updated float4 of dx besides storing it (`emit.row(row -
 // r0, row offset, column, value)`), and once the block's rows are done and its threads synchronised
@@ -585,20 +485,11 @@ struct H16Copy {
     __device__ __forceinline__ void finish(int, int, int, int) {}
 };
 
-//
-// PREFETCH (the 16-bit residual stream's kernels): a warp issues the loads of its next row (x, dout, the
-// old dx, its mean and rstd, as stored: 16-bit values 2 registers for 4) before the arithmetic of the
-// current one, so that a row's loads are in flight while the previous row is reduced: at 8 bytes a
-// value the loads of one row a warp could not cover the reductions (2.4 TB/s at ANDREA-120M B=32).
-template <int NV, typename DOut, typename Emit, typename X = float, bool PREFETCH = false>
+template <int NV, typename DOut, typename Emit, typename X = float>
 __device__ void layernorm_bwd_fused(const DOut* __restrict__ dout, const X* __restrict__ x,
                                     const float* __restrict__ mean, const float* __restrict__ rstd,
                                     const float* __restrict__ g, X* __restrict__ dx, Emit& emit,
                                     float* __restrict__ partial, int N, int C, int rows) {
-    if constexpr (PREFETCH) {
-        layernorm_bwd_prefetched<NV>(dout, x, mean, rstd, g, dx, emit, partial, N, C, rows);
-        return;
-    }
     extern __shared__ __align__(16) float acc[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
     const int r0 = blockIdx.x * rows, r1 = min(N, r0 + rows);
@@ -695,17 +586,13 @@ LN_BWD_FUSED(layernorm_bwd_fused_h16_12, 12, h16)
 // the 16-bit modes over a 16-bit residual stream (andrea/engine/cupy: residual16): x and dx (the
 // stream's gradient, updated in place) in 16 bits; dx is then the branch's gradient too, so there is
 // no copy: 8 bytes a value moved instead of 16
-#ifndef LN_R16_PREFETCH
-#define LN_R16_PREFETCH true  // dev/cuda/layernorm.py times false beside it
-#endif
 #define LN_BWD_FUSED_R16(name, NV)                                                                               \
     extern "C" __global__ void __launch_bounds__(LN_WARPS * 32) name(const h16* dout, const h16* x,               \
                                                                      const float* mean, const float* rstd,       \
                                                                      const float* g, h16* dx, float* partial,    \
                                                                      int N, int C, int rows) {                   \
         H16Copy emit{nullptr};                                                                                   \
-        layernorm_bwd_fused<NV, h16, H16Copy, h16, LN_R16_PREFETCH>(dout, x, mean, rstd, g, dx, emit, partial, N, C,  \
-                                                                   rows);                                        \
+        layernorm_bwd_fused<NV, h16, H16Copy, h16>(dout, x, mean, rstd, g, dx, emit, partial, N, C, rows);      \
     }
 LN_BWD_FUSED_R16(layernorm_bwd_fused_h16_r16_1, 1)
 LN_BWD_FUSED_R16(layernorm_bwd_fused_h16_r16_2, 2)
