@@ -64,7 +64,8 @@ class InferenceModel:
     `precision` auto: bf16 on the GPU (the matrix products read a 16-bit copy of the weights, made
     again at every reset), fp32 on the CPU. `graphs`: replay the one-token step as a CUDA graph
     (16-bit GPU paths). A model trained in fp8 generates in bf16 (fp8 is a recipe for the training
-    products; generation reads the 16-bit weight copy, at one row per step)."""
+    products; generation reads the 16-bit weight copy, at one row per step). The residual stream is
+    the backend's: bf16 in bf16 (andrea/engine/cupy residual_from_env)."""
 
     def __init__(self, cfg: ModelConfig, weights, backend: str = "numpy", precision: str = "auto", graphs: bool = True):
         if weights.size != n_params(cfg):

@@ -14,8 +14,8 @@ draws them (a source with probability ∝ its tokens, a training document unifor
 T + 1 tokens from its start; the held-out documents, every `--heldout-every`-th, are never read).
 The schedule: warm-up then cosine (andrea/optim.py) over --steps. Validation: the held-out windows
 (andrea/evaluation.py, as the trainer validates), every --eval-every steps on the training engine
-(fp8 forward passes for the fp8 run), and at the end with one bf16 engine (fp32 residual stream)
-for every run (as the audit scores a model). Writes DIR/fp8_gate.json (curves, final losses, the verdict, counts) and
+(fp8 forward passes for the fp8 run), and at the end with one bf16 engine with the fp32 residual
+stream for every run. Writes DIR/fp8_gate.json (curves, final losses, the verdict, counts) and
 exits 1 when the gate fails.
 """
 
@@ -27,6 +27,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
@@ -98,9 +99,8 @@ def main() -> int:
     finals = {}
     for run_name in args.precisions:
         prec, _, residual = run_name.partition(":")
-        os.environ["ANDREA_RESIDUAL"] = residual or "bf16"  # read when the backend is made
-        e = Engine(cfg, batch_size=B, seq_len=T, backend="cupy", precision=prec, seed=args.seed)
-        os.environ.pop("ANDREA_RESIDUAL")
+        with mock.patch.dict(os.environ, {"ANDREA_RESIDUAL": residual or os.environ.get("ANDREA_RESIDUAL", "bf16")}):
+            e = Engine(cfg, batch_size=B, seq_len=T, backend="cupy", precision=prec, seed=args.seed)  # reads it
         eval_batches = prepare_batches(e, es)
         curve, losses = [], []
         t_train = 0.0
@@ -124,11 +124,10 @@ def main() -> int:
         result["runs"][run_name] = run
         e.be.release()
         del e
-    # the end, scored as the audit scores a model: one bf16 engine (fp32 residual stream, the more
-    # exact) over each run's weights
-    os.environ["ANDREA_RESIDUAL"] = "fp32"
-    ev = Engine(cfg, batch_size=B, seq_len=T, backend="cupy", precision="bf16", seed=args.seed)
-    os.environ.pop("ANDREA_RESIDUAL")
+    # the end: one bf16 engine over each run's weights, with the fp32 residual stream (the more exact
+    # scorer; the audit scores with the stream the model trained on)
+    with mock.patch.dict(os.environ, {"ANDREA_RESIDUAL": "fp32"}):
+        ev = Engine(cfg, batch_size=B, seq_len=T, backend="cupy", precision="bf16", seed=args.seed)
     for name, w in finals.items():
         ev.load_state(w)
         result["runs"][name]["val_loss_bf16_eval"] = evaluate(ev, es)["loss"]

@@ -809,6 +809,13 @@ def test_bf16_residual_stream_pairs_match_numpy():
     gb.add_layernorm_fwd(g(x).astype(BF16), g(f).astype(BF16), res_g, g(gam), g(bet), out_g, m_g, s_g)
     assert np.array_equal(h(res_g).astype(np.float32), res_n)  # one fp32 add, one rounding
     assert rel(h(out_g), out_n) < 1e-2 and rel(h(m_g), m_n) < 1e-5 and rel(h(s_g), s_n) < 1e-5
+    # a few rows (generation's step: a block per row), and an odd count (the 2-rows kernel's last warp)
+    for n in (3, 77):
+        res_k, out_k = cp.zeros((1, n, d), BF16), cp.zeros((1, n, d), BF16)
+        m_k, s_k = cp.zeros((1, n), cp.float32), cp.zeros((1, n), cp.float32)
+        gb.add_layernorm_fwd(g(x[:1, :n]).astype(BF16), g(f[:1, :n]).astype(BF16), res_k, g(gam), g(bet), out_k, m_k, s_k)
+        assert np.array_equal(h(res_k).astype(np.float32), res_n[:1, :n]), n
+        assert rel(h(out_k), out_n[:1, :n]) < 1e-2 and rel(h(s_k), s_n[:1, :n]) < 1e-5, n
     # the first LayerNorm: the stream alone
     out1 = cp.zeros((B, T, d), BF16)
     gb.layernorm_fwd(g(x).astype(BF16), g(gam), g(bet), out1, m_g, s_g)

@@ -204,7 +204,9 @@ class Backend(abc.ABC):
     def layernorm_bwd(self, dout, x, mean, rstd, g, dx, dg, db, branch=None, feeds=None) -> None:
         """dx += LayerNorm's input gradient; dγ, dβ +=; with `branch`, the updated dx is copied
         there too (the gradient of the residual branch that joined the stream here), in the form a
-        backend planned for the product `feeds` ((product, its weight), as layernorm_fwd's)."""
+        backend planned for the product `feeds` ((product, its weight), as layernorm_fwd's).
+        `branch` may be dx itself (the model makes them one buffer where they are planned alike):
+        then there is nothing to copy."""
 
     # ------------------------------------------------------------------ attention
     @abc.abstractmethod
@@ -229,7 +231,7 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def attn_out_bwd(self, dout, y, wo, dy, dwo) -> None:
-        """dy = dout·W_Oᵀ; dW_O += yᵀ·dout."""
+        """dy = dout·W_Oᵀ; dW_O += yᵀ·dout. dout is only read (it may be the residual stream's gradient)."""
 
     def qkv_heads(self, qkv):
         """q, k, v of a qkv buffer as [B, H, T, D] views (the layout plan_buffer chose)."""
@@ -285,7 +287,8 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def mlp_bwd(self, dout, x, h, a, w1, w2, dx, dw1, dw2) -> None:
-        """dx = the MLP's input gradient (overwrites); dW_1, dW_2 +=."""
+        """dx = the MLP's input gradient (overwrites); dW_1, dW_2 +=. dout is only read (it may be the
+        residual stream's gradient)."""
 
     # ------------------------------------------------------------------ loss and head
     @abc.abstractmethod

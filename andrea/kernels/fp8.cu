@@ -356,7 +356,7 @@ LN_FP8(add_layernorm_fp8_6, 6)
 LN_FP8(add_layernorm_fp8_8, 8)
 LN_FP8(add_layernorm_fp8_12, 12)
 
-// the same over a 16-bit residual stream (x and res 16-bit; andrea/engine/cupy: residual16)
+// the same over a 16-bit residual stream (x and res 16-bit; andrea/engine/cupy residual_from_env)
 #define LN_FP8_R16(name, NV)                                                                                  \
     extern "C" __global__ void __launch_bounds__(256) name(                                                    \
         const h16* x, const h16* f, h16* res, const float* g, const float* b, unsigned char* q,               \

@@ -253,27 +253,29 @@ __device__ void add_layernorm_vec(const X* __restrict__ x, const F* __restrict__
 ADD_LAYERNORM_KERNELS(add_layernorm_fwd_vec, add_layernorm_vec)
 
 // the 16-bit modes' residual add: the branch (the attention output or MLP product) arrives in 16
-// bits, as the matrix product wrote it; the residual stream and the statistics stay fp32
+// bits, as the matrix product wrote it, into an fp32 residual stream (ANDREA_RESIDUAL=fp32, and fp16);
+// the statistics are fp32
 extern "C" __global__ void add_h16_layernorm_fwd_vec_h16(const float* x, const h16* f, float* res, const float* g,
                                                          const float* b, h16* out, float* mean, float* rstd, int N,
                                                          int C, float eps) {
     add_layernorm_vec<h16, h16>(x, f, res, g, b, out, mean, rstd, N, C, eps);
 }
 
-// the same over a 16-bit residual stream (the bf16 and fp8 modes; andrea/engine/cupy: residual16):
-// 8 bytes a value moved instead of 12; f and res null: the first LayerNorm, of the embeddings
+// the same over a 16-bit residual stream (the bf16 and fp8 modes: andrea/engine/cupy residual_from_env),
+// a warp a row: 8 bytes a value moved instead of 12 (dev: production runs add_layernorm_r16_<NV>)
 extern "C" __global__ void add_h16_layernorm_fwd_vec_h16_r16(const h16* x, const h16* f, h16* res, const float* g,
                                                              const float* b, h16* out, float* mean, float* rstd, int N,
                                                              int C, float eps) {
     add_layernorm_vec<h16, h16, h16>(x, f, res, g, b, out, mean, rstd, N, C, eps);
 }
 
-// add_h16_layernorm_fwd_vec_h16_r16 with LN_R16_ROWS rows a warp (production: 2), NV float4s a lane
-// (C <= 128 NV): every load of the warp's rows is issued before any of their sums, the rounded
-// stream is kept packed in 16 bits (2 registers for 4 values), the rows' reductions are interleaved,
-// and γ, β are loaded once for all of them. The single-row kernel waited on memory once per row
-// with 3 KB in flight a warp: 2.8 TB/s at ANDREA-120M B=32 (bench/kernel_profile.py). The same sums
-// in the same order as the single-row kernel.
+// Production's LayerNorm forward over the 16-bit stream (above 64 rows; f and res null: the first
+// LayerNorm, of the embeddings): add_h16_layernorm_fwd_vec_h16_r16 with LN_R16_ROWS rows a warp
+// (production: 2) and NV float4s a lane (C <= 128 NV). Every load of the warp's rows is issued before
+// any of their sums, the rounded stream is kept packed in 16 bits (2 registers for 4 values), the
+// rows' reductions are interleaved, and γ, β are loaded once for all of them. The single-row kernel
+// waited on memory once per row with 3 KB in flight a warp: 2.8 TB/s at ANDREA-120M B=32
+// (bench/kernel_profile.py). The same sums in the same order as the single-row kernel.
 #ifndef LN_R16_ROWS
 #define LN_R16_ROWS 2
 #endif
@@ -583,7 +585,7 @@ LN_BWD_FUSED(layernorm_bwd_fused_h16_6, 6, h16)
 LN_BWD_FUSED(layernorm_bwd_fused_h16_8, 8, h16)
 LN_BWD_FUSED(layernorm_bwd_fused_h16_12, 12, h16)
 
-// the 16-bit modes over a 16-bit residual stream (andrea/engine/cupy: residual16): x and dx (the
+// the 16-bit modes over a 16-bit residual stream (andrea/engine/cupy residual_from_env): x and dx (the
 // stream's gradient, updated in place) in 16 bits; dx is then the branch's gradient too, so there is
 // no copy: 8 bytes a value moved instead of 16
 #define LN_BWD_FUSED_R16(name, NV)                                                                               \

@@ -289,6 +289,21 @@ def run_layernorm(cp, report, shape, rng, reps):
     _layernorm_bwd(cp, report, shape, rng, reps, N, C, nv, x, mean, rstd, g)
 
 
+def _bwd_fp8_launch(cp, fn, args, part, s_d, N, C, rows, sums):
+    """A launch of a layernorm_bwd_fused_fp8_* kernel fn over args (dout, x, mean, rstd, g, dx) at site 0
+    (scale s_d), recorded and counted, with its outputs: (run, q, qt, amax, counts)."""
+    q, qt = cp.zeros((N, C), cp.uint8), cp.zeros((C, N), cp.uint8)
+    d_scale, d_amax, d_counts = cp.full(1, s_d, cp.float32), cp.full(1, -1.0, cp.float32), cp.zeros(3, cp.uint64)
+    smem = sums + rows * (C + 4)
+    fn.max_dynamic_shared_size_bytes = max(fn.max_dynamic_shared_size_bytes, smem)
+
+    def run():
+        fn((-(-N // rows),), (256,), (*args, q, qt, part, np.int32(N), np.int32(C), np.int32(rows), np.int32(0), d_scale,
+                                      d_amax, d_counts, np.int32(1), np.int32(1)), shared_mem=smem)
+
+    return run, q, qt, d_amax, d_counts
+
+
 def _layernorm_bwd(cp, report, shape, rng, reps, N, C, nv, x, mean, rstd, g):
     ver = VERSIONS[9]
     k = common.build(cp, ver, "bf16")
@@ -304,14 +319,8 @@ def _layernorm_bwd(cp, report, shape, rng, reps, N, C, nv, x, mean, rstd, g):
     want_dx, want_part = dx.get(), part.get()
     c16 = common.from_h16(copy16.get(), "bf16").astype(np.float32)
     s_d = scale_reference([float(np.abs(c16).max())], "e5m2")
-    q, qt = cp.zeros((N, C), cp.uint8), cp.zeros((C, N), cp.uint8)
-    d_scale, d_amax, d_counts = cp.full(1, s_d, cp.float32), cp.full(1, -1.0, cp.float32), cp.zeros(3, cp.uint64)
-    fn = k[f"layernorm_bwd_fused_fp8_{nv}"]
-    smem = sums + rows * (C + 4)
-    fn.max_dynamic_shared_size_bytes = max(fn.max_dynamic_shared_size_bytes, smem)
-    run = lambda: fn((chunks,), (256,), (dout, x, mean, rstd, g, dx, q, qt, part, np.int32(N), np.int32(C),  # noqa: E731
-                                         np.int32(rows), np.int32(0), d_scale, d_amax, d_counts, np.int32(1),
-                                         np.int32(1)), shared_mem=smem)
+    run, q, qt, d_amax, d_counts = _bwd_fp8_launch(cp, k[f"layernorm_bwd_fused_fp8_{nv}"], (dout, x, mean, rstd, g, dx),
+                                                   part, s_d, N, C, rows, sums)
 
     def case():
         dx[...] = dx0
@@ -421,14 +430,8 @@ def _layernorm_bwd_r16(cp, report, shape, rng, reps, N, C, nv, x16, x_h, mean, r
     s_d = scale_reference([float(np.abs(c16_ref).max())], "e5m2")
     d_dx0 = cp.asarray(dx0_h)
     dx = d_dx0.copy()
-    q, qt = cp.zeros((N, C), cp.uint8), cp.zeros((C, N), cp.uint8)
-    d_scale, d_amax, d_counts = cp.full(1, s_d, cp.float32), cp.full(1, -1.0, cp.float32), cp.zeros(3, cp.uint64)
-    fn = k[f"layernorm_bwd_fused_fp8_r16_{nv}"]
-    smem = sums + rows * (C + 4)
-    fn.max_dynamic_shared_size_bytes = max(fn.max_dynamic_shared_size_bytes, smem)
-    run = lambda: fn((chunks,), (256,), (dout, x16, mean, rstd, g, dx, q, qt, part, np.int32(N), np.int32(C),  # noqa: E731
-                                         np.int32(rows), np.int32(0), d_scale, d_amax, d_counts, np.int32(1),
-                                         np.int32(1)), shared_mem=smem)
+    run, q, qt, d_amax, d_counts = _bwd_fp8_launch(cp, k[f"layernorm_bwd_fused_fp8_r16_{nv}"],
+                                                   (dout, x16, mean, rstd, g, dx), part, s_d, N, C, rows, sums)
 
     def case():
         dx[...] = d_dx0

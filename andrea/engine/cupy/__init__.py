@@ -56,7 +56,7 @@ from andrea.engine.cupy.cublaslt import EPILOGUE_GELU_AUX, Lt, tune_from_env
 from andrea.engine.cupy.fp8 import ALL_PRODUCTS, Fp8, check_shapes
 from andrea.engine.cupy.gemm import Cublas
 from andrea.engine.cupy.graphs import CapturedPass
-from andrea.engine.cupy.kernels import blocks, kernel
+from andrea.engine.cupy.kernels import blocks, kernel, ln_nv
 from andrea.engine.cupy.weights import BF16, FP16, VOCAB_PAD, Weights, defines, half_dtype, is_16bit
 from andrea.model import coarse_decay_mask
 
@@ -66,7 +66,8 @@ __all__ = ["BF16", "FP16", "VOCAB_PAD", "CupyBackend", "Snapshot"]
 H16_BUFFERS = {"ln1", "ln2", "lnf", "att_y", "mlp_h", "mlp_a", "d_y", "d_branch"}
 # 16-bit too where the vectorised LayerNorm kernels apply (C % 4 == 0, C <= 1536): the branch a matrix
 # product adds to the residual stream, and the gradient of a LayerNorm's output (both written by
-# matrix products, as PyTorch's autocast writes them; the residual stream and its gradient stay fp32)
+# matrix products, as PyTorch's autocast writes them; the residual stream and its gradient are 16-bit
+# too where residual_from_env says bf16)
 H16_LN_SIDES = {"branch", "d_ln"}
 # fp8: the LayerNorm outputs that feed an fp8 product, stored as its e4m3 operand (transposed, one byte a
 # value) by the LayerNorm itself, and the product that reads them
@@ -79,16 +80,16 @@ FP8_LN_BWD_SMEM = 100 * 1024
 LN_MAXV = 12  # kernels/layernorm.cu: float4s per lane in the vectorised row kernels
 LN_FEW_ROWS = 64  # up to this many rows, add_layernorm_fwd's 16-bit-branch kernel is latency-bound (decoding)
 LN_ROWS = 64  # rows per partial sum of the LayerNorm parameter gradients (the two-kernel path)
-LN_FUSED_NV = (1, 2, 3, 4, 6, 8, 12)  # layernorm.cu: the layernorm_bwd_fused_<NV> kernels (float4s per lane)
 LN_R16_ROWS = 2  # layernorm.cu: rows a warp of add_layernorm_r16_<NV>
 
 
 def residual_from_env(precision: str) -> str:
     """The residual stream's type (its saved copies and its gradient): "bf16" in the bf16 and fp8 modes
     (decision, 2026-12-01: as llm.c's and Megatron-LM's defaults; half the bytes of the LayerNorms
-    around every block, half the residuals' memory; fp8_gate.py --residuals fp32 bf16 measured the
-    loss), "fp32" in fp32 and fp16 (fp16's scaled gradients need fp32's range). ANDREA_RESIDUAL=fp32
-    keeps the fp32 stream in the bf16 and fp8 modes too."""
+    around every block, half the residuals' memory; `bench/fp8_gate.py --precisions bf16:fp32 bf16`
+    measured the loss: BENCHMARKS.md), "fp32" in fp32 and fp16 (fp16's scaled gradients need fp32's
+    range). ANDREA_RESIDUAL=fp32 keeps the fp32 stream in the bf16 and fp8 modes too. Widths the
+    vectorised LayerNorm kernels do not take (C % 4 != 0 or C > 1536) keep it fp32 (plan_buffer)."""
     raw = os.environ.get("ANDREA_RESIDUAL", "bf16")
     if raw not in ("bf16", "fp32"):
         raise ValueError(f"ANDREA_RESIDUAL={raw!r}: give bf16 (the default in the bf16 and fp8 modes) or fp32")
@@ -103,8 +104,7 @@ def _ln_vec(C: int) -> bool:
 def _ln_fused(C: int, h16_dout: bool = False, r16: bool = False) -> str:
     """The one-pass LayerNorm backward kernel for rows of C channels (C satisfies _ln_vec), for an
     fp32 or a 16-bit output gradient, over an fp32 or (r16) a 16-bit residual stream."""
-    need = -(-C // 128)
-    return f"layernorm_bwd_fused_{'h16_' if h16_dout else ''}{'r16_' if r16 else ''}{next(nv for nv in LN_FUSED_NV if nv >= need)}"
+    return f"layernorm_bwd_fused_{'h16_' if h16_dout else ''}{'r16_' if r16 else ''}{ln_nv(C)}"
 
 
 def ln_fused_rows(N: int) -> int:
@@ -232,6 +232,7 @@ class CupyBackend(Backend):
         self._cudnn: dict = {}  # device -> CudnnAttention
         self.backward_arena = None  # bytes dead during the layers' backward (set_backward_arena)
         self.residual = residual_from_env(precision)  # the residual stream's type: "bf16" or "fp32"
+        self.residual_planned = None  # the type plan_buffer gave the last residual stream it planned
 
     @property
     def recomputes_gelu(self) -> bool:
@@ -280,7 +281,8 @@ class CupyBackend(Backend):
         instead = sorted({key for c in self._cudnn.values() for key in c.ours_instead})
         if instead:  # (B, H, T, D)
             att += f" (our backward instead of cuDNN's in batch slices or a workspace of its own: {instead})"
-        return f"{att}, cuBLASLt{' with timed algorithms' if tune_from_env() else ''}, {self.residual} residual stream"
+        stream = self.residual_planned or self.residual  # what plan_buffer gave the model's width
+        return f"{att}, cuBLASLt{' with timed algorithms' if tune_from_env() else ''}, {stream} residual stream"
 
     def _cudnn_attention(self, *buffers):
         """This device's CudnnAttention where it runs these 16-bit buffers, else None (our kernels)."""
@@ -357,8 +359,10 @@ class CupyBackend(Backend):
             return shape, self.half
         if name in H16_LN_SIDES and _ln_vec(shape[-1]):
             return shape, self.half
-        if name in ("res", "d_res") and self.residual == "bf16" and _ln_vec(shape[-1]):
-            return shape, self.half  # the residual stream and its gradient (residual_from_env)
+        if name in ("res", "d_res"):  # the residual stream and its gradient (residual_from_env)
+            r16 = self.residual == "bf16" and _ln_vec(shape[-1])
+            self.residual_planned = "bf16" if r16 else "fp32"
+            return shape, (self.half if r16 else dtype)
         return shape, dtype
 
     def set_backward_arena(self, buf) -> None:
@@ -626,6 +630,8 @@ class CupyBackend(Backend):
         C = x.shape[-1]
         N = x.size // C
         if _ln_vec(C) and is_16bit(x):  # a 16-bit residual stream (its outputs are 16-bit too)
+            if not is_16bit(out):
+                raise ValueError("a LayerNorm of the 16-bit residual stream writes a 16-bit output")
             self._add_layernorm_r16(x, None, None, g, b, out, mean, rstd, eps)
             return
         if _ln_vec(C):  # the residual-add kernel with no residual
@@ -652,6 +658,8 @@ class CupyBackend(Backend):
             if not (vec and is_16bit(out)):
                 raise ValueError(f"a 16-bit branch needs C % 4 == 0, C <= {4 * 32 * LN_MAXV} and a 16-bit output")
             r16 = "_r16" if is_16bit(x) else ""  # a 16-bit residual stream (x and res)
+            if is_16bit(x) != is_16bit(res):
+                raise ValueError("the residual stream's input and output must have one type (16-bit or fp32)")
             if N <= LN_FEW_ROWS:  # a few rows (generation's step): a block per row, one wait on memory
                 self.kernel("layernorm", "add_h16_layernorm_fwd_block_h16" + r16)(
                     (N,), (-(-C // 128) * 32,), (x, f, res, g, b, out, mean, rstd, np.int32(N), np.int32(C), np.float32(eps)))
@@ -670,8 +678,7 @@ class CupyBackend(Backend):
         LN_R16_ROWS rows a warp (kernels/layernorm.cu add_layernorm_r16_<NV>)."""
         C = x.shape[-1]
         N = x.size // C
-        nv = next(v for v in LN_FUSED_NV if 128 * v >= C)
-        self.kernel("layernorm", f"add_layernorm_r16_{nv}")(
+        self.kernel("layernorm", f"add_layernorm_r16_{ln_nv(C)}")(
             (blocks(N, 8 * LN_R16_ROWS),), (256,), (x, np.uint64(0) if f is None else f, np.uint64(0) if res is None else res,
                                                     g, b, out, mean, rstd, np.int32(N), np.int32(C), np.float32(eps)))
 
@@ -756,7 +763,9 @@ class CupyBackend(Backend):
             self.layernorm_bwd(dout, x, mean, rstd, g, dx, dg, db, branch=copy)
             f.cast(copy, site, "e5m2", q=q, qt=qt)
             return
-        kern = self.kernel("fp8", f"layernorm_bwd_fused_fp8_{'r16_' if is_16bit(x) else ''}{_ln_fused(C, True).rsplit('_', 1)[1]}")
+        if is_16bit(x) != is_16bit(dx):
+            raise ValueError("the residual stream and its gradient must have one type (16-bit or fp32)")
+        kern = self.kernel("fp8", f"layernorm_bwd_fused_fp8_{'r16_' if is_16bit(x) else ''}{ln_nv(C)}")
         # its transposing tile: a block's rows of the 16-bit gradient (kernels/fp8.cu)
         self._layernorm_bwd_one_pass(kern, (dout, x, mean, rstd, g, dx), (q, qt),
                                      (np.int32(site), f.scale, f.amax_now, f.counts, np.int32(1), np.int32(1)), dg, db,

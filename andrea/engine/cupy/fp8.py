@@ -40,6 +40,7 @@ import cupy as cp
 import numpy as np
 
 from andrea.engine.cupy.cublaslt import Lt
+from andrea.engine.cupy.kernels import ln_nv
 from andrea.engine.cupy.weights import is_16bit
 
 HISTORY = 16  # as kernels/fp8.cu FP8_HISTORY and andrea/fp8.py's default
@@ -254,8 +255,9 @@ class Fp8:
         N = x.size // C
         site = self.layernorm_site(feeds, N, ".x", "e4m3")
         xq = self._u8(f"x{C}", (N, C))
-        nv = next(v for v in (1, 2, 3, 4, 6, 8, 12) if 128 * v >= C)
-        fn = self.be.kernel("fp8", f"add_layernorm_fp8_{'r16_' if is_16bit(x) else ''}{nv}")
+        if res is not None and is_16bit(x) != is_16bit(res):
+            raise ValueError("the residual stream's input and output must have one type (16-bit or fp32)")
+        fn = self.be.kernel("fp8", f"add_layernorm_fp8_{'r16_' if is_16bit(x) else ''}{ln_nv(C)}")
         smem = LN_FP8_ROWS * (C + 4)
         if fn.max_dynamic_shared_size_bytes < smem:
             fn.max_dynamic_shared_size_bytes = smem

@@ -39,3 +39,12 @@ def kernel(name: str, function: str, head_dim: int | None = None, defines: tuple
 def blocks(n: int, threads: int = 256) -> int:
     """Blocks of `threads` threads that cover n items."""
     return (n + threads - 1) // threads
+
+
+LN_FUSED_NV = (1, 2, 3, 4, 6, 8, 12)  # layernorm.cu: the layernorm_bwd_fused_<NV> kernels (float4s per lane)
+
+
+def ln_nv(C: int) -> int:
+    """float4s a lane of the row kernels instantiated per width (layernorm_bwd_fused_<NV>,
+    add_layernorm_r16_<NV>, fp8.cu's add_layernorm_fp8_<NV>, ...) for rows of C channels."""
+    return next(nv for nv in LN_FUSED_NV if 128 * nv >= C)
