@@ -39,3 +39,17 @@ __device__ __forceinline__ float warp_sum(float v) {
 template <typename T> __device__ __forceinline__ T to_out(float v);
 template <> __device__ __forceinline__ float to_out<float>(float v) { return v; }
 template <> __device__ __forceinline__ h16 to_out<h16>(float v) { return to_h16(v); }
+__device__ __forceinline__ float as_float(float v) { return v; }
+__device__ __forceinline__ float as_float(h16 v) { return from_h16(v); }
+
+// out[row] = wte[tok[row]] + wpe[pos0 + row % T] for N rows of C: the residual stream's start, fp32 or
+// 16-bit (elementwise.cu embed_fwd*, decode.cu embed_at*: pos0 the cache's position)
+template <typename Out>
+__device__ __forceinline__ void embed_rows(const int* __restrict__ tok, const float* __restrict__ wte,
+                                           const float* __restrict__ wpe, int pos0, Out* __restrict__ out, int N, int T,
+                                           int C) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)N * C) return;
+    int row = i / C, c = i % C;
+    out[i] = to_out<Out>(wte[(long)tok[row] * C + c] + wpe[(long)(pos0 + row % T) * C + c]);
+}

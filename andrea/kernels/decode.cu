@@ -7,23 +7,14 @@
 #include "common.cuh"
 
 // out[b, t] = wte[tok[b, t]] + wpe[pos + t]: the residual stream, fp32 (embed_at) or 16-bit (embed_at_h16)
-template <typename Out>
-__device__ void embed_rows_at(const int* __restrict__ tok, const float* __restrict__ wte, const float* __restrict__ wpe,
-                              const int* __restrict__ pos, Out* __restrict__ out, int N, int T, int C) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long)N * C) return;
-    int row = i / C, c = i % C;
-    out[i] = to_out<Out>(wte[(long)tok[row] * C + c] + wpe[(long)(pos[0] + row % T) * C + c]);
-}
-
 extern "C" __global__ void embed_at(const int* tok, const float* wte, const float* wpe, const int* pos, float* out, int N,
                                     int T, int C) {
-    embed_rows_at(tok, wte, wpe, pos, out, N, T, C);
+    embed_rows(tok, wte, wpe, pos[0], out, N, T, C);
 }
 
 extern "C" __global__ void embed_at_h16(const int* tok, const float* wte, const float* wpe, const int* pos, h16* out,
                                         int N, int T, int C) {
-    embed_rows_at(tok, wte, wpe, pos, out, N, T, C);
+    embed_rows(tok, wte, wpe, pos[0], out, N, T, C);
 }
 
 // the chunk's keys and values into the caches at [pos, pos + n)

@@ -12,22 +12,13 @@ __device__ __forceinline__ float gelu_grad(float x) {
     return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * GELU_C * (1.f + 3.f * 0.044715f * u);
 }
 
-// out[row] = wte[tok[row]] + wpe[row % T]: the residual stream's start (fp32, or 16-bit: embed_fwd_h16)
-template <typename Out>
-__device__ void embed_rows(const int* __restrict__ tok, const float* __restrict__ wte, const float* __restrict__ wpe,
-                           Out* __restrict__ out, int N, int T, int C) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long)N * C) return;
-    int row = i / C, c = i % C;
-    out[i] = to_out<Out>(wte[(long)tok[row] * C + c] + wpe[(long)(row % T) * C + c]);
-}
-
+// the residual stream's start: fp32, or 16-bit (embed_fwd_h16)
 extern "C" __global__ void embed_fwd(const int* tok, const float* wte, const float* wpe, float* out, int N, int T, int C) {
-    embed_rows(tok, wte, wpe, out, N, T, C);
+    embed_rows(tok, wte, wpe, 0, out, N, T, C);
 }
 
 extern "C" __global__ void embed_fwd_h16(const int* tok, const float* wte, const float* wpe, h16* out, int N, int T, int C) {
-    embed_rows(tok, wte, wpe, out, N, T, C);
+    embed_rows(tok, wte, wpe, 0, out, N, T, C);
 }
 
 extern "C" __global__ void gelu_fwd(const float* __restrict__ h, float* __restrict__ a, long n) {
@@ -184,9 +175,6 @@ extern "C" __global__ void adamw_h16(float* __restrict__ w, const float* __restr
 // count[0] distinct tokens. One block per distinct token sums its rows in position order:
 // deterministic, no atomics, no device sort and no host sync (a CUDA graph can hold it).
 // (dout: the residual stream's gradient, fp32, or 16-bit in the _h16 kernels)
-__device__ __forceinline__ float as_float(float v) { return v; }
-__device__ __forceinline__ float as_float(h16 v) { return from_h16(v); }
-
 template <typename DOut>
 __device__ void embed_bwd_rows(const DOut* __restrict__ dout, const int* __restrict__ order, const int* __restrict__ seg,
                                const int* __restrict__ uniq, const int* __restrict__ count, float* __restrict__ dwte,

@@ -317,9 +317,8 @@ __device__ void add_layernorm_fp8(const X* __restrict__ x, const h16* __restrict
         for (int k = 0; k < NV; k++) {
             const int c = (lane + 32 * k) * 4;
             if (c < C) {
-                const float4 o = ln_out4(v[k], m, r, g, b, c);
-                const float2 lo = unpack_h16x2(pack_h16x2(o.x, o.y)), hi = unpack_h16x2(pack_h16x2(o.z, o.w));
-                const float o16[4] = {lo.x, lo.y, hi.x, hi.y};  // the 16-bit output, as the bf16 path stores it
+                const float4 o = as_stored<h16>(ln_out4(v[k], m, r, g, b, c));
+                const float o16[4] = {o.x, o.y, o.z, o.w};  // the 16-bit output, as the bf16 path stores it
                 const unsigned packed = cast4<FP8_E4M3>(o16, s, st, count);
                 if (q) *reinterpret_cast<unsigned*>(q + off + c) = packed;
                 *reinterpret_cast<unsigned*>(tile + rr * ld + c) = packed;
@@ -388,8 +387,8 @@ struct Fp8GradCast {
     int count;
     CastStats st;
     __device__ __forceinline__ void row(int local, long off, int c, float4 v) {
-        const float2 lo = unpack_h16x2(pack_h16x2(v.x, v.y)), hi = unpack_h16x2(pack_h16x2(v.z, v.w));
-        const float v16[4] = {lo.x, lo.y, hi.x, hi.y};
+        const float4 r = as_stored<h16>(v);
+        const float v16[4] = {r.x, r.y, r.z, r.w};
         const unsigned packed = cast4<FP8_E5M2>(v16, s, st, count);
         if (q) *reinterpret_cast<unsigned*>(q + off + c) = packed;
         *reinterpret_cast<unsigned*>(tile + local * ld + c) = packed;

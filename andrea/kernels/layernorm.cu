@@ -155,32 +155,8 @@ extern "C" __global__ void ln_partials_final(const float* __restrict__ partial, 
 
 __device__ __forceinline__ float4 add4(float4 a, float4 b) { return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
 
-__device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
-__device__ __forceinline__ float4 load4(const h16* p) {
-    uint2 u = *reinterpret_cast<const uint2*>(p);
-    float2 lo = unpack_h16x2(*reinterpret_cast<h16x2*>(&u.x)), hi = unpack_h16x2(*reinterpret_cast<h16x2*>(&u.y));
-    return make_float4(lo.x, lo.y, hi.x, hi.y);
-}
-
-__device__ __forceinline__ void store4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
-__device__ __forceinline__ void store4(h16* p, float4 v) {
-    h16x2 lo = pack_h16x2(v.x, v.y), hi = pack_h16x2(v.z, v.w);
-    uint2 u = make_uint2(*reinterpret_cast<unsigned*>(&lo), *reinterpret_cast<unsigned*>(&hi));
-    *reinterpret_cast<uint2*>(p) = u;
-}
-
-// v as the residual stream of type X stores it: itself (fp32), or rounded to 16 bits (the bf16
-// residual stream of the bf16 and fp8 modes, where the LayerNorm normalises the rounded sum, so that
-// the backward's x̂, recomputed from the stored stream, is the forward's)
-template <typename X> __device__ __forceinline__ float4 as_stored(float4 v);
-template <> __device__ __forceinline__ float4 as_stored<float>(float4 v) { return v; }
-template <> __device__ __forceinline__ float4 as_stored<h16>(float4 v) {
-    const float2 lo = unpack_h16x2(pack_h16x2(v.x, v.y)), hi = unpack_h16x2(pack_h16x2(v.z, v.w));
-    return make_float4(lo.x, lo.y, hi.x, hi.y);
-}
-
 // Four values as stored, loaded now and converted later (a float4, or a uint2 of 16-bit values: half
-// the registers), and four values packed back into 16 bits
+// the registers), and four values packed into 16 bits (rounded to nearest)
 __device__ __forceinline__ float4 raw4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 __device__ __forceinline__ uint2 raw4(const h16* p) { return *reinterpret_cast<const uint2*>(p); }
 __device__ __forceinline__ float4 f4(float4 v) { return v; }
@@ -192,6 +168,18 @@ __device__ __forceinline__ uint2 packed4(float4 v) {
     h16x2 lo = pack_h16x2(v.x, v.y), hi = pack_h16x2(v.z, v.w);
     return make_uint2(*reinterpret_cast<unsigned*>(&lo), *reinterpret_cast<unsigned*>(&hi));
 }
+
+// four values loaded as floats, or stored in the pointer's type
+template <typename T> __device__ __forceinline__ float4 load4(const T* p) { return f4(raw4(p)); }
+__device__ __forceinline__ void store4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
+__device__ __forceinline__ void store4(h16* p, float4 v) { *reinterpret_cast<uint2*>(p) = packed4(v); }
+
+// v as the residual stream of type X stores it: itself (fp32), or rounded to 16 bits (the bf16
+// residual stream of the bf16 and fp8 modes, where the LayerNorm normalises the rounded sum, so that
+// the backward's x̂, recomputed from the stored stream, is the forward's)
+template <typename X> __device__ __forceinline__ float4 as_stored(float4 v);
+template <> __device__ __forceinline__ float4 as_stored<float>(float4 v) { return v; }
+template <> __device__ __forceinline__ float4 as_stored<h16>(float4 v) { return f4(packed4(v)); }
 
 // One row's residual add and LayerNorm statistics in a warp's registers: v[k] = x + f (f nullable; also
 // stored into res where given) for the lane's float4s, and the row's mean m and rstd r. X: the
