@@ -22,8 +22,8 @@ SAMPLE_THREADS = 512  # kernels/sampling.cu: threads per row (its SAMPLE_THREADS
 def embed_at(be, tokens, wte, wpe, pos_dev, out) -> None:
     B, T = tokens.shape
     C = wte.shape[1]
-    be.kernel("decode", "embed_at_h16" if is_16bit(out) else "embed_at")((blocks(B * T * C),), (256,), (tokens, wte, wpe, pos_dev, out, np.int32(B * T),
-                                                                   np.int32(T), np.int32(C)))
+    be.kernel("decode", "embed_at_h16" if is_16bit(out) else "embed_at")(  # the residual stream: 16-bit or fp32
+        (blocks(B * T * C),), (256,), (tokens, wte, wpe, pos_dev, out, np.int32(B * T), np.int32(T), np.int32(C)))
 
 
 def kv_store(be, qkv, k_cache, v_cache, pos_dev) -> None:
