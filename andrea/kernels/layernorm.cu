@@ -463,7 +463,6 @@ extern "C" __global__ void layernorm_bwd_dx_vec(const float* __restrict__ dout, 
 // 4·NV extra float4 registers a thread left room for fewer warps.
 #define LN_WARPS 8
 
-
 // What the one-pass backward does with each updated float4 of dx besides storing it (`emit.row(row -
 // r0, row offset, column, value)`), and once the block's rows are done and its threads synchronised
 // (`emit.finish(r0, r1, N, C)`): here the 16-bit copy (dx_h16 nullable); fp8.cu's casts it to e5m2.
