@@ -557,9 +557,11 @@ def test_graph_times_replays_each_algorithm_and_skips_those_that_fail():
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mlp_gelu_epilogues_match_the_elementwise_passes(precision):
     """The 16-bit MLP with GELU and GELU' applied by cuBLASLt as the products are written (the
-    default) gives what the products plus elementwise passes give: h, a, the output and every
-    gradient within the 16-bit rounding of the values in between (the epilogue applies GELU to the
-    fp32 accumulator, the pass to the rounded h), and both match NumPy."""
+    default) gives what the products plus elementwise passes give, with a = gelu(h) recomputed in
+    the backward (the default) or kept from the forward (ANDREA_GELU=keep: then gelu'(h) is the
+    epilogue of the product that makes h's gradient): h, a, the output and every gradient within
+    the 16-bit rounding of the values in between (the epilogue applies GELU to the fp32
+    accumulator, the pass to the rounded h), and all match NumPy."""
     bf = CupyBackend(precision).half
     x, gout = round16(r(B, T, d), bf), round16(r(B, T, d), bf)
     w1, w2 = round16(r(d, M, scale=0.1), bf), round16(r(M, d, scale=0.1), bf)
@@ -568,22 +570,28 @@ def test_mlp_gelu_epilogues_match_the_elementwise_passes(precision):
     dxn, dw1n, dw2n = np.zeros((B, T, d), np.float32), np.zeros((d, M), np.float32), np.zeros((M, d), np.float32)
     nb.mlp_bwd(gout, x, hn, an, w1, w2, dxn, dw1n, dw2n)
     got = {}
-    for epilogue in (True, False):
+    for epilogue, keep in ((True, False), (False, False), (True, True), (False, True)):
         be = CupyBackend(precision)
-        be.gelu_epilogue = epilogue
+        be.gelu_epilogue, be.keep_gelu = epilogue, keep
+        assert be.recomputes_gelu is not keep
         hg, ag, og = cp.zeros((B, T, M), bf), cp.zeros((B, T, M), bf), cp.zeros((B, T, d), cp.float32)
         be.mlp_fwd(g(x).astype(bf), g(w1), g(w2), hg, ag, og)
         fwd = [h(v).astype(np.float32) for v in (hg, ag, og)]
+        if not keep:
+            ag.fill(np.nan)  # recomputed: the backward must not read the forward's a
         dx, dw1, dw2 = cp.zeros((B, T, d), cp.float32), cp.zeros((d, M), cp.float32), cp.zeros((M, d), cp.float32)
         be.mlp_bwd(g(gout).astype(bf), g(x).astype(bf), hg, ag, g(w1), g(w2), dx, dw1, dw2)
-        got[epilogue] = fwd + [h(v) for v in (dx, dw1, dw2)]
-        if epilogue:  # GELU ran as the epilogue of the first product (plan keys: "h16", layouts, ta, tb, epilogue, ...)
-            assert any(key[0] == "h16" and key[6] == cublaslt.EPILOGUE_GELU_AUX for lt in be._lt.values() for key in lt.plans)
+        got[epilogue, keep] = fwd + [h(v) for v in (dx, dw1, dw2)]
+        # which products ran with an epilogue (plan keys: "h16", layouts, ta, tb, epilogue, ...)
+        epilogues = {key[6] for lt in be._lt.values() for key in lt.plans if key[0] == "h16"}
+        assert (cublaslt.EPILOGUE_GELU_AUX in epilogues) is epilogue
+        assert (cublaslt.EPILOGUE_DGELU in epilogues) is (epilogue and keep)
     ulp = 2.0 ** -8 if precision == "bf16" else 2.0 ** -11  # the 16-bit types' unit in the last place (relative)
     names = ("h", "a", "out", "dx", "dw1", "dw2")
-    for name, lt_, pass_, want in zip(names, got[True], got[False], (hn, an, on, dxn, dw1n, dw2n)):
-        assert rel(lt_, pass_) < 2 * ulp, (name, rel(lt_, pass_))
-        assert rel(lt_, want) < 1e-2, (name, rel(lt_, want))
+    for variant in ((True, False), (True, True), (False, True)):
+        for name, got_, pass_, want in zip(names, got[variant], got[False, False], (hn, an, on, dxn, dw1n, dw2n)):
+            assert rel(got_, pass_) < 2 * ulp, (variant, name, rel(got_, pass_))
+            assert rel(got_, want) < 1e-2, (variant, name, rel(got_, want))
 
 
 def test_matmul_pairs_and_classifier():
@@ -791,6 +799,33 @@ def test_bf16_engine_plans_bf16_activations(monkeypatch):
     assert r32.acts["res"].dtype == np.float32 and r32.A.scratch["d_branch"].dtype == BF16
     assert r32.A.scratch["d_branch"] is not r32.A.scratch["d_res"]
     assert bf16.memory_plan().activations < r32.memory_plan().activations
+
+
+def test_bf16_engine_keeps_gelu_on_request(monkeypatch):
+    """ANDREA_GELU=keep: each layer's a = gelu(h) is saved (L buffers, counted by the memory plan,
+    instead of one inside the probabilities) and the backward, with gelu'(h) as a product's epilogue,
+    gives the recomputing engine's gradients within bf16's rounding; training steps replay alike."""
+    inputs, targets = batch(3)
+    rec = Engine(CFG, 4, 128, backend="cupy", seed=4, precision="bf16")
+    monkeypatch.setenv("ANDREA_GELU", "keep")
+    keep = Engine(CFG, 4, 128, backend="cupy", seed=4, precision="bf16")
+    assert rec.be.recomputes_gelu and not keep.be.recomputes_gelu
+    assert rec.acts["mlp_a"].shape[0] == 1 and keep.acts["mlp_a"].shape[0] == CFG.n_layer
+    assert keep.memory_plan().activations > rec.memory_plan().activations
+    for e in (rec, keep):
+        e.forward(inputs, targets)
+        e.backward()
+    assert rel(keep.host(keep.g), rec.host(rec.g)) < 1e-2
+    runs = []
+    for _ in range(2):
+        e = Engine(CFG, 4, 128, backend="cupy", seed=4, precision="bf16")
+        for step in range(3):
+            train_step(e, [batch(10 + step)], step, OptimConfig(lr=1e-3, warmup_steps=1))
+        runs.append(e.host(e.w).tobytes())
+    assert runs[0] == runs[1]  # same bytes twice
+    monkeypatch.setenv("ANDREA_GELU", "sometimes")
+    with pytest.raises(ValueError, match="ANDREA_GELU='sometimes'"):
+        CupyBackend("bf16")
 
 
 def test_bf16_residual_stream_pairs_match_numpy():

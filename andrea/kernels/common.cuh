@@ -27,6 +27,25 @@ __device__ __forceinline__ float from_h16(h16 v) { return H16_FN(__, 2float)(v);
 __device__ __forceinline__ h16x2 pack_h16x2(float lo, float hi) { return H16_FN(__floats2, 2_rn)(lo, hi); }
 __device__ __forceinline__ float2 unpack_h16x2(h16x2 v) { return H16_FN(__, 22float2)(v); }
 
+// 8 16-bit values in 16 bytes (one vector load or store) <-> 8 floats
+__device__ __forceinline__ void unpack8(uint4 u, float f[8]) {
+    const h16x2* p = reinterpret_cast<const h16x2*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = unpack_h16x2(p[i]);
+        f[2 * i] = v.x;
+        f[2 * i + 1] = v.y;
+    }
+}
+
+__device__ __forceinline__ uint4 pack8(const float f[8]) {
+    uint4 u;
+    h16x2* p = reinterpret_cast<h16x2*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; i++) p[i] = pack_h16x2(f[2 * i], f[2 * i + 1]);
+    return u;
+}
+
 #ifndef INFINITY  // NVRTC has no <math.h>
 #define INFINITY __int_as_float(0x7f800000)
 #endif

@@ -226,24 +226,6 @@ __device__ __forceinline__ float tanh_approx(float x) {
     return y;
 }
 
-__device__ __forceinline__ void unpack8(uint4 u, float f[8]) {
-    const h16x2* p = reinterpret_cast<const h16x2*>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 v = unpack_h16x2(p[i]);
-        f[2 * i] = v.x;
-        f[2 * i + 1] = v.y;
-    }
-}
-
-__device__ __forceinline__ uint4 pack8(const float f[8]) {
-    uint4 u;
-    h16x2* p = reinterpret_cast<h16x2*>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; i++) p[i] = pack_h16x2(f[2 * i], f[2 * i + 1]);
-    return u;
-}
-
 extern "C" __global__ void gelu_fwd_h16x8(const uint4* __restrict__ h, uint4* __restrict__ a, long n8) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n8) return;

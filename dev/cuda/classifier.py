@@ -7,7 +7,10 @@ softmax_xent_fwd  fp32 mode: logits -> probabilities in place, and each row's lo
 softmax_xent_bwd  fp32 mode: probabilities -> (p − onehot)·dloss/N in place
 softmax_xent_h16  16-bit modes, one pass: each row's loss, and the row overwritten by
                   (softmax − onehot)·loss_scale in bf16 or fp16; rows padded to a multiple of 64
-                  (the padding must stay untouched)
+                  (the padding must stay untouched). Two kernels: softmax_xent_h16_rows holds the
+                  row in registers (16-byte loads, XENT_NV vectors a thread, the block sized by
+                  andrea.engine.cupy.kernels.xent_threads); softmax_xent_h16 (2-byte loads, three
+                  reads of the row) takes rows too long for that
 Rows are independent: the reference covers 64 of them (the first, the last and 62 drawn). It gets
 logits = x·Iᵀ with x the kernel's very logits, so loss_fwd's product reproduces its inputs exactly.
 """
@@ -26,7 +29,9 @@ VERSIONS = [
     V("softmax_xent_fwd", "softmax_xent_fwd", ("softmax_xent_fwd",), "classifier.cu"),
     V("softmax_xent_bwd", "softmax_xent_bwd", ("softmax_xent_bwd",), "classifier.cu"),
     V("softmax_xent_h16", "softmax_xent_h16", ("softmax_xent_h16",), "classifier.cu", ("bf16", "fp16")),
+    V("softmax_xent_h16", "softmax_xent_h16_rows", ("softmax_xent_h16_rows",), "classifier.cu", ("bf16", "fp16")),
 ]
+
 VOCAB_PAD = 64  # andrea.engine.cupy.VOCAB_PAD: 16-bit logits rows padded to this many entries
 CHECK_ROWS = 64
 LOSS_SCALE = {"bf16": 1.0, "fp16": 1024.0}  # fp16 trains with loss scaling: exercise a scale != 1
@@ -90,9 +95,14 @@ def run_shape(cp, report, shape, rng, reps):
 
     report.attempt("softmax_xent_bwd", "softmax_xent_bwd", "fp32", shape, case_bwd)
 
+    from andrea.engine.cupy.kernels import XENT_NV, xent_threads  # the production launch (imports CuPy)
+
     ld = -(-Vv // VOCAB_PAD) * VOCAB_PAD
-    for prec in VERSIONS[2].precisions:
-        kh = common.build(cp, VERSIONS[2], prec)["softmax_xent_h16"]
+    for version, prec in [(v, p) for v in VERSIONS[2:] for p in v.precisions]:
+        kh = common.build(cp, version, prec)[version.name]
+        threads = 256 if version.name == "softmax_xent_h16" else xent_threads(ld)
+        # the rows kernel sums up to 8·XENT_NV terms a thread before its tree
+        c_sum_h = c_sum if version.name == "softmax_xent_h16" else (max(Vv // 256, 8 * XENT_NV) + 20) * u32
         ls = LOSS_SCALE[prec]
         zh = np.zeros((N, ld), np.uint16)
         zh[:, :Vv] = common.to_h16(z32, prec)
@@ -102,9 +112,10 @@ def run_shape(cp, report, shape, rng, reps):
         p_h, loss_h, dl_h = reference(zr, targets[rows], ls)
         scale_buf = cp.full(1, ls, cp.float32)
         buf = cp.asarray(zh)
-        run = lambda: kh((N,), (256,), (buf, d_targets, losses, scale_buf, np.int32(Vv), np.int32(ld)))  # noqa: E731
+        run = lambda kh=kh, threads=threads: kh((N,), (threads,), (buf, d_targets, losses, scale_buf, np.int32(Vv),  # noqa: E731
+                                                                  np.int32(ld)))
 
-        def case_h16(prec=prec, run=run, buf=buf, dl_h=dl_h, loss_h=loss_h, zr=zr, sentinel=sentinel):
+        def case_h16(prec=prec, run=run, buf=buf, dl_h=dl_h, loss_h=loss_h, zr=zr, sentinel=sentinel, c_sum=c_sum_h):
             run()
             out = buf.get()
             # fp32 arithmetic on exact 16-bit inputs; the result rounded once to 16 bits (rtol u16);
@@ -117,7 +128,7 @@ def run_shape(cp, report, shape, rng, reps):
             ms = common.bench(cp, run, reps)  # in place, as the forward: the same work on other values
             return err, ms, common.gbps(2 * N * ld * 2, ms)
 
-        report.attempt("softmax_xent_h16", "softmax_xent_h16", prec, shape, case_h16)
+        report.attempt("softmax_xent_h16", version.name, prec, shape, case_h16)
 
 
 def main(argv=None) -> int:

@@ -52,11 +52,11 @@ from andrea.engine.numpy_backend import SAMPLE_CANDIDATES
 from andrea.engine.cupy import attention, decode
 from andrea.engine.cupy.cudnn_attention import CudnnAttention, deterministic_from_env, implementation_from_env, workspace_cap
 from andrea.engine.cupy.cudnn_attention import takes as cudnn_takes
-from andrea.engine.cupy.cublaslt import EPILOGUE_GELU_AUX, Lt, tune_from_env
+from andrea.engine.cupy.cublaslt import EPILOGUE_DGELU, EPILOGUE_GELU_AUX, Lt, tune_from_env
 from andrea.engine.cupy.fp8 import ALL_PRODUCTS, Fp8, check_shapes
 from andrea.engine.cupy.gemm import Cublas
 from andrea.engine.cupy.graphs import CapturedPass
-from andrea.engine.cupy.kernels import blocks, kernel, ln_nv
+from andrea.engine.cupy.kernels import blocks, kernel, ln_nv, xent_threads
 from andrea.engine.cupy.weights import BF16, FP16, VOCAB_PAD, Weights, defines, half_dtype, is_16bit
 from andrea.model import coarse_decay_mask
 
@@ -94,6 +94,19 @@ def residual_from_env(precision: str) -> str:
     if raw not in ("bf16", "fp32"):
         raise ValueError(f"ANDREA_RESIDUAL={raw!r}: give bf16 (the default in the bf16 and fp8 modes) or fp32")
     return raw if precision in ("bf16", "fp8") else "fp32"
+
+
+def keep_gelu_from_env(precision: str) -> bool:
+    """Whether the bf16 and fp16 modes save each layer's a = gelu(h) for the backward (ANDREA_GELU=keep)
+    or recompute it there from h (ANDREA_GELU=recompute). Kept, the backward's product that makes a's
+    gradient applies gelu'(h) as its epilogue (cuBLASLt's DGELU) and no elementwise pass runs:
+    B·T·4d fewer 16-bit values moved three times a layer, for L·B·T·4d more saved. (Recomputed, the
+    DGELU epilogue does not pay: a's recompute pass remains; bench/mlp_gemm_bench.py.) fp8 always
+    recomputes (one pass casts h's gradient and a to fp8 together); fp32 always keeps a."""
+    raw = os.environ.get("ANDREA_GELU", "recompute")
+    if raw not in ("keep", "recompute"):
+        raise ValueError(f"ANDREA_GELU={raw!r}: give keep or recompute")
+    return raw == "keep" and precision in ("bf16", "fp16")
 
 
 def _ln_vec(C: int) -> bool:
@@ -224,6 +237,7 @@ class CupyBackend(Backend):
         self._event_i = 0
         self.fp8 = Fp8(self) if precision == "fp8" else None  # the fp8 products' scales, histories, counts
         self.gelu_epilogue = os.environ.get("ANDREA_GELU_EPILOGUE", "1") != "0"
+        self.keep_gelu = keep_gelu_from_env(precision)  # each layer's a = gelu(h) saved, or recomputed
         # the 16-bit modes' training attention: "cudnn" (cuDNN's fused kernels, where the frontend is
         # installed) or "flash" (ours); ANDREA_ATTENTION picks
         self.attention = implementation_from_env() if precision != "fp32" else "flash"
@@ -236,9 +250,9 @@ class CupyBackend(Backend):
 
     @property
     def recomputes_gelu(self) -> bool:
-        """The 16-bit modes keep only the MLP's pre-activation h: mlp_bwd recomputes a = gelu(h) into the
-        buffer it is given (the engine then allocates one, not one per layer: less memory than PyTorch)."""
-        return self.precision != "fp32"
+        """The 16-bit modes keep only the MLP's pre-activation h unless keep_gelu: mlp_bwd recomputes
+        a = gelu(h) into the buffer it is given (the engine then allocates one, not one per layer)."""
+        return self.precision != "fp32" and not self.keep_gelu
 
     @property
     def half(self):
@@ -990,17 +1004,21 @@ class CupyBackend(Backend):
         if self._fp8("mlp"):
             self.fp8.mlp_bwd(g, x.reshape(-1, d), h, w1, w2, dx.reshape(-1, d), dw1, dw2, da)
             return
-        # a's gradient, then one pass applies gelu'(h) and recomputes a for dW2 (cuBLASLt's DGELU epilogue,
-        # reading h, was no faster: a must be recomputed anyway; bench/mlp_gemm_bench.py)
-        self.gemm(g, self._operand(w2, weight=True), da, tb=True)
-        if fast and da.size % 8 == 0:
-            self.kernel("elementwise", "gelu_bwd_recompute_h16x8")((blocks(da.size // 8),), (256,),
-                                                                   (h, da, a, np.int64(da.size // 8)))
+        w2p = self._operand(w2, weight=True)
+        if fast and not self.recomputes_gelu and self._gelu_epilogue(h):
+            # a saved by the forward (keep_gelu): the product writes h's gradient, gelu'(h) its epilogue
+            self.lt().gemm(g, w2p, da, tb=True, epilogue=EPILOGUE_DGELU, aux=h.reshape(-1, M))
         else:
-            if fast:
-                self.gelu(h, a)
-            self.kernel("elementwise", "gelu_bwd_h16" if fast else "gelu_bwd")((blocks(da.size),), (256,),
-                                                                              (h, da, np.int64(da.size)))
+            # a's gradient, then one pass applies gelu'(h), recomputing a for dW2 where it was not saved
+            self.gemm(g, w2p, da, tb=True)
+            if fast and self.recomputes_gelu and da.size % 8 == 0:
+                self.kernel("elementwise", "gelu_bwd_recompute_h16x8")((blocks(da.size // 8),), (256,),
+                                                                       (h, da, a, np.int64(da.size // 8)))
+            else:
+                if fast and self.recomputes_gelu:
+                    self.gelu(h, a)
+                self.kernel("elementwise", "gelu_bwd_h16" if fast else "gelu_bwd")((blocks(da.size),), (256,),
+                                                                                  (h, da, np.int64(da.size)))
         self.gemm(self._operand(a.reshape(-1, M)), g, dw2, ta=True, accumulate=True)
         dap = self._operand(da)
         self.gemm(self._operand(x.reshape(-1, d)), dap, dw1, ta=True, accumulate=True)
@@ -1028,8 +1046,11 @@ class CupyBackend(Backend):
                 self.gemm(self._operand(x.reshape(-1, d)), wp, logits, tb=True)
             else:
                 self.gemm(self._operand(x.reshape(-1, d)), self._operand(w, weight=True), logits[:, :V], tb=True)
-            self.kernel("classifier", "softmax_xent_h16")((N,), (256,), (logits, targets, losses, self._loss_scale_buffer(),
-                                                                        np.int32(V), np.int32(logits.shape[1])))
+            ld = logits.shape[1]
+            threads = xent_threads(ld)  # the row in registers, 16 bytes a load; else 2 bytes a load, three reads
+            name = "softmax_xent_h16" if threads is None else "softmax_xent_h16_rows"
+            self.kernel("classifier", name)((N,), (threads or 256,), (logits, targets, losses, self._loss_scale_buffer(),
+                                                                     np.int32(V), np.int32(ld)))
             return None if cp.cuda.get_current_stream().is_capturing() else float(losses.mean())
         self.gemm(self._operand(x.reshape(-1, d)), self._operand(w, weight=True), probs.reshape(-1, V), tb=True)
         self.kernel("classifier", "softmax_xent_fwd")((N,), (256,), (probs, targets, losses, np.int32(V)))

@@ -48,3 +48,15 @@ def ln_nv(C: int) -> int:
     """float4s a lane of the row kernels instantiated per width (layernorm_bwd_fused_<NV>,
     add_layernorm_r16_<NV>, fp8.cu's add_layernorm_fp8_<NV>, ...) for rows of C channels."""
     return next(nv for nv in LN_FUSED_NV if 128 * nv >= C)
+
+
+XENT_NV = 8  # classifier.cu: vectors of 8 logits a thread of softmax_xent_h16_rows holds in registers
+
+
+def xent_threads(ld: int) -> int | None:
+    """Threads a block of softmax_xent_h16_rows takes for rows of ld 16-bit logits (a multiple of 32,
+    at most 1024), or None where a row does not fit its registers (softmax_xent_h16 takes those)."""
+    if ld % 8:
+        return None
+    threads = -(-(-(-ld // 8) // XENT_NV) // 32) * 32
+    return threads if threads <= 1024 else None
