@@ -229,12 +229,15 @@ class Activations:
     def __init__(self, cfg: ModelConfig, B: int, T: int, be, dtype=np.float32, saved: bool = True, backward: bool = True):
         L, d, H, D, M, V = cfg.n_layer, cfg.d_model, cfg.n_head, cfg.head_dim, cfg.d_mlp, cfg.vocab_size
         n = L if saved else 1  # layers with buffers of their own
-        # a backend that recomputes gelu(h) in the backward pass needs one buffer for it, not L
-        gelu_slots = 1 if (be.recomputes_gelu or not saved) else L
 
         def z(name, *shape):
             shape, dt = be.plan_buffer(name, shape, dtype, H)
             return be.zeros(shape, dt)
+
+        if saved and backward:  # training: the backend may recompute gelu(h) rather than save it per layer
+            be.plan_gelu(B * T, _nbytes(*be.plan_buffer("mlp_a", (L, B, T, M), dtype, H)))
+        # a backend that recomputes gelu(h) in the backward pass needs one buffer for it, not L
+        gelu_slots = 1 if (be.recomputes_gelu or not saved) else L
 
         shapes = {
             "res": (2 * L + 1 if saved else 2, B, T, d),  # residual stream: layer input, after attention, …, final

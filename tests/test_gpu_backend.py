@@ -806,7 +806,7 @@ def test_bf16_engine_keeps_gelu_on_request(monkeypatch):
     instead of one inside the probabilities) and the backward, with gelu'(h) as a product's epilogue,
     gives the recomputing engine's gradients within bf16's rounding; training steps replay alike."""
     inputs, targets = batch(3)
-    rec = Engine(CFG, 4, 128, backend="cupy", seed=4, precision="bf16")
+    rec = Engine(CFG, 4, 128, backend="cupy", seed=4, precision="bf16")  # auto: 512 tokens a pass recompute
     monkeypatch.setenv("ANDREA_GELU", "keep")
     keep = Engine(CFG, 4, 128, backend="cupy", seed=4, precision="bf16")
     assert rec.be.recomputes_gelu and not keep.be.recomputes_gelu
@@ -826,6 +826,26 @@ def test_bf16_engine_keeps_gelu_on_request(monkeypatch):
     monkeypatch.setenv("ANDREA_GELU", "sometimes")
     with pytest.raises(ValueError, match="ANDREA_GELU='sometimes'"):
         CupyBackend("bf16")
+
+
+def test_gelu_auto_keeps_it_for_large_passes_with_memory_to_spare(monkeypatch):
+    """ANDREA_GELU=auto (the default): a = gelu(h) is kept from GELU_KEEP_TOKENS tokens a pass, unless
+    the kept buffers would take more than 1/GELU_KEEP_SHARE of the free memory (a batch that fits
+    with a recomputed must still fit); fp8 always recomputes, fp32 always keeps."""
+    from andrea.engine.cupy import GELU_KEEP_SHARE, GELU_KEEP_TOKENS
+
+    monkeypatch.delenv("ANDREA_GELU", raising=False)
+    free = cp.cuda.runtime.memGetInfo()[0] + cp.get_default_memory_pool().free_bytes()
+    for tokens, kept, want in ((GELU_KEEP_TOKENS - 1, 1 << 20, False), (GELU_KEEP_TOKENS, 1 << 20, True),
+                               (GELU_KEEP_TOKENS, 2 * free // GELU_KEEP_SHARE, False)):
+        be = CupyBackend("bf16")
+        be.plan_gelu(tokens, kept)
+        assert be.keep_gelu is want and be.recomputes_gelu is not want, (tokens, kept)
+        assert f"GELU {'kept' if want else 'recomputed'}" in be.implementation()
+    fp8, fp32 = CupyBackend("fp8"), CupyBackend("fp32")
+    for be in (fp8, fp32):
+        be.plan_gelu(GELU_KEEP_TOKENS, 1 << 20)
+    assert fp8.recomputes_gelu and not fp32.recomputes_gelu
 
 
 def test_bf16_residual_stream_pairs_match_numpy():

@@ -70,6 +70,11 @@ class Backend(abc.ABC):
         such buffer for all layers instead of one per layer."""
         return False
 
+    def plan_gelu(self, tokens: int, kept_bytes: int) -> None:
+        """Told by the training activations, before they are allocated, the tokens of a pass and the
+        bytes that saving every layer's a = gelu(h) would take: a backend that may recompute a
+        (recomputes_gelu) decides here whether to."""
+
     # ------------------------------------------------------------------ buffers
     xp: ClassVar[object] = np  # the array module of the backend's arrays
 
