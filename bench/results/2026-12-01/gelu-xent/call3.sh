@@ -14,6 +14,7 @@ grep -E "FAIL|Error|error" "$OUT/dev-fp8.log" | head -5
 for f in dev-fp8-before dev-fp8; do echo "== $f"; grep -E "120M" "$OUT/$f.log" | grep -E "cast_h16_e4m3_gelu|gelu_bwd_cast_tiles|cast_h16_e5m2 |cast_h16_e4m3 |jobs" | cut -c1-160; done
 timeout 150 python3 -m pytest tests/test_gpu_fp8.py -q -p no:cacheprovider -rs > "$OUT/fp8-tests.log" 2>&1
 grep -E "^FAILED|passed|failed|Error" "$OUT/fp8-tests.log" | tail -4; echo "checks done at $(( $(date +%s) - T0 )) s"
-timeout $(( 585 - ($(date +%s) - T0) )) bash bench/before_after.sh results/before.tar --models ANDREA-120M --batches 8 32 \
-  --precisions fp8 bf16 --rounds 2 > "$OUT/before-after.log" 2>&1; echo "before_after rc=$?"
+OUT=/tmp/ba timeout $(( 585 - ($(date +%s) - T0) )) bash bench/before_after.sh results/before.tar --models ANDREA-120M \
+  --batches 8 32 --precisions fp8 bf16 --rounds 2 > "$OUT/before-after.log" 2>&1; echo "before_after rc=$?"
+cp /tmp/ba/before_after.md "$OUT/" 2>/dev/null; tar czf "$OUT/before-after.tgz" -C /tmp ba
 cat "$OUT/before_after.md" 2>/dev/null; echo "all done at $(( $(date +%s) - T0 )) s"
