@@ -42,24 +42,14 @@ template <> __device__ __forceinline__ unsigned short cvt2<FP8_E5M2>(float lo, f
     return r;
 }
 
-// 8 input values as loaded (16 bytes of h16, or 32 of float), unpacked to floats when used: the
-// casts issue every load of a block's tiles before the first is used (more bytes in flight)
-template <typename In> struct Raw8;
-template <> struct Raw8<float> {
-    float4 a, b;
-    __device__ __forceinline__ void load(const float* p) {
-        a = *reinterpret_cast<const float4*>(p);
-        b = *reinterpret_cast<const float4*>(p + 4);
-    }
-    __device__ __forceinline__ void unpack(float v[8]) const {
-        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-    }
-};
-template <> struct Raw8<h16> {
-    uint4 u;
-    __device__ __forceinline__ void load(const h16* p) { u = *reinterpret_cast<const uint4*>(p); }
-    __device__ __forceinline__ void unpack(float v[8]) const { unpack8(u, v); }
-};
+template <typename In> __device__ __forceinline__ void load8(const In* p, float v[8]);
+template <> __device__ __forceinline__ void load8<float>(const float* p, float v[8]) {
+    const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+template <> __device__ __forceinline__ void load8<h16>(const h16* p, float v[8]) {
+    unpack8(*reinterpret_cast<const uint4*>(p), v);
+}
 
 __device__ __forceinline__ float gelu_h16(float x) {  // as gelu_fwd_h16x8 and gelu_bwd_recompute_h16x8
     return from_h16(to_h16(0.5f * x * (1.f + tanh_approx(GELU_C * (x + 0.044715f * x * x * x)))));
@@ -165,17 +155,6 @@ __device__ void cast_tile(int bx, int by, const In* __restrict__ x, long ldx, un
     const float s = scale[site];
     const int row0 = by * 64;
     CastStats st;
-    Raw8<In> raw[FP8_TILES][2];  // every tile's loads first: 2 FP8_TILES loads in flight a thread
-#pragma unroll
-    for (int ct = 0; ct < FP8_TILES; ct++) {
-        const int col0 = (bx * FP8_TILES + ct) * 64;
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int c = threadIdx.x + 256 * i, row = row0 + c / 8, col = col0 + (c % 8) * 8;
-            if (row < rows && col < cols) raw[ct][i].load(x + (long)row * ldx + col);
-        }
-    }
-#pragma unroll
     for (int ct = 0; ct < FP8_TILES; ct++) {  // block-uniform: every thread reaches the barriers
         const int col0 = (bx * FP8_TILES + ct) * 64;
         if (col0 >= cols) break;
@@ -185,7 +164,7 @@ __device__ void cast_tile(int bx, int by, const In* __restrict__ x, long ldx, un
             const int row = row0 + r, col = col0 + cc;
             if (row < rows && col < cols) {
                 float v[8];
-                raw[ct][i].unpack(v);
+                load8<In>(x + (long)row * ldx + col, v);
                 if (GELU) {
 #pragma unroll
                     for (int k = 0; k < 8; k++) v[k] = gelu_h16(v[k]);
@@ -259,20 +238,6 @@ __device__ void gelu_bwd_cast(const h16* __restrict__ da, const h16* __restrict_
     const float sd = scale[site_d], sa = scale[site_a];
     const int row0 = blockIdx.y * 64;
     CastStats st, unused;
-    Raw8<h16> rg[TILES][2], rx[TILES][2];  // every tile's loads first: 4 TILES loads in flight a thread
-#pragma unroll
-    for (int ct = 0; ct < TILES; ct++) {
-        const int col0 = (blockIdx.x * TILES + ct) * 64;
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int c = threadIdx.x + 256 * i, row = row0 + c / 8, col = col0 + (c % 8) * 8;
-            if (row < rows && col < cols) {
-                rg[ct][i].load(da + (long)row * cols + col);
-                rx[ct][i].load(h + (long)row * cols + col);
-            }
-        }
-    }
-#pragma unroll
     for (int ct = 0; ct < TILES; ct++) {  // block-uniform: every thread reaches the barriers
         const int col0 = (blockIdx.x * TILES + ct) * 64;
         if (col0 >= cols) break;
@@ -282,8 +247,8 @@ __device__ void gelu_bwd_cast(const h16* __restrict__ da, const h16* __restrict_
             const int row = row0 + r, col = col0 + cc;
             if (row < rows && col < cols) {
                 float g[8], x[8], a[8];
-                rg[ct][i].unpack(g);
-                rx[ct][i].unpack(x);
+                load8<h16>(da + (long)row * cols + col, g);
+                load8<h16>(h + (long)row * cols + col, x);
 #pragma unroll
                 for (int k = 0; k < 8; k++) {  // as gelu_bwd_recompute_h16x8
                     const float u = x[k] * x[k];
