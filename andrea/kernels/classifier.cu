@@ -86,6 +86,16 @@ extern "C" __global__ void softmax_xent_h16(h16* __restrict__ logits, const int*
 #ifndef XENT_NV
 #define XENT_NV 8
 #endif
+// e^(z − mx); with XENT_EXP2 (dev) as 2^(z·log2 e − mx·log2 e): one FMA and ex2.approx instead of expf
+__device__ __forceinline__ float xent_exp(float z, float mx, float mx_log2e) {
+#ifdef XENT_EXP2
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(fmaf(z, 1.4426950408889634f, -mx_log2e)));
+    return y;
+#else
+    return expf(z - mx);
+#endif
+}
 extern "C" __global__ void softmax_xent_h16_rows(h16* __restrict__ logits, const int* __restrict__ targets,
                                                  float* __restrict__ losses, const float* __restrict__ loss_scale,
                                                  int V, int ld) {
@@ -114,6 +124,7 @@ extern "C" __global__ void softmax_xent_h16_rows(h16* __restrict__ logits, const
         }
     }
     mx = block_reduce(mx, true, sh);
+    const float mx_log2e = mx * 1.4426950408889634f;
     float s = 0.f;
 #pragma unroll
     for (int k = 0; k < XENT_NV; k++) {
@@ -123,7 +134,7 @@ extern "C" __global__ void softmax_xent_h16_rows(h16* __restrict__ logits, const
             unpack8(raw[k], f);
 #pragma unroll
             for (int i = 0; i < 8; i++)
-                if (j * 8 + i < V) s += expf(f[i] - mx);
+                if (j * 8 + i < V) s += xent_exp(f[i], mx, mx_log2e);
         }
     }
     s = block_reduce(s, false, sh);
@@ -135,7 +146,7 @@ extern "C" __global__ void softmax_xent_h16_rows(h16* __restrict__ logits, const
             float f[8];
             unpack8(raw[k], f);
 #pragma unroll
-            for (int i = 0; i < 8; i++) f[i] = (expf(f[i] - mx) * inv - (j * 8 + i == t ? 1.f : 0.f)) * ls;
+            for (int i = 0; i < 8; i++) f[i] = (xent_exp(f[i], mx, mx_log2e) * inv - (j * 8 + i == t ? 1.f : 0.f)) * ls;
             if (j * 8 + 8 <= V) {
                 vec[j] = pack8(f);
             } else {  // the row's last values before the padding
