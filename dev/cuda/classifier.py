@@ -9,8 +9,9 @@ softmax_xent_h16  16-bit modes, one pass: each row's loss, and the row overwritt
                   (softmax − onehot)·loss_scale in bf16 or fp16; rows padded to a multiple of 64
                   (the padding must stay untouched). Two kernels: softmax_xent_h16_rows holds the
                   row in registers (16-byte loads, XENT_NV vectors a thread, the block sized by
-                  andrea.engine.cupy.kernels.xent_threads); softmax_xent_h16 (2-byte loads, three
-                  reads of the row) takes rows too long for that
+                  andrea.engine.cupy.kernels.xent_threads, e^x as an FMA and ex2.approx);
+                  softmax_xent_h16 (2-byte loads, three reads of the row, expf) takes rows too
+                  long for that
 Rows are independent: the reference covers 64 of them (the first, the last and 62 drawn). It gets
 logits = x·Iᵀ with x the kernel's very logits, so loss_fwd's product reproduces its inputs exactly.
 """
@@ -29,10 +30,11 @@ VERSIONS = [
     V("softmax_xent_fwd", "softmax_xent_fwd", ("softmax_xent_fwd",), "classifier.cu"),
     V("softmax_xent_bwd", "softmax_xent_bwd", ("softmax_xent_bwd",), "classifier.cu"),
     V("softmax_xent_h16", "softmax_xent_h16", ("softmax_xent_h16",), "classifier.cu", ("bf16", "fp16")),
+    # e^x as one FMA and ex2.approx (production; the exponent's rounding adds |x|·u32 to each term's
+    # error), or expf (dev, XENT_EXPF)
     V("softmax_xent_h16", "row in registers", ("softmax_xent_h16_rows",), "classifier.cu", ("bf16", "fp16")),
-    # e^x as one FMA and ex2.approx (dev): the exponent's rounding adds |x|·u32 to each term's error
-    V("softmax_xent_h16", "row in registers, exp2", ("softmax_xent_h16_rows",), "classifier.cu", ("bf16", "fp16"),
-      ("XENT_EXP2",), production=False),
+    V("softmax_xent_h16", "row in registers, expf", ("softmax_xent_h16_rows",), "classifier.cu", ("bf16", "fp16"),
+      ("XENT_EXPF",), production=False),
 ]
 
 VOCAB_PAD = 64  # andrea.engine.cupy.VOCAB_PAD: 16-bit logits rows padded to this many entries
@@ -108,7 +110,7 @@ def run_shape(cp, report, shape, rng, reps):
         # the rows kernel sums up to 8·XENT_NV terms a thread before its tree; exp2's exponent z·log2 e
         # − mx·log2 e carries the rounding of both terms (|z − mx| + |mx| ≤ 3 max |z|, times u32)
         c_sum_h = c_sum if fn == "softmax_xent_h16" else (max(Vv // 256, 8 * XENT_NV) + 20) * u32
-        if "XENT_EXP2" in version.defines:
+        if fn == "softmax_xent_h16_rows" and "XENT_EXPF" not in version.defines:
             c_sum_h += 3 * float(np.abs(z32).max()) * u32
         ls = LOSS_SCALE[prec]
         zh = np.zeros((N, ld), np.uint16)
