@@ -31,7 +31,6 @@
 #define NT (TILE / 8)     // n8 tiles of scores per warp row strip
 #define KD (D / 16)       // k16 chunks of the head dimension
 #define ND (D / 8)        // n8 tiles of the head dimension
-#define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
 
@@ -177,13 +176,6 @@ __device__ __forceinline__ void scores_ldsm(float s[N][4], const unsigned a[KD][
             mma(s[n], a[kc], b[0], b[1]);
             mma(s[n + 1], a[kc], b[2], b[3]);
         }
-}
-
-// 2^x on the special-function unit (relative error ~2^-22; exp2(-inf) = 0)
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
 }
 
 // rows [r0, r0 + TILE) of a [*, D] view into a row-major tile, asynchronously (rows >= T: zeros), by

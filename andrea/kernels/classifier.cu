@@ -82,21 +82,20 @@ extern "C" __global__ void softmax_xent_h16(h16* __restrict__ logits, const int*
 // (at most XENT_NV of them, 16 bytes a load) once, and the max, the sum and the write all work on
 // those registers. The kernel above reads the row three times, 2 bytes a load (1.3 TB/s at
 // ANDREA-120M B=32). Rows of `ld` values, ld a multiple of 8 and at most 8 · XENT_NV · blockDim.x;
-// blockDim.x a multiple of 32. Values past V (the padding) are left as they are.
+// blockDim.x a multiple of 32. Values past V (the padding) are left as they are. XENT_NV is given by
+// the launch (andrea/engine/cupy/kernels.py XENT_NV, which sizes the block); 8 when compiled alone.
 #ifndef XENT_NV
 #define XENT_NV 8
 #endif
 // e^(z − mx) as 2^(z·log2 e − mx·log2 e): one FMA and ex2.approx, where expf costs about ten
-// instructions (1.6x faster at ANDREA-120M B=8, dev/cuda/classifier.py); the exponent's rounding adds
-// about |z|·2^-24 to each term's relative error, far below the 16-bit rounding of the output.
-// XENT_EXPF (dev): expf.
+// instructions (1.6x faster at ANDREA-120M B=8, dev/cuda/classifier.py). Each term's relative error
+// grows by ex2.approx's (~2^-22) and the exponent's rounding (~(|z| + |mx|)·2^-24): below 10^-5 for
+// logits within ±100, against the 16-bit rounding of the output (2^-9 in bf16). XENT_EXPF (dev): expf.
 __device__ __forceinline__ float xent_exp(float z, float mx, float mx_log2e) {
 #ifdef XENT_EXPF
     return expf(z - mx);
 #else
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(fmaf(z, 1.4426950408889634f, -mx_log2e)));
-    return y;
+    return fast_exp2(fmaf(z, LOG2E, -mx_log2e));
 #endif
 }
 
@@ -128,7 +127,7 @@ extern "C" __global__ void softmax_xent_h16_rows(h16* __restrict__ logits, const
         }
     }
     mx = block_reduce(mx, true, sh);
-    const float mx_log2e = mx * 1.4426950408889634f;
+    const float mx_log2e = mx * LOG2E;
     float s = 0.f;
 #pragma unroll
     for (int k = 0; k < XENT_NV; k++) {

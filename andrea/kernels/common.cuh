@@ -50,6 +50,14 @@ __device__ __forceinline__ uint4 pack8(const float f[8]) {
 #define INFINITY __int_as_float(0x7f800000)
 #endif
 
+// 2^x on the special-function unit (relative error ~2^-22; exp2(-inf) = 0): e^x as fast_exp2(x·LOG2E)
+#define LOG2E 1.4426950408889634f
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
     return v;

@@ -56,7 +56,7 @@ from andrea.engine.cupy.cublaslt import EPILOGUE_DGELU, EPILOGUE_GELU_AUX, Lt, t
 from andrea.engine.cupy.fp8 import ALL_PRODUCTS, Fp8, check_shapes
 from andrea.engine.cupy.gemm import Cublas
 from andrea.engine.cupy.graphs import CapturedPass
-from andrea.engine.cupy.kernels import blocks, kernel, ln_nv, xent_threads
+from andrea.engine.cupy.kernels import XENT_NV, blocks, kernel, ln_nv, xent_threads
 from andrea.engine.cupy.weights import BF16, FP16, VOCAB_PAD, Weights, defines, half_dtype, is_16bit
 from andrea.model import coarse_decay_mask
 
@@ -97,20 +97,23 @@ def residual_from_env(precision: str) -> str:
 
 
 GELU_KEEP_TOKENS = 16384  # ANDREA_GELU=auto keeps a = gelu(h) from this many tokens a pass
-GELU_KEEP_SHARE = 8  # ... where the kept buffers take at most 1/GELU_KEEP_SHARE of the free memory
+GELU_KEEP_SHARE = 8  # ... where the kept buffers take at most 1/GELU_KEEP_SHARE of the GPU's memory
 
 
 def gelu_policy_from_env(precision: str) -> str:
     """Whether the bf16 and fp16 modes save each layer's a = gelu(h) for the backward ("keep") or
     recompute it there from h ("recompute"); ANDREA_GELU picks, "auto" by default (decision,
     2026-12-01: keep from GELU_KEEP_TOKENS tokens a pass, where the kept buffers take at most
-    1/GELU_KEEP_SHARE of the GPU's free memory, so they never cost a batch that fits; BENCHMARKS.md).
+    1/GELU_KEEP_SHARE of the GPU's memory: they are a third as large as the rest of the layers' saved
+    activations, so a batch whose activations take over 3/8 of the GPU recomputes; BENCHMARKS.md). The choice depends only on the model, the
+    batch and the GPU's size, never on what is free at the time: kept and recomputed round differently,
+    and ranks and resumed runs must compute alike.
     Kept, the backward's product that makes a's gradient applies gelu'(h) as its epilogue
     (cuBLASLt's DGELU) and no elementwise pass runs: B·T·4d fewer 16-bit values moved three times a
-    layer, for L·B·T·4d more saved (+25 % saved activations). Measured on an H200 (bf16): ANDREA-120M
-    B=32 +2.1 %, B=8 +0.9 %, ANDREA-12M B=32 +0.8 %, B=8 −1.8 %. (Recomputed, the DGELU epilogue does
-    not pay: a's recompute pass remains; bench/mlp_gemm_bench.py.) fp8 always recomputes (one pass
-    casts h's gradient and a to fp8 together); fp32 always keeps a."""
+    layer, for L·B·T·4d more saved (+27 % saved activations at ANDREA-120M B=32). Measured on an H200
+    (bf16): ANDREA-120M B=32 +2.1 %, B=8 +0.9 %, ANDREA-12M B=32 +0.8 %, B=8 −1.8 %. (Recomputed, the
+    DGELU epilogue does not pay: a's recompute pass remains; bench/mlp_gemm_bench.py.) fp8 always
+    recomputes (one pass casts h's gradient and a to fp8 together); fp32 always keeps a."""
     raw = os.environ.get("ANDREA_GELU", "auto")
     if raw not in ("auto", "keep", "recompute"):
         raise ValueError(f"ANDREA_GELU={raw!r}: give auto, keep or recompute")
@@ -265,8 +268,8 @@ class CupyBackend(Backend):
 
     def plan_gelu(self, tokens: int, kept_bytes: int) -> None:
         if self.gelu_policy == "auto":
-            free = cp.cuda.runtime.memGetInfo()[0] + cp.get_default_memory_pool().free_bytes()
-            self.keep_gelu = tokens >= GELU_KEEP_TOKENS and kept_bytes * GELU_KEEP_SHARE <= free
+            total = cp.cuda.runtime.memGetInfo()[1]  # the GPU's size, not what is free: the same choice every run
+            self.keep_gelu = tokens >= GELU_KEEP_TOKENS and kept_bytes * GELU_KEEP_SHARE <= total
 
     @property
     def half(self):
@@ -1020,15 +1023,17 @@ class CupyBackend(Backend):
             self.fp8.mlp_bwd(g, x.reshape(-1, d), h, w1, w2, dx.reshape(-1, d), dw1, dw2, da)
             return
         w2p = self._operand(w2, weight=True)
-        if fast and not self.recomputes_gelu and self._gelu_epilogue(h):
+        if not self.recomputes_gelu and self._gelu_epilogue(h):
             # a saved by the forward (keep_gelu): the product writes h's gradient, gelu'(h) its epilogue
             self.lt().gemm(g, w2p, da, tb=True, epilogue=EPILOGUE_DGELU, aux=h.reshape(-1, M))
         else:
             # a's gradient, then one pass applies gelu'(h), recomputing a for dW2 where it was not saved
             self.gemm(g, w2p, da, tb=True)
-            if fast and self.recomputes_gelu and da.size % 8 == 0:
-                self.kernel("elementwise", "gelu_bwd_recompute_h16x8")((blocks(da.size // 8),), (256,),
-                                                                       (h, da, a, np.int64(da.size // 8)))
+            n8 = (blocks(da.size // 8),), (256,)
+            if fast and da.size % 8 == 0 and self.recomputes_gelu:
+                self.kernel("elementwise", "gelu_bwd_recompute_h16x8")(*n8, (h, da, a, np.int64(da.size // 8)))
+            elif fast and da.size % 8 == 0:
+                self.kernel("elementwise", "gelu_bwd_h16x8")(*n8, (h, da, np.int64(da.size // 8)))
             else:
                 if fast and self.recomputes_gelu:
                     self.gelu(h, a)
@@ -1062,10 +1067,14 @@ class CupyBackend(Backend):
             else:
                 self.gemm(self._operand(x.reshape(-1, d)), self._operand(w, weight=True), logits[:, :V], tb=True)
             ld = logits.shape[1]
-            threads = xent_threads(ld)  # the row in registers, 16 bytes a load; else 2 bytes a load, three reads
-            name = "softmax_xent_h16" if threads is None else "softmax_xent_h16_rows"
-            self.kernel("classifier", name)((N,), (threads or 256,), (logits, targets, losses, self._loss_scale_buffer(),
-                                                                     np.int32(V), np.int32(ld)))
+            # the row in registers, 16 bytes a load; rows too long for a block of them (its registers
+            # allow fewer threads than xent_threads asks: ld past ~57,000 in bf16) take 2-byte loads, three reads
+            nv = (f"XENT_NV={XENT_NV}",)
+            threads = xent_threads(ld)
+            fn = None if threads is None else self.kernel("classifier", "softmax_xent_h16_rows", extra_defines=nv)
+            if fn is None or threads > fn.max_threads_per_block:
+                fn, threads = self.kernel("classifier", "softmax_xent_h16", extra_defines=nv), 256
+            fn((N,), (threads,), (logits, targets, losses, self._loss_scale_buffer(), np.int32(V), np.int32(ld)))
             return None if cp.cuda.get_current_stream().is_capturing() else float(losses.mean())
         self.gemm(self._operand(x.reshape(-1, d)), self._operand(w, weight=True), probs.reshape(-1, V), tb=True)
         self.kernel("classifier", "softmax_xent_fwd")((N,), (256,), (probs, targets, losses, np.int32(V)))

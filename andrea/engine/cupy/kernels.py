@@ -50,12 +50,13 @@ def ln_nv(C: int) -> int:
     return next(nv for nv in LN_FUSED_NV if 128 * nv >= C)
 
 
-XENT_NV = 8  # classifier.cu: vectors of 8 logits a thread of softmax_xent_h16_rows holds in registers
+XENT_NV = 8  # classifier.cu (compiled with -DXENT_NV=this): vectors of 8 logits a thread of softmax_xent_h16_rows holds
 
 
 def xent_threads(ld: int) -> int | None:
     """Threads a block of softmax_xent_h16_rows takes for rows of ld 16-bit logits (a multiple of 32,
-    at most 1024), or None where a row does not fit its registers (softmax_xent_h16 takes those)."""
+    at most 1024), or None where a row does not fit (softmax_xent_h16 takes those; so does the caller
+    where the kernel's registers allow fewer threads than this)."""
     if ld % 8:
         return None
     threads = -(-(-(-ld // 8) // XENT_NV) // 32) * 32
