@@ -8,7 +8,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 cp -r results/device-site/* /tmp/site/
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
 T0=$(date +%s)
-timeout 60 python3 dev/cuda/classifier.py > "$OUT/dev-classifier.log" 2>&1; echo "dev classifier rc=$? ($(grep -c '| ok' "$OUT/dev-classifier.log") ok rows)"
+timeout 90 python3 dev/cuda/classifier.py > "$OUT/dev-classifier.log" 2>&1; echo "dev classifier rc=$? ($(grep -c '| ok' "$OUT/dev-classifier.log") ok rows)"
 grep -E "FAIL|Error|error" "$OUT/dev-classifier.log" | head -5; grep -E "softmax_xent_h16" "$OUT/dev-classifier.log" | grep -v edge | grep bf16
 timeout 200 python3 -m pytest tests/test_gpu_backend.py tests/test_gpu_fp8.py tests/test_sampling_gpu.py -q -p no:cacheprovider -rs \
   > "$OUT/gpu-tests.log" 2>&1
