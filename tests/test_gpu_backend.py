@@ -769,18 +769,20 @@ def test_whole_step_gradients_match_pytorch_autograd():
         assert rel(ours[p.offset : p.offset + p.size].reshape(p.shape), W[p.name].grad.numpy()) < 1e-3, p.name
 
 
+def trained_bytes(precision: str = "bf16", steps: int = 3) -> bytes:
+    """A fresh engine's weights after `steps` training steps (graph replays), as bytes."""
+    e = Engine(CFG, 4, 128, backend="cupy", seed=4, precision=precision)
+    for step in range(steps):
+        train_step(e, [batch(10 + step)], step, OptimConfig(lr=1e-3, warmup_steps=1))
+    return e.host(e.w).tobytes()
+
+
 def test_bf16_step_is_close_and_deterministic():
     inputs, targets = batch(3)
     ref = Engine(CFG, 4, 128, seed=4)
     ref.forward(inputs, targets)
     ref.backward()
-    runs = []
-    for _ in range(2):
-        e = Engine(CFG, 4, 128, backend="cupy", seed=4, precision="bf16")
-        for step in range(3):
-            train_step(e, [batch(10 + step)], step, OptimConfig(lr=1e-3, warmup_steps=1))
-        runs.append(e.host(e.w).tobytes())
-    assert runs[0] == runs[1]  # same bytes twice
+    assert trained_bytes() == trained_bytes()  # same bytes twice
     e = Engine(CFG, 4, 128, backend="cupy", seed=4, precision="bf16")
     e.forward(inputs, targets)
     e.backward()
@@ -839,13 +841,7 @@ def test_bf16_engine_keeps_gelu_on_request(monkeypatch):
         e.forward(inputs, targets)
         e.backward()
     assert rel(keep.host(keep.g), rec.host(rec.g)) < 1e-2
-    runs = []
-    for _ in range(2):
-        e = Engine(CFG, 4, 128, backend="cupy", seed=4, precision="bf16")
-        for step in range(3):
-            train_step(e, [batch(10 + step)], step, OptimConfig(lr=1e-3, warmup_steps=1))
-        runs.append(e.host(e.w).tobytes())
-    assert runs[0] == runs[1]  # same bytes twice
+    assert trained_bytes() == trained_bytes()  # same bytes twice, the GELU kept
     monkeypatch.setenv("ANDREA_GELU", "sometimes")
     with pytest.raises(ValueError, match="ANDREA_GELU='sometimes'"):
         CupyBackend("bf16")

@@ -99,6 +99,23 @@ __device__ __forceinline__ float xent_exp(float z, float mx, float mx_log2e) {
 #endif
 }
 
+// op folded over the values a thread of softmax_xent_h16_rows holds (those before V), from acc
+template <typename Op>
+__device__ __forceinline__ float fold_row(const uint4 (&raw)[XENT_NV], int nv, int V, float acc, Op op) {
+#pragma unroll
+    for (int k = 0; k < XENT_NV; k++) {
+        const int j = threadIdx.x + k * blockDim.x;
+        if (j < nv) {
+            float f[8];
+            unpack8(raw[k], f);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (j * 8 + i < V) acc = op(acc, f[i]);
+        }
+    }
+    return acc;
+}
+
 extern "C" __global__ void softmax_xent_h16_rows(h16* __restrict__ logits, const int* __restrict__ targets,
                                                  float* __restrict__ losses, const float* __restrict__ loss_scale,
                                                  int V, int ld) {
@@ -114,32 +131,10 @@ extern "C" __global__ void softmax_xent_h16_rows(h16* __restrict__ logits, const
         int j = threadIdx.x + k * blockDim.x;
         if (j < nv) raw[k] = vec[j];
     }
-    float mx = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < XENT_NV; k++) {
-        int j = threadIdx.x + k * blockDim.x;
-        if (j < nv) {
-            float f[8];
-            unpack8(raw[k], f);
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                if (j * 8 + i < V) mx = fmaxf(mx, f[i]);
-        }
-    }
+    float mx = fold_row(raw, nv, V, -INFINITY, [](float m, float z) { return fmaxf(m, z); });
     mx = block_reduce(mx, true, sh);
     const float mx_log2e = mx * LOG2E;
-    float s = 0.f;
-#pragma unroll
-    for (int k = 0; k < XENT_NV; k++) {
-        int j = threadIdx.x + k * blockDim.x;
-        if (j < nv) {
-            float f[8];
-            unpack8(raw[k], f);
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                if (j * 8 + i < V) s += xent_exp(f[i], mx, mx_log2e);
-        }
-    }
+    float s = fold_row(raw, nv, V, 0.f, [=](float acc, float z) { return acc + xent_exp(z, mx, mx_log2e); });
     s = block_reduce(s, false, sh);
     const float inv = 1.f / s, ls = loss_scale[0];
 #pragma unroll
