@@ -19,7 +19,8 @@ Precision (one per backend object):
   the cuDNN frontend is installed, else our fused tensor-core flash kernel
   (kernels/attention_mma.cu); q, k, v live in one [B, T, 3, H, D] buffer written by one
   strided-batched GEMM. Matrix products accumulate in fp32 and write fp32
-  straight into the gradients (beta = 1).
+  straight into the gradients (beta = 1). The MLP's GELU output is kept per layer for the backward
+  or recomputed there (ANDREA_GELU: gelu_policy_from_env, plan_gelu).
 - "fp16": the same with fp16 for bf16 (the kernels are compiled with -DANDREA_FP16), but an fp32
   residual stream, and the loss scaled (set_loss_scale) so that small gradients survive fp16's
   range; the optimizer step unscales (andrea/optim.py: dynamic loss scaling).
