@@ -6,8 +6,9 @@ fp8 casts' overflow and underflow counts, and the steps' speed of each run.
     python3 bench/fp8_gate.py --shards results/ANDREA-120M/shards.json --steps 2000 --out DIR
     python3 bench/fp8_gate.py ... --precisions bf16:fp32 bf16 fp8   # the residual stream's gate too
 
-Runs are PRECISION or PRECISION:RESIDUAL (the residual stream in fp32 or bf16, ANDREA_RESIDUAL);
-each run after the first is gated against the first.
+Runs are PRECISION, PRECISION:RESIDUAL (the residual stream in fp32 or bf16, ANDREA_RESIDUAL) or
+PRECISION:RESIDUAL:GELU (the GELU output kept or recomputed, ANDREA_GELU; an empty RESIDUAL is the
+default); each run after the first is gated against the first.
 
 The data: the encode stage's shards (shards.json names the directory), rows drawn as training
 draws them (a source with probability ∝ its tokens, a training document uniformly, a window of
@@ -73,8 +74,9 @@ def main() -> int:
     ap.add_argument("--eval-windows", type=int, default=32, help="held-out windows per source")
     ap.add_argument("--heldout-every", type=int, default=50, help="as the curriculum's heldout_every (config default 50)")
     ap.add_argument("--precisions", nargs="+", default=["bf16", "fp8"],
-                    help="runs, each PRECISION or PRECISION:RESIDUAL (the residual stream's type, fp32 or bf16: "
-                         "ANDREA_RESIDUAL; default bf16 in bf16 and fp8); each run after the first is gated against it")
+                    help="runs, each PRECISION, PRECISION:RESIDUAL (the residual stream's type, fp32 or bf16: "
+                         "ANDREA_RESIDUAL; default bf16 in bf16 and fp8) or PRECISION:RESIDUAL:GELU (keep or recompute: "
+                         "ANDREA_GELU); each run after the first is gated against it")
     ap.add_argument("--gate", type=float, default=0.015)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, required=True)
@@ -98,8 +100,11 @@ def main() -> int:
               "tokens": int(sum(s.n_tokens for s in shards.values())), "runs": {}}
     finals = {}
     for run_name in args.precisions:
-        prec, _, residual = run_name.partition(":")
-        with mock.patch.dict(os.environ, {"ANDREA_RESIDUAL": residual or os.environ.get("ANDREA_RESIDUAL", "bf16")}):
+        prec, _, rest = run_name.partition(":")
+        residual, _, gelu = rest.partition(":")
+        env = {"ANDREA_RESIDUAL": residual or os.environ.get("ANDREA_RESIDUAL", "bf16")}
+        env |= {"ANDREA_GELU": gelu} if gelu else {}
+        with mock.patch.dict(os.environ, env):
             e = Engine(cfg, batch_size=B, seq_len=T, backend="cupy", precision=prec, seed=args.seed)  # reads it
         eval_batches = prepare_batches(e, es)
         curve, losses = [], []
@@ -120,6 +125,7 @@ def main() -> int:
             run["fp8_counts"] = e.be.fp8_counts()
             run["fp8_scales"] = e.be.fp8.scales()
         run["residual"] = e.be.residual
+        run["gelu_kept"] = not e.be.recomputes_gelu
         finals[run_name] = cp.asnumpy(e.w)
         result["runs"][run_name] = run
         e.be.release()
