@@ -106,9 +106,9 @@ def gelu_policy_from_env(precision: str) -> str:
     recompute it there from h ("recompute"); ANDREA_GELU picks, "auto" by default (decision,
     2026-12-01: keep from GELU_KEEP_TOKENS tokens a pass, where the kept buffers take at most
     1/GELU_KEEP_SHARE of the GPU's memory: they are a third as large as the rest of the layers' saved
-    activations, so a batch whose activations take over 3/8 of the GPU recomputes; BENCHMARKS.md). The choice depends only on the model, the
-    batch and the GPU's size, never on what is free at the time: kept and recomputed round differently,
-    and ranks and resumed runs must compute alike.
+    activations, so a batch whose activations take over 3/8 of the GPU recomputes; BENCHMARKS.md).
+    The choice depends only on the model, the batch and the GPU's size, never on what is free at the
+    time: kept and recomputed round differently, and ranks and resumed runs must compute alike.
     Kept, the backward's product that makes a's gradient applies gelu'(h) as its epilogue
     (cuBLASLt's DGELU) and no elementwise pass runs: B·T·4d fewer 16-bit values moved three times a
     layer, for L·B·T·4d more saved (+27 % saved activations at ANDREA-120M B=32). Measured on an H200
