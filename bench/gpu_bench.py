@@ -84,7 +84,9 @@ class Ours:
     """Our engine at one precision: fp32, bf16, fp16 or fp8 (CUDA graphs); "-eager": without graphs;
     "-nondet": cuDNN attention's non-deterministic backward (ANDREA_ATTENTION_DETERMINISTIC=0);
     "-wsN": ANDREA_ATTENTION_WORKSPACE_MIB=N; "-r32": the fp32 residual stream (ANDREA_RESIDUAL=fp32);
-    "-gk" / "-gr": each layer's GELU output kept / recomputed in the backward (ANDREA_GELU=keep / recompute)."""
+    "-gk" / "-gr": each layer's GELU output kept / recomputed in the backward (ANDREA_GELU=keep / recompute);
+    "-noepi": the MLP's GELU as a pass of its own, not its first product's epilogue (ANDREA_GELU_EPILOGUE=0;
+    in fp8: a cast from h)."""
 
     def __init__(self, cfg, B, T, precision, warmup):
         import cupy as cp
@@ -103,6 +105,7 @@ class Ours:
         env["ANDREA_RESIDUAL"] = "fp32" if "r32" in flags else os.environ.get("ANDREA_RESIDUAL", "bf16")
         gelu = {"gk": "keep", "gr": "recompute"}
         env.update({"ANDREA_GELU": gelu[f] for f in flags if f in gelu})
+        env["ANDREA_GELU_EPILOGUE"] = "0" if "noepi" in flags else os.environ.get("ANDREA_GELU_EPILOGUE", "1")
         with mock.patch.dict(os.environ, env):  # the backend reads them when it is made
             self.e = Engine(cfg, batch_size=B, seq_len=T, backend="cupy", precision=precision.split("-")[0])
         self.e.graphs = self.e.graphs and "eager" not in flags
@@ -226,7 +229,8 @@ def main() -> None:
     ap.add_argument("--precisions", nargs="+", default=["bf16", "fp16", "bf16-eager", "fp32"],
                     help="bf16 / fp16 / fp8 (CUDA graphs), bf16-eager (no graphs), bf16-nondet (cuDNN's "
                          "non-deterministic attention backward), bf16-ws512 (its workspace up to 512 MiB), bf16-r32 (the fp32 "
-                         "residual stream), bf16-gk / bf16-gr (the GELU output kept / recomputed), fp32")
+                         "residual stream), bf16-gk / bf16-gr (the GELU output kept / recomputed), fp8-noepi (a = gelu(h) cast "
+                         "by a pass of its own, not the product's epilogue), fp32")
     ap.add_argument("--torch-modes", nargs="+", default=["default", "graphs"], choices=list(Torch.MODES),
                     help="PyTorch runners: torch.compile's default mode, and its CUDA-graph mode (reduce-overhead); "
                          "ratios are to the faster of them. Each holds its own model and memory: at the largest "

@@ -200,11 +200,13 @@ def test_gelu_casts_forward_and_backward_agree(name, tiles):
     q = cp.zeros((rows, cols), cp.uint8)
     f.cast(h, sa, "e4m3", q=q, gelu=True)
     f.scale[sd] = 2.0  # dh's scale as a delayed scale would have it
+    forward_counts = f.counts[sa].get()
     dq, dqt, aqt = cp.zeros((rows, cols), cp.uint8), cp.zeros((cols, rows), cp.uint8), cp.zeros((cols, rows), cp.uint8)
     be.kernel("fp8", name)((-(-cols // (64 * tiles)), rows // 64), (256,), (
         g, h, np.int32(rows), np.int32(cols), dq, dqt, np.int32(sd), aqt, np.int32(sa), f.scale, f.amax_now, f.counts,
-        np.int32(1), np.int32(1)))
+        np.int32(1), np.int32(1), np.int32(1)))  # count_a: a's cast counted here (the forward's was an epilogue)
     assert np.array_equal(q.get().T, aqt.get())
+    assert np.array_equal(f.counts[sa].get(), 2 * forward_counts) and forward_counts[0] == rows * cols
     assert np.array_equal(dq.get().T, dqt.get())
     a, dh = cp.zeros_like(h), g.copy()  # the bf16 path: dh in bf16 (a recomputed beside it)
     be.kernel("elementwise", "gelu_bwd_recompute_h16x8")((blocks(h.size // 8),), (256,), (h, dh, a, np.int64(h.size // 8)))
@@ -236,6 +238,76 @@ def test_fp8_matmul_matches_numpy(fast):
     # promotions to fp32 (fast accumulation: none); a wrong scale or layout would be off by O(1)
     err32 = rel(acc.get(), want + 3.0)
     assert err32 < (2e-3 if fast else 2e-4), err32
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x**3)))
+
+
+def test_fp8_gelu_epilogue_writes_h_and_a_in_e4m3():
+    """The MLP's first fp8 product with cuBLASLt's GELU epilogue: h in bf16 (the product), a = gelu(h)
+    times the scale read from the device in e4m3, within one e4m3 step of the host's cast of the
+    exact product's GELU, its amax before scaling written to the device, and saturation (a scale 64
+    times too large) to ±448, never NaN. Printed: how many values of a differ from the backward's
+    cast of a, made from the 16-bit h (fp8_gelu_bwd_cast)."""
+    be = CupyBackend("fp8")
+    lt = be.fp8._lt()
+    rng = np.random.default_rng(11)
+    m, n, k = 256, 384, 128
+    a = (rng.standard_normal((m, k)) * 4).astype(E4M3)
+    bt = (rng.standard_normal((n, k)) * 4).astype(E4M3)
+    inv = cp.asarray(np.array([2.0**-2, 0, 0, 0, 2.0**-3], np.float32))  # 16-byte aligned scales
+    prod = (a.astype(np.float64) * 2.0**-2) @ (bt.astype(np.float64) * 2.0**-3).T
+    want = gelu_tanh(prod)
+    amax = float(np.abs(want).max())
+    s = 2.0 ** np.floor(np.log2(448.0 / amax))
+    d_a, d_bt = cp.asarray(a.view(np.uint8)), cp.asarray(bt.view(np.uint8))
+    for scale in (s, 64 * s):
+        lts = cp.asarray(np.array([[scale, 0, 0, 0], [-1, 0, 0, 0]], np.float32))
+        aux, d = cp.zeros((m, n), BF16), cp.zeros((m, n), cp.uint8)
+        lt.matmul(d_a, inv.data.ptr, "e4m3", d_bt, inv.data.ptr + 16, "e4m3", d, fast=True, aux=aux,
+                  d_scale=lts.data.ptr, amax_d=lts.data.ptr + 16)
+        h = aux.get().astype(np.float64)
+        assert rel(h, prod) < 2.0**-7
+        assert float(lts[1, 0]) == pytest.approx(amax, rel=1e-3)
+        q = d.get()
+        assert not np.any((q & 0x7F) == 0x7F)  # e4m3's NaN: the conversion saturates
+        got = q.view(E4M3).astype(np.float64) / scale
+        if scale == s:
+            step = np.maximum(np.abs(want), 2.0**-6 / scale) * 2.0**-3  # e4m3: 3 mantissa bits, subnormals below 2^-6
+            assert np.all(np.abs(got - want) <= step), float(np.max(np.abs(got - want) / step))
+            a16 = gelu_tanh(h.astype(BF16).astype(np.float64)).astype(BF16).astype(np.float32)
+            again = (a16 * np.float32(scale)).astype(E4M3).view(np.uint8)
+            print(f"epilogue a vs the backward's recast from 16-bit h: {np.mean(again != q):.2%} of values differ")
+        else:
+            big = np.abs(want) * scale > 448
+            assert big.any() and np.all(np.abs(got[big]) * scale == 448.0)
+
+
+def test_fp8_gelu_epilogue_trains_as_the_cast_pass(monkeypatch):
+    """The MLP's a in e4m3 from the first product's epilogue (the default) or from a cast pass over h
+    (ANDREA_GELU_EPILOGUE=0): 10 steps' losses agree to fp8's precision, captured and eager runs of
+    the epilogue give the same bits, a's cast is counted once a training pass either way (the
+    epilogue's by the backward's pass over h), and its amax reaches the delayed scale."""
+    tokens, targets = batch(np.random.default_rng(12))
+    oc = OptimConfig(lr=3e-3, warmup_steps=1)
+    runs = {}
+    for name, env, graphs in (("epilogue", "1", True), ("epilogue eager", "1", False), ("cast", "0", True)):
+        monkeypatch.setenv("ANDREA_GELU_EPILOGUE", env)
+        e = Engine(CFG, 4, 32, backend="cupy", precision="fp8", seed=2)
+        e.graphs = graphs
+        b = e.prepare(tokens, targets)
+        runs[name] = ([train_step(e, [b], i, oc).loss for i in range(10)], e)
+    (fused, ef), (eager, _), (cast, ec) = runs["epilogue"], runs["epilogue eager"], runs["cast"]
+    assert ef.be.fp8.gelu_fused is True and ec.be.fp8.gelu_fused is False
+    assert fused == eager
+    assert max(abs(x - y) for x, y in zip(fused, cast)) < 0.05, (fused, cast)
+    cf, cc = (e.be.fp8_counts()["by_role"]["mlp2.x"] for e in (ef, ec))
+    assert cf["values"] == cc["values"] == 10 * CFG.n_layer * 4 * 32 * 4 * CFG.d_model
+    assert abs(cf["underflow"] - cc["underflow"]) <= 0.05 * cc["underflow"] + 10
+    scales = [ef.be.fp8.scales()["mlp2.x:e4m3"], ec.be.fp8.scales()["mlp2.x:e4m3"]]
+    # powers of two from nearly the same amaxes (the runs' weights part by fp8's noise): at most a step apart
+    assert all(x / y in (0.5, 1.0, 2.0) for x, y in zip(*scales)), scales
 
 
 CFG = ModelConfig(vocab_size=64, d_model=64, n_head=2, n_layer=2, context=32)

@@ -6,7 +6,9 @@
 // of two: x·s is cast, the product multiplies by inv = 1/s, kept 16 bytes apart) and counts (values, overflows,
 // underflows). fp8_update runs once per pass, before its first cast: it moves each site's
 // amax_now into its history and sets the scale from the history's largest (delayed scaling), all
-// on the device, so a captured pass replays it.
+// on the device, so a captured pass replays it. A product whose output is a site's operand (the
+// MLP's GELU epilogue, cuBLASLt) reads the scale from lt[8 site] and writes its amax to
+// lt[8 site + 4] (both 16-byte aligned, as cuBLASLt needs; -1: none), which fp8_update takes in.
 //
 // fp8_cast_<in>_<fmt> casts a [rows, cols] matrix (row stride ldx, cols and rows multiples of 8)
 // in tiles of 64 x 64, FP8_TILES of them side by side per block (grid: cols / (64 FP8_TILES) by
@@ -223,7 +225,8 @@ extern "C" __global__ void __launch_bounds__(256) fp8_cast_f32_e4m3_jobs(
 // The fp8 MLP backward's one pass over h and da (a's gradient, [rows, cols] contiguous, 16-bit):
 // dh = da·gelu'(h) cast to e5m2 into dq and its transpose dqt (site_d: recorded and counted, as
 // any gradient's cast), and a = gelu(h) in 16 bits, the forward's operand, cast again to e4m3 at
-// its site's scale into aqt, transposed (the dW2 product's operand; neither recorded nor counted).
+// its site's scale into aqt, transposed (the dW2 product's operand; not recorded, and counted only
+// with count_a: where the forward's cast was the product's epilogue, which cannot count).
 // dh goes to fp8 from fp32, never stored in 16 bits. Null outputs are skipped (a first cast
 // records the amax alone). TILES tiles of 64 x 64 side by side per block (grid: cols / (64 TILES)
 // by rows / 64, rounded up): fp8_gelu_bwd_cast one (24,576 blocks at ANDREA-120M B=32, each
@@ -233,11 +236,11 @@ __device__ void gelu_bwd_cast(const h16* __restrict__ da, const h16* __restrict_
                               unsigned char* __restrict__ dq, unsigned char* __restrict__ dqt, int site_d,
                               unsigned char* __restrict__ aqt, int site_a, const float* __restrict__ scale,
                               float* __restrict__ amax_now, unsigned long long* __restrict__ counts, int record,
-                              int count) {
+                              int count, int count_a) {
     __shared__ unsigned char tile_d[64][64 + 8], tile_a[64][64 + 8];
     const float sd = scale[site_d], sa = scale[site_a];
     const int row0 = blockIdx.y * 64;
-    CastStats st, unused;
+    CastStats st, st_a;
     for (int ct = 0; ct < TILES; ct++) {  // block-uniform: every thread reaches the barriers
         const int col0 = (blockIdx.x * TILES + ct) * 64;
         if (col0 >= cols) break;
@@ -257,7 +260,7 @@ __device__ void gelu_bwd_cast(const h16* __restrict__ da, const h16* __restrict_
                     g[k] *= 0.5f * (1.f + t) + 0.5f * x[k] * (1.f - t * t) * GELU_C * (1.f + 3.f * 0.044715f * u);
                 }
                 const uint2 pd = cast8<FP8_E5M2>(g, sd, st, count);
-                const uint2 pa = cast8<FP8_E4M3>(a, sa, unused, false);
+                const uint2 pa = cast8<FP8_E4M3>(a, sa, st_a, count_a);
                 if (dq) *reinterpret_cast<uint2*>(dq + (long)row * cols + col) = pd;
                 *reinterpret_cast<uint2*>(&tile_d[r][cc]) = pd;
                 *reinterpret_cast<uint2*>(&tile_a[r][cc]) = pa;
@@ -269,6 +272,10 @@ __device__ void gelu_bwd_cast(const h16* __restrict__ da, const h16* __restrict_
         __syncthreads();  // the tiles are written again by the next column tile
     }
     if (record || count) block_record(st, site_d, amax_now, counts, record, count);
+    if (count_a) {
+        __syncthreads();  // block_record's shared sums are read by thread 0 before they are written again
+        block_record(st_a, site_a, amax_now, counts, 0, 1);
+    }
 }
 
 #define FP8_GELU_BWD_CAST(name, TILES)                                                                         \
@@ -276,8 +283,9 @@ __device__ void gelu_bwd_cast(const h16* __restrict__ da, const h16* __restrict_
         const h16* __restrict__ da, const h16* __restrict__ h, int rows, int cols, unsigned char* __restrict__ dq, \
         unsigned char* __restrict__ dqt, int site_d, unsigned char* __restrict__ aqt, int site_a,              \
         const float* __restrict__ scale, float* __restrict__ amax_now, unsigned long long* __restrict__ counts, \
-        int record, int count) {                                                                              \
-        gelu_bwd_cast<TILES>(da, h, rows, cols, dq, dqt, site_d, aqt, site_a, scale, amax_now, counts, record, count); \
+        int record, int count, int count_a) {                                                                 \
+        gelu_bwd_cast<TILES>(da, h, rows, cols, dq, dqt, site_d, aqt, site_a, scale, amax_now, counts, record, count, \
+                             count_a);                                                                        \
     }
 FP8_GELU_BWD_CAST(fp8_gelu_bwd_cast, 1)
 FP8_GELU_BWD_CAST(fp8_gelu_bwd_cast_tiles, FP8_TILES)
@@ -435,14 +443,16 @@ __device__ __forceinline__ float scale_for(float amax, float fmax) {
     return (float)exp2(floor(log2((double)fmax / (double)amax)));
 }
 
-// once per pass, before its casts: amax_now into the history (sites cast since the last update),
-// the scale from the history's largest amax
+// once per pass, before its casts: amax_now (and a product's, lt[8 s + 4]) into the history (sites
+// cast since the last update), the scale from the history's largest amax
 extern "C" __global__ void fp8_update(float* __restrict__ amax_now, float* __restrict__ hist, float* __restrict__ scale,
-                                      float* __restrict__ inv, const float* __restrict__ fmax, int n_sites) {
+                                      float* __restrict__ inv, float* __restrict__ lt, const float* __restrict__ fmax,
+                                      int n_sites) {
     const int s = blockIdx.x * blockDim.x + threadIdx.x;
     if (s >= n_sites) return;
     float* h = hist + (long)s * FP8_HISTORY;
-    const float a = amax_now[s];
+    const float a = fmaxf(amax_now[s], lt[2 * FP8_INV_STRIDE * s + FP8_INV_STRIDE]);  // -1: neither
+    lt[2 * FP8_INV_STRIDE * s + FP8_INV_STRIDE] = -1.f;
     if (a >= 0.f) {
         if (!isinf(a)) {  // as the reference: a non-finite amax (a step that overflowed) is not recorded
             for (int i = 0; i + 1 < FP8_HISTORY; i++) h[i] = h[i + 1];
@@ -455,13 +465,16 @@ extern "C" __global__ void fp8_update(float* __restrict__ amax_now, float* __res
     const float sc = scale_for(m, fmax[s]);
     scale[s] = sc;
     inv[FP8_INV_STRIDE * s] = 1.f / sc;
+    lt[2 * FP8_INV_STRIDE * s] = sc;
 }
 
 // a site's first cast, which has no history yet: the scale from its own amax (just recorded by a
 // cast with record only), as the reference does
 extern "C" __global__ void fp8_scale_from_now(const float* __restrict__ amax_now, float* __restrict__ scale,
-                                              float* __restrict__ inv, const float* __restrict__ fmax, int site) {
+                                              float* __restrict__ inv, float* __restrict__ lt,
+                                              const float* __restrict__ fmax, int site) {
     const float sc = scale_for(amax_now[site], fmax[site]);
     scale[site] = sc;
     inv[FP8_INV_STRIDE * site] = 1.f / sc;
+    lt[2 * FP8_INV_STRIDE * site] = sc;
 }

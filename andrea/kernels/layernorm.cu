@@ -210,12 +210,16 @@ __device__ __forceinline__ void add_ln_row(const X* __restrict__ x, const F* __r
     r = rsqrtf(warp_sum(q) / C + eps);
 }
 
-// columns c..c+3 of a row normalised: (v − m)·r·γ + β
-__device__ __forceinline__ float4 ln_out4(float4 a, float m, float r, const float* __restrict__ g,
-                                          const float* __restrict__ b, int c) {
-    const float4 gg = *reinterpret_cast<const float4*>(g + c), bb = *reinterpret_cast<const float4*>(b + c);
+// four values of a row normalised: (a − m)·r·γ + β, with γ and β already loaded (gg, bb)
+__device__ __forceinline__ float4 ln_apply4(float4 a, float m, float r, float4 gg, float4 bb) {
     return make_float4((a.x - m) * r * gg.x + bb.x, (a.y - m) * r * gg.y + bb.y, (a.z - m) * r * gg.z + bb.z,
                        (a.w - m) * r * gg.w + bb.w);
+}
+
+// columns c..c+3 of a row normalised, γ and β loaded here
+__device__ __forceinline__ float4 ln_out4(float4 a, float m, float r, const float* __restrict__ g,
+                                          const float* __restrict__ b, int c) {
+    return ln_apply4(a, m, r, *reinterpret_cast<const float4*>(g + c), *reinterpret_cast<const float4*>(b + c));
 }
 
 // res = x + f; out = LayerNorm(res) (f fp32, or the 16-bit branch output of the 16-bit modes; x and
@@ -327,9 +331,7 @@ __device__ void add_layernorm_r16_rows(const h16* __restrict__ x, const h16* __r
             for (int i = 0; i < R; i++)
                 if (row0 + i < N) {
                     const float4 a = f4(xr[i][k]);
-                    store4(out + (long)(row0 + i) * C + c,
-                           make_float4((a.x - m[i]) * r[i] * gg.x + bb.x, (a.y - m[i]) * r[i] * gg.y + bb.y,
-                                       (a.z - m[i]) * r[i] * gg.z + bb.z, (a.w - m[i]) * r[i] * gg.w + bb.w));
+                    store4(out + (long)(row0 + i) * C + c, ln_apply4(a, m[i], r[i], gg, bb));
                 }
         }
     }
@@ -392,8 +394,7 @@ __device__ void add_h16_layernorm_block(const X* __restrict__ x, const h16* __re
     for (int w = 0; w < warps; w++) q += red[w];
     const float r = rsqrtf(q / C + eps);
     if (on)
-        store4(out + off + c, make_float4((a.x - m) * r * gg.x + bb.x, (a.y - m) * r * gg.y + bb.y,
-                                          (a.z - m) * r * gg.z + bb.z, (a.w - m) * r * gg.w + bb.w));
+        store4(out + off + c, ln_apply4(a, m, r, gg, bb));
     if (t == 0) { mean[row] = m; rstd[row] = r; }
 }
 

@@ -149,7 +149,8 @@ def run_cast(cp, report, shape, rng, reps):
 def run_gelu_bwd(cp, report, shape, rng, reps):
     """The MLP backward's one pass: dh = da·gelu'(h) to e5m2 (and transposed), a = gelu(h) to e4m3
     transposed. a's bytes: exactly the host cast of the a that gelu_bwd_recompute_h16x8 computes
-    (the forward cast's values, fp8_cast's gelu version); dh: the bf16 path's dh (the same kernel)
+    (the forward cast's values, fp8_cast's gelu version), and a's counts (count_a: where the forward's
+    cast was a product's epilogue) exactly the host cast's; dh: the bf16 path's dh (the same kernel)
     to within one e5m2 rounding (2^-3 relative) and bf16's, since dh goes to fp8 from fp32."""
     for ver, tiles in ((VERSIONS[5], 1), (VERSIONS[6], CAST_COLS // 64)):
         _gelu_bwd_case(cp, report, shape, rng, reps, ver, tiles)
@@ -170,13 +171,16 @@ def _gelu_bwd_case(cp, report, shape, rng, reps, ver, tiles):
     amax, counts = cp.full(2, -1.0, cp.float32), cp.zeros(6, cp.uint64)
     dq, dqt, aqt = cp.zeros((rows, cols), cp.uint8), cp.zeros((cols, rows), cp.uint8), cp.zeros((cols, rows), cp.uint8)
     args = (g, h, np.int32(rows), np.int32(cols), dq, dqt, np.int32(0), aqt, np.int32(1), scale, amax, counts,
-            np.int32(1), np.int32(1))
+            np.int32(1), np.int32(1), np.int32(1))
     run = lambda: k[ver.kernels[0]]((-(-cols // (64 * tiles)), (rows + 63) // 64), (256,), args)  # noqa: E731
 
     def case():
+        counts.fill(0)
         run()
-        want_a, _, _ = cast_reference(a_ref, s_a, "e4m3")
+        want_a, over_a, under_a = cast_reference(a_ref, s_a, "e4m3")
         err = common.exact(aqt.get(), np.ascontiguousarray(want_a.T), what="a, transposed")
+        err = err.worst(common.exact(counts.get()[3:].astype(np.int64), np.array([a_ref.size, over_a, under_a]),
+                                     what="a's counts"))
         err = err.worst(common.exact(dqt.get(), np.ascontiguousarray(dq.get().T), what="dh transposed"))
         got = dq.get().view(formats()["e5m2"].dtype).astype(np.float64) / s_d
         err = err.worst(common.compare(got, dh_ref, rtol=2.0**-3 + 2.0**-7, atol=2.0**-17 / s_d, what="dh"))
@@ -466,24 +470,35 @@ def run_update(cp, report, shape, rng, reps):
     hist[:50, :-3] = 0  # young sites: a few amaxes so far
     now = np.abs(rng.standard_normal(n)).astype(np.float32) * 3
     now[::7] = -1  # not cast since the last update
-    want_hist = hist.copy()
-    cast = now >= 0
-    want_hist[cast] = np.concatenate([hist[cast, 1:], now[cast, None]], axis=1)
-    want_scale = np.array([scale_reference(want_hist[i], fmts[i]) for i in range(n)], np.float32)
     d = {name: cp.asarray(a) for name, a in (("now", now), ("hist", hist), ("fmax", fmax))}
     d_scale, d_inv = cp.zeros(n, cp.float32), cp.zeros((n, 4), cp.float32)  # inv 16 bytes apart (FP8_INV_STRIDE)
+    # a product's amax (lt[s, 1, 0], the GELU epilogue's) joins amax_now's: larger at some sites, the only one at others
+    lt = np.zeros((n, 2, 4), np.float32)
+    lt[:, 1, 0] = -1
+    lt[1::5, 1, 0] = now[1::5] * 2
+    lt[::7, 1, 0] = 0.25  # sites not cast since the last update, but a product wrote an amax
+    both = np.maximum(now, lt[:, 1, 0])
+    cast = both >= 0
+    want_hist = hist.copy()
+    want_hist[cast] = np.concatenate([hist[cast, 1:], both[cast, None]], axis=1)
+    want_scale = np.array([scale_reference(want_hist[i], fmts[i]) for i in range(n)], np.float32)
+    d["lt"] = cp.asarray(lt)
 
     def case():
-        k["fp8_update"](((n + 127) // 128,), (128,), (d["now"], d["hist"], d_scale, d_inv, d["fmax"], np.int32(n)))
+        k["fp8_update"](((n + 127) // 128,), (128,), (d["now"], d["hist"], d_scale, d_inv, d["lt"], d["fmax"], np.int32(n)))
         err = common.exact(d["hist"].get(), want_hist, what="history")
         err = err.worst(common.exact(d_scale.get(), want_scale, what="scale"))
         err = err.worst(common.exact(d_inv.get()[:, 0], (1 / want_scale).astype(np.float32), what="1/scale"))
+        err = err.worst(common.exact(d["lt"].get()[:, 0, 0], want_scale, what="scale for cuBLASLt"))
         err = err.worst(common.exact(d["now"].get(), np.full(n, -1, np.float32), what="amax_now reset"))
+        err = err.worst(common.exact(d["lt"].get()[:, 1, 0], np.full(n, -1, np.float32), what="product amax reset"))
         # a first cast: the scale from its own amax
         first = cp.asarray(np.array([0.37], np.float32))
-        one_scale, one_inv = cp.zeros(1, cp.float32), cp.zeros(4, cp.float32)
-        k["fp8_scale_from_now"]((1,), (1,), (first, one_scale, one_inv, cp.asarray(np.float32([448.0])), np.int32(0)))
+        one_scale, one_inv, one_lt = cp.zeros(1, cp.float32), cp.zeros(4, cp.float32), cp.zeros(8, cp.float32)
+        k["fp8_scale_from_now"]((1,), (1,), (first, one_scale, one_inv, one_lt, cp.asarray(np.float32([448.0])),
+                                            np.int32(0)))
         err = err.worst(common.exact(one_scale.get(), np.float32([scale_reference([], "e4m3", 0.37)]), what="first scale"))
+        err = err.worst(common.exact(one_lt.get()[:1], one_scale.get(), what="first scale for cuBLASLt"))
         return err, None, ""
 
     report.attempt(ver.op, ver.name, "bf16", shape, case, ver.production)

@@ -12,7 +12,9 @@ workspace of the backend's own:
 - the MLP's GELU as the epilogue of its first product (GELU_AUX writes a = gelu(h) and h in one
   pass). GELU's gradient as an epilogue (DGELU) is here for bench/mlp_gemm_bench.py, which found it
   no faster than the backend's pass;
-- fp8 products with per-tensor scales read from the device (fp8.py).
+- fp8 products with per-tensor scales read from the device (fp8.py), the MLP's first one with the
+  GELU epilogue writing a = gelu(h) cast to e4m3 (at a scale read from the device, its amax written
+  there) and h in 16 bits, where cuBLASLt offers that combination.
 
 A plan (descriptors and algorithms) is made once per shape, layout and alignment; pointers that
 change between calls (scales, the epilogue's h) are set on the descriptor before each call, host
@@ -45,6 +47,7 @@ FP8_TYPES = {"e4m3": _CUDA_R_8F_E4M3, "e5m2": _CUDA_R_8F_E5M2}
 # cublasLt.h (CUDA 12 and 13)
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_AUX_POINTER, _DESC_AUX_LD = 3, 4, 7, 11, 12
 _DESC_SM_COUNT_TARGET, _DESC_A_SCALE, _DESC_B_SCALE, _DESC_FAST_ACCUM = 15, 17, 18, 25
+_DESC_D_SCALE, _DESC_AMAX_D, _DESC_AUX_DATA_TYPE = 20, 21, 22
 EPILOGUE_DEFAULT, EPILOGUE_GELU_AUX, EPILOGUE_DGELU = 1, 32 | 128, 64 | 128
 _PREF_MAX_WORKSPACE = 1
 _PREF_MIN_ALIGNMENT = (5, 6, 7, 8)  # CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES
@@ -160,7 +163,7 @@ class _Plan:
     name in the tuning file, what it computes (for errors), and whether it is large enough to tune."""
 
     desc: ctypes.c_void_p
-    layouts: list
+    layouts: list  # cuBLASLt's A, B, C and, where its type differs from C's, D
     pref: ctypes.c_void_p
     results: object
     algos: list
@@ -272,7 +275,8 @@ class Lt:
     def _plan(self, key, attrs, layouts, align, what: str, work: int) -> _Plan:
         """The plan of `key`, made on first use: a descriptor with attrs [(attribute, ctypes value)]
         (set before the heuristic: an algorithm chosen without them may not take them), layouts
-        [(type, rows, cols, ld)] of cuBLASLt's A, B and C (= D), the operands' alignments; work: m·n·k."""
+        [(type, rows, cols, ld)] of cuBLASLt's A, B and C (= D), or A, B, C and D (a D of another type:
+        an fp8 output), the operands' alignments; work: m·n·k."""
         plan = self.plans.get(key)
         if plan is not None:
             return plan
@@ -295,7 +299,7 @@ class Lt:
             _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(v), 4), "set alignment")
         results = (ctypes.c_ubyte * (_HEURISTIC_BYTES * _ALGOS))()
         count = ctypes.c_int32(0)
-        _check(lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, *lays, lays[2], pref, _ALGOS, ctypes.byref(results),
+        _check(lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, *lays[:3], lays[-1], pref, _ALGOS, ctypes.byref(results),
                                                   ctypes.byref(count)), "cublasLtMatmulAlgoGetHeuristic")
         if count.value < 1:
             raise RuntimeError(f"cuBLASLt has no algorithm for {what} (layouts (type, rows, cols, ld) of its A, B, C: "
@@ -304,70 +308,102 @@ class Lt:
         plan = self.plans[key] = _Plan(desc, lays, pref, results, algos, None, repr(key), what, work >= TUNE_MIN_WORK)
         return plan
 
-    def _call(self, plan: _Plan, algo, a_lt, b_lt, c_ptr: int, beta, alpha) -> int:
-        la, lb, lc = plan.layouts
+    def _call(self, plan: _Plan, algo, a_lt, b_lt, c_ptr: int, beta, alpha, d_ptr: int | None = None) -> int:
+        la, lb, lc, ld = plan.layouts + plan.layouts[2:] if len(plan.layouts) == 3 else plan.layouts
         return self.lib.cublasLtMatmul(
             self.handle, plan.desc, alpha.ctypes.data, a_lt.data.ptr, la, b_lt.data.ptr, lb, beta.ctypes.data,
-            c_ptr, lc, c_ptr, lc, algo, self.workspace.data.ptr, WORKSPACE_BYTES, cp.cuda.get_current_stream().ptr)
+            c_ptr, lc, c_ptr if d_ptr is None else d_ptr, ld, algo, self.workspace.data.ptr, WORKSPACE_BYTES,
+            cp.cuda.get_current_stream().ptr)
 
-    def _run(self, plan: _Plan, a_lt, b_lt, c, accumulate: bool, alpha=_ONE) -> None:
-        """D = C = alpha · A_lt · B_lt (+ C with `accumulate`) with the plan's algorithm: the fastest
-        where tuning is on (see _tune), else the heuristic's first that runs."""
+    def _run(self, plan: _Plan, a_lt, b_lt, c, accumulate: bool, alpha=_ONE, d=None) -> None:
+        """D = alpha · A_lt · B_lt (+ C with `accumulate`) with the plan's algorithm: the fastest where
+        tuning is on (see _tune), else the heuristic's first that runs. D is c, or d (another type:
+        then C is not read, and c only names a matrix of C's type)."""
         beta = _ONE if accumulate else _ZERO
+        d_ptr = None if d is None else d.data.ptr
         if plan.chosen is None and self.tune and plan.tunable and len(plan.algos) > 1 and \
                 not cp.cuda.get_current_stream().is_capturing():
-            plan.chosen = self._tune(plan, a_lt, b_lt, c, beta, alpha)
+            plan.chosen = self._tune(plan, a_lt, b_lt, c, beta, alpha, d)
         if plan.chosen is not None:
-            if self._call(plan, plan.algos[plan.chosen], a_lt, b_lt, c.data.ptr, beta, alpha) == 0:
+            if self._call(plan, plan.algos[plan.chosen], a_lt, b_lt, c.data.ptr, beta, alpha, d_ptr) == 0:
                 return
             plan.chosen, plan.tunable = None, False  # (a recorded choice that does not run here) the first that runs
         status = None
         for i, algo in enumerate(plan.algos):
-            status = self._call(plan, algo, a_lt, b_lt, c.data.ptr, beta, alpha)
+            status = self._call(plan, algo, a_lt, b_lt, c.data.ptr, beta, alpha, d_ptr)
             if status == 0:
                 plan.chosen = i
                 return
         _check(status, f"cublasLtMatmul ({plan.what}, {len(plan.algos)} algorithms tried)")
 
-    def _tune(self, plan: _Plan, a_lt, b_lt, c, beta, alpha) -> int | None:
+    def _tune(self, plan: _Plan, a_lt, b_lt, c, beta, alpha, d=None) -> int | None:
         """The index of the plan's fastest algorithm among the heuristic's (tuned_choice: timed once
         per machine, then read from the tuning file, so a resumed run takes the same algorithms and
-        computes the same bits), each timed by graph_times: into c where the product overwrites it
-        (the call after the tuning writes it again), into a scratch output where it accumulates (c's
-        sum stays untouched)."""
+        computes the same bits), each timed by graph_times: into c (or d) where the product overwrites
+        it (the call after the tuning writes it again), into a scratch output where it accumulates
+        (c's sum stays untouched)."""
 
         def time_them():
             out = c if beta is _ZERO else cp.zeros((c.shape[0], leading_dim(c)), dtype=c.dtype)
-            times = graph_times(lambda i: self._call(plan, plan.algos[i], a_lt, b_lt, out.data.ptr, beta, alpha),
+            d_ptr = None if d is None else d.data.ptr
+            times = graph_times(lambda i: self._call(plan, plan.algos[i], a_lt, b_lt, out.data.ptr, beta, alpha, d_ptr),
                                 len(plan.algos))
             best = min(range(len(times)), key=times.__getitem__)
             return None if times[best] == float("inf") else best
 
         return tuned_choice(f"{_section(self.lib)} {TUNING_METHOD}", plan.name, len(plan.algos), time_them)
 
-    def matmul(self, a, a_inv, ta: str, bt, b_inv, tb: str, c, accumulate: bool = False, fast: bool = False) -> None:
+    def matmul(self, a, a_inv, ta: str, bt, b_inv, tb: str, c, accumulate: bool = False, fast: bool = False,
+               aux=None, d_scale: int = 0, amax_d: int = 0) -> None:
         """fp8: row-major c [m, n] (bf16 or fp32) = (a · btᵀ) · a_inv · b_inv, or += with `accumulate`:
         a [m, k] and bt [n, k] fp8 (formats ta, tb), both k-contiguous ("TN", as Hopper's fp8 tensor
         cores take them); a_inv, b_inv device pointers to the operands' inverse scales (16-byte
         aligned). `fast`: fp8 accumulation without cuBLASLt's periodic promotion to fp32 (the
-        forward products, as Transformer Engine does)."""
+        forward products, as Transformer Engine does).
+
+        With `aux` (bf16 [m, n], rows a multiple of 8 elements apart), the GELU epilogue: aux = the
+        product, and c (uint8 [m, n]) = gelu(product) · *d_scale in e4m3, rounded to nearest and
+        saturated, with *amax_d = max |gelu(product)| (d_scale, amax_d: device pointers, 16-byte
+        aligned). Raises RuntimeError where cuBLASLt has no algorithm for it (fp8.py then casts)."""
         m, k = a.shape
         n = bt.shape[0]
         if bt.shape[1] != k or c.shape != (m, n):
             raise ValueError(f"fp8 matmul shapes: a {a.shape}, bt {bt.shape}, c {c.shape}")
-        tc = _CUDA_R_32F if c.dtype == np.float32 else _CUDA_R_16BF
         scales = [ctypes.c_void_p(b_inv), ctypes.c_void_p(a_inv)]
         # column-major: D [n, m] = A_ltᵀ · B_lt with A_lt = bt and B_lt = a; a plan per alignment (fp32
         # gradient views into the flat buffer may sit only 16 bytes apart from a 256-byte boundary)
-        align = tuple(_alignment(x.data.ptr) for x in (bt, a, c, c))
-        key = ("fp8", m, n, k, ta, tb, tc, fast, align)
-        what = f"fp8 m={m} n={n} k={k}, {ta} x {tb}"
         attrs = [(_DESC_A_SCALE, scales[0]), (_DESC_B_SCALE, scales[1]), (_DESC_TRANSA, ctypes.c_int32(_OP_T)),
                  (_DESC_TRANSB, ctypes.c_int32(_OP_N)), (_DESC_FAST_ACCUM, ctypes.c_int8(1 if fast else 0))]
-        plan = self._plan(key, attrs, [(FP8_TYPES[tb], k, n, k), (FP8_TYPES[ta], k, m, k), (tc, n, m, n)], align, what, m * n * k)
-        self._set(plan.desc, _DESC_A_SCALE, scales[0])
-        self._set(plan.desc, _DESC_B_SCALE, scales[1])
-        self._run(plan, bt, a, c, accumulate)
+        lays = [(FP8_TYPES[tb], k, n, k), (FP8_TYPES[ta], k, m, k)]
+        if aux is None:
+            tc = _CUDA_R_32F if c.dtype == np.float32 else _CUDA_R_16BF
+            lays.append((tc, n, m, n))
+            align = tuple(_alignment(x.data.ptr) for x in (bt, a, c, c))
+        else:
+            aux_ld = leading_dim(aux)
+            if c.dtype != np.uint8 or aux.shape != (m, n) or _dtype_code(aux) != _CUDA_R_16BF or accumulate or \
+                    aux_ld is None or aux_ld % 8 or not (d_scale and amax_d):
+                raise ValueError(f"fp8 GELU epilogue: c {c.shape} {c.dtype} must be uint8 (e4m3), aux {aux.shape} "
+                                 f"{aux.dtype} bf16 [m, n] with rows a multiple of 8 apart, no accumulation, and "
+                                 "d_scale and amax_d given")
+            tc = _CUDA_R_16BF  # C (never read: beta is 0) has aux's type, D is e4m3
+            lays += [(tc, n, m, n), (_CUDA_R_8F_E4M3, n, m, n)]
+            align = tuple(_alignment(x.data.ptr) for x in (bt, a, aux, c))
+            attrs += [(_DESC_EPILOGUE, ctypes.c_uint32(EPILOGUE_GELU_AUX)),
+                      (_DESC_AUX_POINTER, ctypes.c_void_p(aux.data.ptr)), (_DESC_AUX_LD, ctypes.c_int64(aux_ld)),
+                      (_DESC_AUX_DATA_TYPE, ctypes.c_int32(_CUDA_R_16BF)),
+                      (_DESC_D_SCALE, ctypes.c_void_p(d_scale)), (_DESC_AMAX_D, ctypes.c_void_p(amax_d))]
+        key = ("fp8", m, n, k, ta, tb, tc, fast, align) + (() if aux is None else ("gelu", leading_dim(aux),
+                                                                                  _alignment(aux.data.ptr)))
+        what = f"fp8 m={m} n={n} k={k}, {ta} x {tb}" + (", GELU epilogue to e4m3" if aux is not None else "")
+        plan = self._plan(key, attrs, lays, align, what, m * n * k)
+        for attr, value in attrs:
+            if attr in (_DESC_A_SCALE, _DESC_B_SCALE, _DESC_AUX_POINTER, _DESC_D_SCALE, _DESC_AMAX_D):
+                self._set(plan.desc, attr, value)
+        if aux is None:
+            self._run(plan, bt, a, c, accumulate)
+        else:
+            self._run(plan, bt, a, aux, False, d=c)
 
     def gemm(self, a, b, c, ta: bool = False, tb: bool = False, accumulate: bool = False, alpha: float = 1.0,
              epilogue: int = EPILOGUE_DEFAULT, aux=None, sm_count: int = 0) -> None:

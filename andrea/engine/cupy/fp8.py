@@ -21,10 +21,15 @@ residual branch's gradient, the dy of the attention-output and second MLP produc
 transposed (layernorm_fwd, CupyBackend._layernorm_bwd_fp8; the same bytes as the 16-bit value's
 cast). The attention output, which attention's backward needs in 16 bits, is cast again at the
 scale the forward used, which gives the forward's 8-bit values bit for bit (the reference's
-`requantize`). The MLP's GELU is fused into casts both ways: the forward casts a = gelu(h)
-straight from h (a is never stored), and one backward pass over h and a's gradient writes h's
-gradient in e5m2 (and transposed) and a again, transposed, for dW2. The weights are cast once a
-pass, all in one launch at its start (after the first pass, which casts each as it comes).
+`requantize`). The MLP's GELU never makes a 16-bit a: the first product's cuBLASLt epilogue writes
+h (16-bit, kept for the backward) and a = gelu(h) cast to e4m3 at its site's scale, with a's amax
+(mlp_fwd; where cuBLASLt has no such algorithm, or ANDREA_GELU_EPILOGUE=0, a cast pass makes a from
+h instead), and one backward pass over h and a's gradient writes h's gradient in e5m2 (and
+transposed) and a again, transposed, for dW2. The epilogue's a comes from the fp32 product, the
+backward's from h rounded to 16 bits: the two casts of a differ by one e4m3 step in a few values
+(as the bf16 mode's epilogue a and its backward's recomputed a differ in the last bf16 place). The
+weights are cast once a pass, all in one launch at its start (after the first pass, which casts each
+as it comes).
 
 Scales, amax histories and the counts of overflows and underflows live on the device (fp8_update
 moves each pass's amaxes into the histories before its first cast), so a pass captured as a CUDA
@@ -35,6 +40,7 @@ scales from the device.
 from __future__ import annotations
 
 import os
+import warnings
 
 import cupy as cp
 import numpy as np
@@ -97,6 +103,11 @@ class Fp8:
         self.hist = cp.zeros((MAX_SITES, HISTORY), dtype=cp.float32)
         self.scale = cp.ones(MAX_SITES, dtype=cp.float32)
         self.inv = cp.ones((MAX_SITES, INV_STRIDE), dtype=cp.float32)  # inv[site, 0]: 16-byte aligned, as cuBLASLt needs
+        # for products whose output is a site's e4m3 operand (the GELU epilogue): lt[site, 0, 0] its scale,
+        # lt[site, 1, 0] the amax cuBLASLt writes (-1: none; fp8_update takes it in), 16-byte aligned
+        self.lt = cp.zeros((MAX_SITES, 2, INV_STRIDE), dtype=cp.float32)
+        self.lt[:, 0, 0] = 1.0
+        self.lt[:, 1, 0] = -1.0
         self.fmax = cp.ones(MAX_SITES, dtype=cp.float32)
         self.counts = cp.zeros((MAX_SITES, 3), dtype=cp.uint64)
         self.sites: dict = {}  # (role, weight pointer) -> index
@@ -109,10 +120,11 @@ class Fp8:
         self.weights_cast = False  # this pass's weights were cast by the jobs' launch
         self.branch_site = None  # the site the LayerNorm backward last cast the branch's gradient for
         self.products = products_from_env()
+        self.gelu_fused = None  # the MLP's GELU in the first product's epilogue: None until its first pass tries it
 
     def buffers(self) -> list:
         """What a captured pass reads and writes besides the backend's scratch."""
-        return [self.amax_now, self.hist, self.scale, self.inv, self.fmax, self.counts,
+        return [self.amax_now, self.hist, self.scale, self.inv, self.lt, self.fmax, self.counts,
                 list(self.weights.values()), self.job_table]
 
     def release(self) -> None:
@@ -138,7 +150,7 @@ class Fp8:
         n = len(self.sites)
         if n:
             self.be.kernel("fp8", "fp8_update")(((n + 127) // 128,), (128,), (self.amax_now, self.hist, self.scale, self.inv,
-                                                                      self.fmax, np.int32(n)))
+                                                                      self.lt, self.fmax, np.int32(n)))
         self.weights_cast = self.job_table is not None
         if self.weights_cast:
             ptrs, ints, blocks, _ = self.job_table
@@ -192,7 +204,8 @@ class Fp8:
         self._scale_from_own_amax(site)
 
     def _scale_from_own_amax(self, site: int) -> None:
-        self.be.kernel("fp8", "fp8_scale_from_now")((1,), (1,), (self.amax_now, self.scale, self.inv, self.fmax, np.int32(site)))
+        self.be.kernel("fp8", "fp8_scale_from_now")((1,), (1,), (self.amax_now, self.scale, self.inv, self.lt, self.fmax,
+                                                               np.int32(site)))
         self.primed.add(site)
 
     def _weights(self, ws, role: str = "w"):
@@ -275,9 +288,10 @@ class Fp8:
         launch(xq, out.reshape(C, N), 1, 1)
 
     # ------------------------------------------------------------------ the products
-    def linear_fwd(self, x2, ws, out2, role: str, gelu: bool = False) -> None:
-        """out2 [m, Σn] = x2 · [ws side by side] with x2 [m, k] cast to e4m3 (`gelu`: x2 is h, a = gelu(h) is
-        cast); x2 in bytes: the LayerNorm before it has cast it already (layernorm_fwd)."""
+    def _operand(self, x2, ws, role: str, gelu: bool = False) -> tuple:
+        """A forward product's operands: (x2's site, x2 [m, k] cast to e4m3, the weights' site, Wᵀ);
+        x2 in bytes: the LayerNorm before it has cast it already (layernorm_fwd). `gelu`: x2 is h,
+        and a = gelu(h) is cast."""
         m, k = x2.shape
         sx = self._site(role + ".x", ws[0], "e4m3")
         xq = self._u8(f"x{k}", (m, k))
@@ -286,6 +300,12 @@ class Fp8:
         elif sx not in self.primed:
             raise RuntimeError(f"the fp8 operand of {role} was not cast by the LayerNorm before it")
         sw, wt, _ = self.cast_weights(ws)
+        return sx, xq, sw, wt
+
+    def linear_fwd(self, x2, ws, out2, role: str, gelu: bool = False) -> None:
+        """out2 [m, Σn] = x2 · [ws side by side] with x2 [m, k] cast to e4m3 (`gelu`: x2 is h, a = gelu(h) is
+        cast); x2 in bytes: the LayerNorm before it has cast it already (layernorm_fwd)."""
+        sx, xq, sw, wt = self._operand(x2, ws, role, gelu)
         self.mm(xq, sx, "e4m3", wt, sw, "e4m3", out2, fast=True)
 
     def linear_bwd(self, g2, x2, ws, dx2, dws, role: str) -> None:
@@ -327,8 +347,36 @@ class Fp8:
             at += ni
 
     def mlp_fwd(self, x2, w1, w2, h2, out2) -> None:
-        self.linear_fwd(x2, (w1,), h2, "mlp1")
-        self.linear_fwd(h2, (w2,), out2, "mlp2", gelu=True)  # sites keyed by w2: a = gelu(h) is its input
+        """h2 = x2·W1 (16-bit, kept for the backward) and out2 = gelu(h2)·W2, a = gelu(h) in e4m3 made by
+        the first product's epilogue (the cast pass instead where cuBLASLt offers no such algorithm,
+        found on the first pass, or the backend's gelu_epilogue is off: ANDREA_GELU_EPILOGUE=0)."""
+        if self.gelu_fused is None and self.be.gelu_epilogue and h2.shape[1] % 8 == 0:
+            self.gelu_fused = True  # tried on this first pass: the eager one
+        if not self.gelu_fused:
+            self.linear_fwd(x2, (w1,), h2, "mlp1")
+            self.linear_fwd(h2, (w2,), out2, "mlp2", gelu=True)  # sites keyed by w2: a = gelu(h) is its input
+            return
+        m, M = h2.shape
+        sx, xq, sw1, wt1 = self._operand(x2, (w1,), "mlp1")
+        sa = self._site("mlp2.x", w2, "e4m3")
+        aq = self._u8(f"a{M}", (m, M))  # not x{M}: with M = k it would be xq, which this product reads
+        if sa not in self.primed:  # a's first scale from its own amax: h made once without the epilogue
+            self.mm(xq, sx, "e4m3", wt1, sw1, "e4m3", h2, fast=True)
+            self.prime(sa, [h2], "e4m3", gelu=True)
+        inv = self.inv.data.ptr
+        lt = self.lt.data.ptr + 4 * 2 * INV_STRIDE * sa
+        try:
+            self._lt().matmul(xq, inv + 4 * INV_STRIDE * sx, "e4m3", wt1, inv + 4 * INV_STRIDE * sw1, "e4m3", aq,
+                              fast=True, aux=h2, d_scale=lt, amax_d=lt + 4 * INV_STRIDE)
+        except RuntimeError as err:  # no algorithm here: found on the eager first pass, cast from now on
+            if cp.cuda.get_current_stream().is_capturing():
+                raise
+            warnings.warn(f"fp8: cuBLASLt has no GELU epilogue writing e4m3 ({err}); a is cast from h instead")
+            self.gelu_fused = False
+            self.mm(xq, sx, "e4m3", wt1, sw1, "e4m3", h2, fast=True)
+            self.cast(h2, sa, "e4m3", q=aq, gelu=True)
+        sw2, wt2, _ = self.cast_weights((w2,))
+        self.mm(aq, sa, "e4m3", wt2, sw2, "e4m3", out2, fast=True)
 
     def mlp_bwd(self, g2, x2, h, w1, w2, dx2, dw1, dw2, da) -> None:
         """da: a [m, M] 16-bit scratch for a's gradient. One pass over h and da (fp8_gelu_bwd_cast_tiles)
@@ -346,9 +394,10 @@ class Fp8:
         fn = self.be.kernel("fp8", "fp8_gelu_bwd_cast_tiles")  # FP8_TILES tiles of 64 x 64 a block, as the casts
         grid = (-(-M // CAST_COLS), (m + 63) // 64)
 
-        def launch(outs, record, count):
+        def launch(outs, record, count):  # count_a: a's cast is counted here where the epilogue made a
             fn(grid, (256,), (da, h, np.int32(m), np.int32(M), *outs[:2], np.int32(sd), outs[2], np.int32(sa),
-                              self.scale, self.amax_now, self.counts, np.int32(record), np.int32(count)))
+                              self.scale, self.amax_now, self.counts, np.int32(record), np.int32(count),
+                              np.int32(count and bool(self.gelu_fused))))
 
         if sd not in self.primed:  # h's gradient's first cast: its scale from its own amax
             _not_capturing()
@@ -373,6 +422,7 @@ class Fp8:
             return {"sites": []}
         n = len(self.sites)
         hist, now, scale, counts = (cp.asnumpy(a[:n]) for a in (self.hist, self.amax_now, self.scale, self.counts))
+        now = np.maximum(now, cp.asnumpy(self.lt[:n, 1, 0]))  # the epilogues' amaxes, as fp8_update takes them in
         out = []
         for (role, ptr, fmt), i in self.sites.items():
             off = (ptr - base.data.ptr) // 4
@@ -399,6 +449,8 @@ class Fp8:
             self.amax_now[i] = site["amax_now"]
             self.scale[i] = site["scale"]
             self.inv[i, 0] = 1.0 / site["scale"]
+            self.lt[i, 0, 0] = site["scale"]
+            self.lt[i, 1, 0] = -1.0
             self.counts[i] = cp.asarray(np.array(site["counts"], np.uint64))
             if site["primed"]:
                 self.primed.add(i)
