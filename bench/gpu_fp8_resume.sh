@@ -1,27 +1,48 @@
 #!/usr/bin/env bash
-# fp8 through the Snakemake train rule on a GPU machine: ANDREA-120M on the embedded corpus, one run
-# uninterrupted (results/), one stopped by SIGTERM at >= 300 logged steps and run again (resB/): the
-# training losses must agree step for step (the delayed scales travel in the checkpoint's state).
+# A training run through the Snakemake train rule on a GPU machine, stopped and resumed: ANDREA-120M
+# run once uninterrupted (results/) and once stopped by SIGTERM to the trainer (not to Snakemake, which
+# would let its job finish) at >= STOP logged steps, then run again (resB/): the training losses must
+# agree step for step (the checkpoint carries the weights, the Adam state, the data position and, in
+# fp8, the delayed scales).
 #   bash bench/gpu_fp8_resume.sh        (from the repository root, with .whl: ../shared/tools/device_wheels.sh)
+# Settings from the environment (defaults: the fp8 check as first recorded):
+#   PRECISION  fp8            BATCH  the config's (8)      STEPS 600     STOP 300
+#   CORPUS     embedded       or real: the overlay .device/real/real-corpus.yaml (bench/real_corpus.sh; the
+#                             gpu_real_corpus.sh setup extracts it); its data stages run once, into results/,
+#                             and resB/ starts from a copy of them
+#   TARGET     ckpt           the resumed run's target (audit: the audit runs after it too)
 # Removes results/, resB/ and .snakemake/ first. Logs go to $OUT (results/device-out elsewhere).
 set -u
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-results/device-out}")
+PRECISION=${PRECISION:-fp8} STEPS=${STEPS:-600} STOP=${STOP:-300} CORPUS=${CORPUS:-embedded} TARGET=${TARGET:-ckpt}
 rm -rf results resB .snakemake
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>&1 | tail -1
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
-printf 'train:\n  ANDREA-120M: {precision: fp8, max_steps: 600, eval_every: 200, sample_every: 100000, checkpoint_every: 1000, warmup_steps: 50, lr: 6.0e-4}\n' > /tmp/f.yaml
-C="--cores 8 --configfile config/config.yaml /tmp/f.yaml"  # the target goes before --configfile
-timeout 200 python3 -m snakemake results/ANDREA-120M/ckpt $C --config data_profile=embedded > $OUT/a.log 2>&1; echo "A (uninterrupted): rc $?"
-python3 -m snakemake resB/ANDREA-120M/ckpt $C --config data_profile=embedded results_dir=resB > $OUT/b1.log 2>&1 &
+batch=${BATCH:+, batch_size: $BATCH}
+printf 'train:\n  ANDREA-120M: {precision: %s, max_steps: %s, eval_every: 200, sample_every: 100000, checkpoint_every: 1000, warmup_steps: 50, lr: 6.0e-4%s}\n' \
+  "$PRECISION" "$STEPS" "$batch" > /tmp/f.yaml
+if [ "$CORPUS" = real ]; then
+  C="--cores 8 --configfile config/config.yaml .device/real/real-corpus.yaml /tmp/f.yaml"  # the target goes before --configfile
+  start=$(date +%s)
+  python3 -m snakemake results/ANDREA-120M/shards.json $C > "$OUT/data.log" 2>&1; echo "data stages: rc $?, $(( $(date +%s) - start )) s"
+  cp -a results resB
+  RESB="--config results_dir=resB"
+else
+  C="--cores 8 --configfile config/config.yaml /tmp/f.yaml --config data_profile=embedded"
+  RESB="results_dir=resB"  # joins the --config above
+fi
+start=$(date +%s)
+timeout 300 python3 -m snakemake results/ANDREA-120M/ckpt $C > "$OUT/a.log" 2>&1; echo "A (uninterrupted): rc $?, $(( $(date +%s) - start )) s"
+python3 -m snakemake resB/ANDREA-120M/ckpt $C $RESB > "$OUT/b1.log" 2>&1 &
 sm=$!
-until compgen -G "resB/ANDREA-120M/runs/*/loss.jsonl" >/dev/null && [ "$(cat resB/ANDREA-120M/runs/*/loss.jsonl | wc -l)" -ge 300 ]; do sleep 0.2; kill -0 $sm 2>/dev/null || break; done
+until compgen -G "resB/ANDREA-120M/runs/*/loss.jsonl" >/dev/null && [ "$(cat resB/ANDREA-120M/runs/*/loss.jsonl | wc -l)" -ge "$STOP" ]; do sleep 0.2; kill -0 $sm 2>/dev/null || break; done
 pkill -TERM -f "scripts/tmp.*train.py" && echo "SIGTERM at $(cat resB/ANDREA-120M/runs/*/loss.jsonl | wc -l) logged lines"
 wait $sm; echo "B first part: rc $?"
-timeout 200 python3 -m snakemake resB/ANDREA-120M/ckpt $C --config data_profile=embedded results_dir=resB > $OUT/b2.log 2>&1; echo "B resumed: rc $?"
-grep -hE "stopped by a signal|resumed|fp8 casts by step 600|finished" resB/ANDREA-120M/runs/*/train.log | cut -c1-200
-grep -hE "fp8 casts by step 600" results/ANDREA-120M/runs/*/train.log | cut -c1-200
+timeout 300 python3 -m snakemake "resB/ANDREA-120M/$TARGET" $C $RESB > "$OUT/b2.log" 2>&1; echo "B resumed: rc $?"
+grep -hE "plan:|stopped by a signal|resumed|fp8 casts by step $STEPS|finished" resB/ANDREA-120M/runs/*/train.log | cut -c1-300
+grep -hE "fp8 casts by step $STEPS" results/ANDREA-120M/runs/*/train.log | cut -c1-200
 python3 - <<'PY'
 import glob, json
 def losses(root):

@@ -247,9 +247,11 @@ def gelu_tanh(x):
 def test_fp8_gelu_epilogue_writes_h_and_a_in_e4m3():
     """The MLP's first fp8 product with cuBLASLt's GELU epilogue: h in bf16 (the product), a = gelu(h)
     times the scale read from the device in e4m3, within one e4m3 step of the host's cast of the
-    exact product's GELU, its amax before scaling written to the device, and saturation (a scale 64
-    times too large) to ±448, never NaN. Printed: how many values of a differ from the backward's
-    cast of a, made from the 16-bit h (fp8_gelu_bwd_cast)."""
+    exact product's tanh GELU (and 2^-10 besides: measured on the H200, cuBLASLt's GELU leaves the
+    tanh formula by up to ~5e-4 in its far negative tail, h ≈ -3.5, where gelu(h) ≈ -1e-3), its amax
+    before scaling written to the device, and saturation (a scale 64 times too large) to ±448, never
+    NaN. Printed: how many values of a differ from the backward's cast of a, made from the 16-bit h
+    (fp8_gelu_bwd_cast), and the largest departure from the tanh formula."""
     be = CupyBackend("fp8")
     lt = be.fp8._lt()
     rng = np.random.default_rng(11)
@@ -275,7 +277,11 @@ def test_fp8_gelu_epilogue_writes_h_and_a_in_e4m3():
         got = q.view(E4M3).astype(np.float64) / scale
         if scale == s:
             step = np.maximum(np.abs(want), 2.0**-6 / scale) * 2.0**-3  # e4m3: 3 mantissa bits, subnormals below 2^-6
-            assert np.all(np.abs(got - want) <= step), float(np.max(np.abs(got - want) / step))
+            off = np.abs(got - want) - step
+            i = int(np.argmax(off))
+            print(f"epilogue a beyond one e4m3 step of the tanh GELU: at most {max(off.flat[i], 0):.2e} "
+                  f"(h = {prod.flat[i]:.3f})")
+            assert np.all(off <= 2.0**-10)
             a16 = gelu_tanh(h.astype(BF16).astype(np.float64)).astype(BF16).astype(np.float32)
             again = (a16 * np.float32(scale)).astype(E4M3).view(np.uint8)
             print(f"epilogue a vs the backward's recast from 16-bit h: {np.mean(again != q):.2%} of values differ")

@@ -71,16 +71,21 @@ __device__ __forceinline__ unsigned cast4(const float v[4], float s, CastStats& 
     for (int k = 0; k < 4; k++) st.amax = fmaxf(st.amax, fabsf(v[k]));
     b[0] = cvt2<FMT>(v[0] * s, v[1] * s);
     b[1] = cvt2<FMT>(v[2] * s, v[3] * s);
+    const unsigned w = b[0] | ((unsigned)b[1] << 16);
     if (count) {
         st.values += 4;
+        // underflows: bytes whose magnitude (low 7 bits) is 0, less the values that were 0. Adding 0x7F
+        // to each magnitude (no carry between bytes: at most 0xFE) sets its top bit unless it was 0.
+        const unsigned zero_bytes = ~((w & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) & 0x80808080u;
+        int zeros = 0;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            const unsigned char byte = (b[k / 2] >> (8 * (k % 2))) & 0xFF;
             st.over += fabsf(v[k] * s) > Fp8Max<FMT>::value;
-            st.under += v[k] != 0.f && (byte & 0x7F) == 0;
+            zeros += v[k] == 0.f;
         }
+        st.under += __popc(zero_bytes) - zeros;
     }
-    return b[0] | ((unsigned)b[1] << 16);
+    return w;
 }
 
 // eight values times s to fp8 (packed), counted into st

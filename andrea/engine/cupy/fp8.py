@@ -350,8 +350,8 @@ class Fp8:
         """h2 = x2·W1 (16-bit, kept for the backward) and out2 = gelu(h2)·W2, a = gelu(h) in e4m3 made by
         the first product's epilogue (the cast pass instead where cuBLASLt offers no such algorithm,
         found on the first pass, or the backend's gelu_epilogue is off: ANDREA_GELU_EPILOGUE=0)."""
-        if self.gelu_fused is None and self.be.gelu_epilogue and h2.shape[1] % 8 == 0:
-            self.gelu_fused = True  # tried on this first pass: the eager one
+        if self.gelu_fused is None:  # chosen on the first pass, the eager one (which falls back if it must)
+            self.gelu_fused = bool(self.be.gelu_epilogue and h2.shape[1] % 8 == 0)
         if not self.gelu_fused:
             self.linear_fwd(x2, (w1,), h2, "mlp1")
             self.linear_fwd(h2, (w2,), out2, "mlp2", gelu=True)  # sites keyed by w2: a = gelu(h) is its input
