@@ -4,7 +4,8 @@
 # at B=32 (the GELU output kept: auto) through `snakemake results/ANDREA-120M/ckpt`, 1,200 steps
 # uninterrupted, and again stopped by SIGTERM to the trainer at ~600 logged lines and resumed through
 # `snakemake resB/ANDREA-120M/audit` (bench/gpu_fp8_resume.sh): the losses must agree step for step.
-# Then the resumed run's curve, speed, audit and samples. Then the fp8 GPU tests (the mended ones).
+# Then the resumed run's curve, speed, audit and samples. Then dev/cuda/fp8.py (the casts' counts from
+# packed bytes) and the fp8 GPU tests (the mended ones).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
@@ -32,5 +33,7 @@ PY
 run=$(ls -d resB/ANDREA-120M/runs/*/ | head -1)
 tar czf "$OUT/run-resB.tgz" "$run"/{plan.json,state.json,loss.jsonl,samples.jsonl,train.log} resB/ANDREA-120M/audit 2>/dev/null
 echo "summary done at $(( $(date +%s) - T0 )) s"
+timeout $(( 500 - ($(date +%s) - T0) )) python3 dev/cuda/fp8.py > "$OUT/dev-fp8.log" 2>&1; echo "dev fp8 rc=$? $(tail -n 2 "$OUT/dev-fp8.log" | head -1)"
+grep -E "FAIL|rror" "$OUT/dev-fp8.log" | head -5
 timeout $(( 585 - ($(date +%s) - T0) )) python3 -m pytest tests/test_gpu_fp8.py -q -p no:cacheprovider -rs -s > "$OUT/fp8-tests.log" 2>&1
 grep -E "^FAILED|passed|failed|differ|beyond|Error" "$OUT/fp8-tests.log" | tail -8; echo "all done at $(( $(date +%s) - T0 )) s"
