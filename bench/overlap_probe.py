@@ -7,11 +7,12 @@ attention), run back to back for many blocks, first on one stream, then with the
 Why: ANDREA-120M's B=32 step averages ~665 W against the H200's 700 W cap (bench/gpu_power.py):
 its memory-bound stretches leave power unused that the products could take.
 
-    python3 bench/overlap_probe.py [--batches 32 8] [--blocks 240] [--sm-counts 0 120 100 80]
+    python3 bench/overlap_probe.py [--batches 32 8] [--blocks 240] [--sm-counts 0 120 100 80] [--residual fp32]
 
 Prints ms per block for each variant and the energy per block (NVML). A probe of the timing only: it
 does not keep the model's buffer lifetimes (the engine would need d_branch, a and da kept until the
-join).
+join), and it recomputes a = gelu(h) as the engine does below 16,384 tokens a pass (above, the engine
+keeps a and the first product's DGELU epilogue replaces that pass: ANDREA_GELU).
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ from gpu_power import PowerMeter  # noqa: E402 (bench/, the script's folder)
 
 
 class Block:
-    """Buffers of one block's backward at ANDREA-120M's width and batch B (T = 1024)."""
+    """Buffers of one block's backward at ANDREA-120M's width and batch B (T = 1024), with the residual
+    stream the engine keeps: bf16 (the default: the branch's gradient is the stream's, one buffer) or
+    fp32 (ANDREA_RESIDUAL=fp32: an fp32 gradient and a 16-bit copy of it for the products)."""
 
-    def __init__(self, be: CupyBackend, B: int, T: int = 1024, d: int = 768, H: int = 12):
+    def __init__(self, be: CupyBackend, B: int, T: int = 1024, d: int = 768, H: int = 12, residual: str = "bf16"):
         rng = np.random.default_rng(0)
         m, M, D = B * T, 4 * d, d // H
         self.be, self.m, self.d, self.M = be, m, d, M
@@ -45,16 +48,19 @@ class Block:
         def f32(*shape, scale=1.0):
             return cp.asarray(rng.standard_normal(shape, np.float32) * scale)
 
-        self.g, self.ln2, self.ln1, self.y = h16(m, d), h16(m, d), h16(m, d), h16(m, d)
+        self.ln2, self.ln1, self.y = h16(m, d), h16(m, d), h16(m, d)
         self.h, self.a, self.da = h16(m, M), h16(m, M), h16(m, M)
         self.w1, self.w2, self.wo, self.wcat = h16(d, M, scale=0.03), h16(M, d, scale=0.03), h16(d, d, scale=0.03), h16(d, 3 * d, scale=0.03)
         self.dx, self.dy = h16(m, d), h16(m, d)
         self.dw1, self.dw2, self.dwo, self.dwqkv = cp.zeros((d, M), cp.float32), cp.zeros((M, d), cp.float32), \
             cp.zeros((d, d), cp.float32), cp.zeros((d, 3 * d), cp.float32)
-        self.res, self.d_res = f32(B, T, d), f32(B, T, d)
+        stream = h16 if residual == "bf16" else f32
+        self.res, self.d_res = stream(B, T, d), stream(B, T, d)
+        # the products read the branch's gradient: the stream's own in bf16, a 16-bit copy beside fp32's
+        self.branch = self.d_res if residual == "bf16" else h16(B, T, d)
+        self.g = self.branch.reshape(m, d)
         self.mean, self.rstd = f32(B, T, scale=0.1), cp.ones((B, T), cp.float32)
         self.gamma, self.dgamma, self.dbeta = cp.ones(d, cp.float32), cp.zeros(d, cp.float32), cp.zeros(d, cp.float32)
-        self.branch = h16(B, T, d)
         self.qkv, self.dqkv = h16(B, T, 3, H, D, scale=0.5), h16(B, T, 3, H, D)
         self.att_y, self.lse = h16(B, T, d), cp.zeros((B, H, T), cp.float32)
         be.attn_fwd(self.qkv, self.att_y, self.lse)
@@ -115,6 +121,8 @@ def main() -> None:
     ap.add_argument("--batches", nargs="+", type=int, default=[32, 8])
     ap.add_argument("--blocks", type=int, default=240, help="blocks timed per variant")
     ap.add_argument("--sm-counts", nargs="+", type=int, default=[0, 120, 100, 80])
+    ap.add_argument("--residual", choices=["bf16", "fp32"], default="bf16",
+                    help="the residual stream's type (the engine's default bf16, or ANDREA_RESIDUAL=fp32's)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     meter = PowerMeter.open()
@@ -126,15 +134,16 @@ def main() -> None:
     stream2 = cp.cuda.Stream(non_blocking=True)
     results = []
     for B in args.batches:
-        block = Block(be, B)
+        block = Block(be, B, residual=args.residual)
         n = args.blocks * 32 // B
         variants = [("one stream", None, 0)] + [(f"side stream, {s or 'all'} SMs", side_lt, s) for s in args.sm_counts]
         rows = []
         for rnd in range(2):  # twice, interleaved, so drift shows
             for name, side, sm in variants:
-                r = run(block, n, main_lt, side, stream2, sm, meter) | {"variant": name, "B": B, "round": rnd}
+                r = run(block, n, main_lt, side, stream2, sm, meter) | {"variant": name, "B": B, "round": rnd,
+                                                                     "residual": args.residual}
                 rows.append(r)
-        print(f"\n## ANDREA-120M block backward, B={B} ({n} blocks a variant, two rounds)")
+        print(f"\n## ANDREA-120M block backward, B={B}, {args.residual} residual stream ({n} blocks a variant, two rounds)")
         print("| variant | ms/block | mJ/block | W | SM MHz |")
         print("|---|---|---|---|---|")
         for r in rows:

@@ -1070,16 +1070,20 @@ class CupyBackend(Backend):
             ld = logits.shape[1]
             # the row in registers, 16 bytes a load; rows too long for a block of them (its registers
             # allow fewer threads than xent_threads asks: ld past ~57,000 in bf16) take 2-byte loads, three reads
-            nv = (f"XENT_NV={XENT_NV}",)
             threads = xent_threads(ld)
-            fn = None if threads is None else self.kernel("classifier", "softmax_xent_h16_rows", extra_defines=nv)
+            fn = None if threads is None else self._classifier("softmax_xent_h16_rows")
             if fn is None or threads > fn.max_threads_per_block:
-                fn, threads = self.kernel("classifier", "softmax_xent_h16", extra_defines=nv), 256
+                fn, threads = self._classifier("softmax_xent_h16"), 256
             fn((N,), (threads,), (logits, targets, losses, self._loss_scale_buffer(), np.int32(V), np.int32(ld)))
             return None if cp.cuda.get_current_stream().is_capturing() else float(losses.mean())
         self.gemm(self._operand(x.reshape(-1, d)), self._operand(w, weight=True), probs.reshape(-1, V), tb=True)
-        self.kernel("classifier", "softmax_xent_fwd")((N,), (256,), (probs, targets, losses, np.int32(V)))
+        self._classifier("softmax_xent_fwd")((N,), (256,), (probs, targets, losses, np.int32(V)))
         return float(losses.mean())
+
+    def _classifier(self, function: str):
+        """A loss kernel of classifier.cu, one module for all of them: built with XENT_NV, the vectors a
+        thread of softmax_xent_h16_rows holds (kernels.py sizes its blocks by the same number)."""
+        return self.kernel("classifier", function, extra_defines=(f"XENT_NV={XENT_NV}",))
 
     def loss_bwd(self, x, w, targets, probs, dx, dw, dloss=1.0) -> None:
         d = x.shape[-1]
@@ -1101,7 +1105,7 @@ class CupyBackend(Backend):
             if main < V:
                 self.gemm(dl[:, main:V], x2, dw[main:], ta=True, accumulate=True, alpha=dloss / N)
             return
-        self.kernel("classifier", "softmax_xent_bwd")((N,), (256,), (probs, targets, np.float32(dloss / N), np.int32(V)))
+        self._classifier("softmax_xent_bwd")((N,), (256,), (probs, targets, np.float32(dloss / N), np.int32(V)))
         dl = self._operand(probs.reshape(-1, V))
         self.gemm(dl, self._operand(w, weight=True), dx.reshape(-1, d))
         self.gemm(dl, self._operand(x.reshape(-1, d)), dw, ta=True, accumulate=True)
