@@ -215,19 +215,25 @@ def test_gelu_casts_forward_and_backward_agree(name, tiles):
     assert float(f.amax_now[sd]) == pytest.approx(float(np.abs(want).max()), rel=2.0**-7)
 
 
+def fp8_operands(seed: int, m: int, n: int, k: int, a: tuple, b: tuple):
+    """Random fp8 operands on the device, a [m, k] and bt [n, k] as bytes, each from (multiplier of a
+    standard normal, fp8 type, inverse scale); their inverse scales 16 bytes apart (as cuBLASLt needs);
+    and the exact product (a · inv_a) · (bt · inv_b)ᵀ in float64."""
+    rng = np.random.default_rng(seed)
+    qa = (rng.standard_normal((m, k)) * a[0]).astype(a[1])
+    qb = (rng.standard_normal((n, k)) * b[0]).astype(b[1])
+    inv = cp.asarray(np.array([a[2], 0, 0, 0, b[2]], np.float32))
+    want = (qa.astype(np.float64) * a[2]) @ (qb.astype(np.float64) * b[2]).T
+    return cp.asarray(qa.view(np.uint8)), cp.asarray(qb.view(np.uint8)), inv, want
+
+
 @pytest.mark.parametrize("fast", [False, True])
 def test_fp8_matmul_matches_numpy(fast):
     """c = (a · btᵀ) · inv_a · inv_b through cuBLASLt, into bf16 and accumulated into fp32, against
     NumPy on the same fp8 values (products of fp8 values are exact; the sums differ by order)."""
-    be = CupyBackend("fp8")
-    lt = be.fp8._lt()
-    rng = np.random.default_rng(2)
+    lt = CupyBackend("fp8").fp8._lt()
     m, n, k = 96, 80, 160
-    a = (rng.standard_normal((m, k)) * 20).astype(E4M3)
-    bt = (rng.standard_normal((n, k)) * 1000).astype(E5M2)
-    inv = cp.asarray(np.array([2.0**-5, 0, 0, 0, 2.0**-10], np.float32))  # 16-byte aligned scales
-    want = (a.astype(np.float64) * 2.0**-5) @ (bt.astype(np.float64) * 2.0**-10).T
-    d_a, d_bt = cp.asarray(a.view(np.uint8)), cp.asarray(bt.view(np.uint8))
+    d_a, d_bt, inv, want = fp8_operands(2, m, n, k, (20, E4M3, 2.0**-5), (1000, E5M2, 2.0**-10))
     c = cp.zeros((m, n), BF16)
     lt.matmul(d_a, inv.data.ptr, "e4m3", d_bt, inv.data.ptr + 16, "e5m2", c, fast=fast)
     err16 = rel(c.get().astype(np.float32), want)
@@ -252,18 +258,12 @@ def test_fp8_gelu_epilogue_writes_h_and_a_in_e4m3():
     fast mode (fp8's without fp32 promotions), whose sums measured up to ~5e-4 off near h = 0 on the
     H200. Printed: that departure, the one from the GELU of the h the product wrote, and how many
     values of a differ from the backward's cast of a made from the 16-bit h (fp8_gelu_bwd_cast)."""
-    be = CupyBackend("fp8")
-    lt = be.fp8._lt()
-    rng = np.random.default_rng(11)
+    lt = CupyBackend("fp8").fp8._lt()
     m, n, k = 256, 384, 128
-    a = (rng.standard_normal((m, k)) * 4).astype(E4M3)
-    bt = (rng.standard_normal((n, k)) * 4).astype(E4M3)
-    inv = cp.asarray(np.array([2.0**-2, 0, 0, 0, 2.0**-3], np.float32))  # 16-byte aligned scales
-    prod = (a.astype(np.float64) * 2.0**-2) @ (bt.astype(np.float64) * 2.0**-3).T
+    d_a, d_bt, inv, prod = fp8_operands(11, m, n, k, (4, E4M3, 2.0**-2), (4, E4M3, 2.0**-3))
     want = gelu_tanh(prod)
     amax = float(np.abs(want).max())
     s = 2.0 ** np.floor(np.log2(448.0 / amax))
-    d_a, d_bt = cp.asarray(a.view(np.uint8)), cp.asarray(bt.view(np.uint8))
     for scale in (s, 64 * s):
         lts = cp.asarray(np.array([[scale, 0, 0, 0], [-1, 0, 0, 0]], np.float32))
         aux, d = cp.zeros((m, n), BF16), cp.zeros((m, n), cp.uint8)
