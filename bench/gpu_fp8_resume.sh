@@ -11,11 +11,15 @@
 #                             gpu_real_corpus.sh setup extracts it); its data stages run once, into results/,
 #                             and resB/ starts from a copy of them
 #   TARGET     ckpt           the resumed run's target (audit: the audit runs after it too)
+#   TIMEOUT    300            seconds for each Snakemake run (the uninterrupted one, the resumed one)
+# STOP counts the run's loss records, validations among them. Exits 1 where no stop was made (the run
+# ended first) or the losses differ.
 # Removes results/, resB/ and .snakemake/ first. Logs go to $OUT (results/device-out elsewhere).
 set -u
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-results/device-out}")
 PRECISION=${PRECISION:-fp8} STEPS=${STEPS:-600} STOP=${STOP:-300} CORPUS=${CORPUS:-embedded} TARGET=${TARGET:-ckpt}
+TIMEOUT=${TIMEOUT:-300}
 rm -rf results resB .snakemake
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>&1 | tail -1
@@ -34,13 +38,13 @@ else
   RESB="results_dir=resB"  # joins the --config above
 fi
 start=$(date +%s)
-timeout 300 python3 -m snakemake results/ANDREA-120M/ckpt $C > "$OUT/a.log" 2>&1; echo "A (uninterrupted): rc $?, $(( $(date +%s) - start )) s"
+timeout "$TIMEOUT" python3 -m snakemake results/ANDREA-120M/ckpt $C > "$OUT/a.log" 2>&1; echo "A (uninterrupted): rc $?, $(( $(date +%s) - start )) s"
 python3 -m snakemake resB/ANDREA-120M/ckpt $C $RESB > "$OUT/b1.log" 2>&1 &
 sm=$!
 until compgen -G "resB/ANDREA-120M/runs/*/loss.jsonl" >/dev/null && [ "$(cat resB/ANDREA-120M/runs/*/loss.jsonl | wc -l)" -ge "$STOP" ]; do sleep 0.2; kill -0 $sm 2>/dev/null || break; done
 pkill -TERM -f "scripts/tmp.*train.py" && echo "SIGTERM at $(cat resB/ANDREA-120M/runs/*/loss.jsonl | wc -l) logged lines"
 wait $sm; echo "B first part: rc $?"
-timeout 300 python3 -m snakemake "resB/ANDREA-120M/$TARGET" $C $RESB > "$OUT/b2.log" 2>&1; echo "B resumed: rc $?"
+timeout "$TIMEOUT" python3 -m snakemake "resB/ANDREA-120M/$TARGET" $C $RESB > "$OUT/b2.log" 2>&1; echo "B resumed: rc $?"
 grep -hE "plan:|stopped by a signal|resumed|fp8 casts by step $STEPS|finished" resB/ANDREA-120M/runs/*/train.log | cut -c1-300
 grep -hE "fp8 casts by step $STEPS" results/ANDREA-120M/runs/*/train.log | cut -c1-200
 python3 - <<'PY'
@@ -52,4 +56,10 @@ a, b = losses("results"), losses("resB")
 same = [s for s in sorted(a) if s in b and a[s] == b[s]]
 diff = [s for s in sorted(a) if s in b and a[s] != b[s]]
 print(f"steps: A {len(a)}, B {len(b)}; identical {len(same)}, different {len(diff)}" + (f", first different {diff[0]}: {a[diff[0]]} vs {b[diff[0]]}" if diff else ""))
+raise SystemExit(1 if diff or not a or len(a) != len(b) else 0)
 PY
+ok=$?
+if ! grep -q "stopped by a signal" resB/ANDREA-120M/runs/*/train.log; then
+  echo "no resume tested: the run ended before $STOP loss records (raise STEPS or lower STOP)"; exit 1
+fi
+exit $ok

@@ -17,7 +17,9 @@
 // (cvt.rn.satfinite), as the reference clips then rounds. `record`: the tile's amax joins
 // amax_now; `count`: values, overflows (|x·s| > max) and underflows (x ≠ 0 cast to 0) are counted.
 // The _gelu versions read h and cast a = gelu(h) rounded to 16 bits, the very value the backward
-// pass recomputes (gelu_bwd_recompute_h16x8), so the backward's cast of a is the forward's, bit for bit.
+// pass recomputes (gelu_bwd_recompute_h16x8), so the backward's cast of a is the forward's, bit for
+// bit. (They run where the first MLP product's cuBLASLt epilogue cannot make a: that a comes from the
+// fp32 product, and the backward's recast differs from it by one e4m3 step in a few values.)
 #include "elementwise.cu"
 #include "layernorm.cu"
 
@@ -74,16 +76,16 @@ __device__ __forceinline__ unsigned cast4(const float v[4], float s, CastStats& 
     const unsigned w = b[0] | ((unsigned)b[1] << 16);
     if (count) {
         st.values += 4;
-        // underflows: bytes whose magnitude (low 7 bits) is 0, less the values that were 0. Adding 0x7F
+        // underflows: bytes whose magnitude (low 7 bits) is 0 from values that were not. Adding 0x7F
         // to each magnitude (no carry between bytes: at most 0xFE) sets its top bit unless it was 0.
         const unsigned zero_bytes = ~((w & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) & 0x80808080u;
-        int zeros = 0;
+        unsigned nonzero = 0;  // the top bit of byte k: v[k] != 0
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             st.over += fabsf(v[k] * s) > Fp8Max<FMT>::value;
-            zeros += v[k] == 0.f;
+            nonzero |= (v[k] != 0.f ? 0x80u : 0u) << (8 * k);
         }
-        st.under += __popc(zero_bytes) - zeros;
+        st.under += __popc(zero_bytes & nonzero);
     }
     return w;
 }
@@ -229,9 +231,10 @@ extern "C" __global__ void __launch_bounds__(256) fp8_cast_f32_e4m3_jobs(
 
 // The fp8 MLP backward's one pass over h and da (a's gradient, [rows, cols] contiguous, 16-bit):
 // dh = da·gelu'(h) cast to e5m2 into dq and its transpose dqt (site_d: recorded and counted, as
-// any gradient's cast), and a = gelu(h) in 16 bits, the forward's operand, cast again to e4m3 at
-// its site's scale into aqt, transposed (the dW2 product's operand; not recorded, and counted only
-// with count_a: where the forward's cast was the product's epilogue, which cannot count).
+// any gradient's cast), and a = gelu(h) in 16 bits (the cast pass's forward operand; within an e4m3
+// step of the epilogue's) cast again to e4m3 at its site's scale into aqt, transposed (the dW2
+// product's operand; not recorded, and counted only with count_a: where the forward's cast was the
+// product's epilogue, which cannot count).
 // dh goes to fp8 from fp32, never stored in 16 bits. Null outputs are skipped (a first cast
 // records the amax alone). TILES tiles of 64 x 64 side by side per block (grid: cols / (64 TILES)
 // by rows / 64, rounded up): fp8_gelu_bwd_cast one (24,576 blocks at ANDREA-120M B=32, each

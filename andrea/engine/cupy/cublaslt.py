@@ -65,6 +65,13 @@ TUNING_METHOD = "graph-timed"  # in the tuning file's section name: choices time
 TUNE_MIN_WORK = 1 << 32
 
 
+class NoAlgorithm(RuntimeError):
+    """cuBLASLt offers no algorithm for a product as described (its types, epilogue, layouts)."""
+
+
+_STATUS_NOT_SUPPORTED = 15  # cublasStatus_t CUBLAS_STATUS_NOT_SUPPORTED
+
+
 def tune_from_env() -> bool:
     """ANDREA_GEMM_TUNE=0: take the heuristic's first algorithm (as cublasGemmEx does) instead of timing them."""
     return os.environ.get("ANDREA_GEMM_TUNE", "1") != "0"
@@ -299,11 +306,12 @@ class Lt:
             _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(v), 4), "set alignment")
         results = (ctypes.c_ubyte * (_HEURISTIC_BYTES * _ALGOS))()
         count = ctypes.c_int32(0)
-        _check(lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, *lays[:3], lays[-1], pref, _ALGOS, ctypes.byref(results),
-                                                  ctypes.byref(count)), "cublasLtMatmulAlgoGetHeuristic")
-        if count.value < 1:
-            raise RuntimeError(f"cuBLASLt has no algorithm for {what} (layouts (type, rows, cols, ld) of its A, B, C: "
-                               f"{layouts}; operand alignments {align} bytes)")
+        status = lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, *lays[:3], lays[-1], pref, _ALGOS,
+                                                    ctypes.byref(results), ctypes.byref(count))
+        if status == _STATUS_NOT_SUPPORTED or (status == 0 and count.value < 1):
+            raise NoAlgorithm(f"cuBLASLt has no algorithm for {what} (layouts (type, rows, cols, ld) of its A, B, C"
+                              f"{' and D' if len(layouts) > 3 else ''}: {layouts}; operand alignments {align} bytes)")
+        _check(status, "cublasLtMatmulAlgoGetHeuristic")
         algos = [ctypes.addressof(results) + i * _HEURISTIC_BYTES for i in range(count.value)]
         plan = self.plans[key] = _Plan(desc, lays, pref, results, algos, None, repr(key), what, work >= TUNE_MIN_WORK)
         return plan
@@ -364,7 +372,7 @@ class Lt:
         With `aux` (bf16 [m, n], rows a multiple of 8 elements apart), the GELU epilogue: aux = the
         product, and c (uint8 [m, n]) = gelu(product) · *d_scale in e4m3, rounded to nearest and
         saturated, with *amax_d = max |gelu(product)| (d_scale, amax_d: device pointers, 16-byte
-        aligned). Raises RuntimeError where cuBLASLt has no algorithm for it (fp8.py then casts)."""
+        aligned). Raises NoAlgorithm where cuBLASLt has none for it (fp8.py then casts)."""
         m, k = a.shape
         n = bt.shape[0]
         if bt.shape[1] != k or c.shape != (m, n):

@@ -45,7 +45,7 @@ import warnings
 import cupy as cp
 import numpy as np
 
-from andrea.engine.cupy.cublaslt import Lt
+from andrea.engine.cupy.cublaslt import Lt, NoAlgorithm
 from andrea.engine.cupy.kernels import ln_nv
 from andrea.engine.cupy.weights import is_16bit
 
@@ -121,6 +121,7 @@ class Fp8:
         self.branch_site = None  # the site the LayerNorm backward last cast the branch's gradient for
         self.products = products_from_env()
         self.gelu_fused = None  # the MLP's GELU in the first product's epilogue: None until its first pass tries it
+        self.gelu_fused_ran = False  # an epilogue product has run: from then on, one that cannot run is an error
 
     def buffers(self) -> list:
         """What a captured pass reads and writes besides the backend's scratch."""
@@ -368,9 +369,10 @@ class Fp8:
         try:
             self._lt().matmul(xq, inv + 4 * INV_STRIDE * sx, "e4m3", wt1, inv + 4 * INV_STRIDE * sw1, "e4m3", aq,
                               fast=True, aux=h2, d_scale=lt, amax_d=lt + 4 * INV_STRIDE)
-        except RuntimeError as err:  # no algorithm here: found on the eager first pass, cast from now on
-            if cp.cuda.get_current_stream().is_capturing():
-                raise
+            self.gelu_fused_ran = True
+        except NoAlgorithm as err:  # none on this GPU: found by the first layer of the eager first pass
+            if self.gelu_fused_ran or cp.cuda.get_current_stream().is_capturing():
+                raise  # (a shape met later, with layers already run the other way: not switched halfway)
             warnings.warn(f"fp8: cuBLASLt has no GELU epilogue writing e4m3 ({err}); a is cast from h instead")
             self.gelu_fused = False
             self.mm(xq, sx, "e4m3", wt1, sw1, "e4m3", h2, fast=True)
@@ -459,7 +461,9 @@ class Fp8:
 
     def counts_dict(self) -> dict:
         """Values cast so far, and how many overflowed (saturated) or underflowed (to zero), over all
-        sites; per role too ("qkv.x", "mlp1.dy", "w", ...)."""
+        sites; per role too ("qkv.x", "mlp1.dy", "w", ...). Where the first MLP product's epilogue
+        casts a (gelu_fused), a's role ("mlp2.x") is counted by the backward's cast of a, at the same
+        scale: training passes count it, forward-only passes (validation, warm-up) do not."""
         c = cp.asnumpy(self.counts[:len(self.sites)]).astype(np.int64)
         total = c.sum(axis=0) if len(c) else np.zeros(3, np.int64)
         roles: dict = {}
