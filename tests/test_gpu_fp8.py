@@ -310,10 +310,11 @@ def test_fp8_gelu_epilogue_trains_as_the_cast_pass(monkeypatch):
         b = e.prepare(tokens, targets)
         runs[name] = ([train_step(e, [b], i, oc).loss for i in range(10)], e)
     (fused, ef), (eager, _), (cast, ec) = runs["epilogue"], runs["epilogue eager"], runs["cast"]
-    assert ec.be.fp8.gelu_fused is False
+    assert ec.be.fp8.gelu_fused is False and "gelu(h) to e4m3 in a cast pass" in ec.be.implementation()
     if not ef.be.fp8.gelu_fused:
         assert cp.cuda.Device().compute_capability != "90", "cuBLASLt offered no fp8 GELU epilogue on Hopper"
         pytest.skip("this GPU's cuBLASLt has no fp8 GELU epilogue: the cast pass ran (the fallback)")
+    assert "gelu(h) to e4m3 in the product's epilogue" in ef.be.implementation()
     f = ef.be.fp8
     sa = [i for (role, _, _), i in f.sites.items() if role == "mlp2.x"]
     assert len(sa) == CFG.n_layer
