@@ -22,7 +22,7 @@ PRECISION=${PRECISION:-fp8} STEPS=${STEPS:-600} STOP=${STOP:-300} CORPUS=${CORPU
 TIMEOUT=${TIMEOUT:-300}
 rm -rf results resB .snakemake
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>&1 | tail -1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -1
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
 batch=${BATCH:+, batch_size: $BATCH}
 printf 'train:\n  ANDREA-120M: {precision: %s, max_steps: %s, eval_every: 200, sample_every: 100000, checkpoint_every: 1000, warmup_steps: 50, lr: 6.0e-4%s}\n' \
