@@ -9,11 +9,16 @@ set -euo pipefail
 site=results/device-site
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-pins() { grep -iE "^($1)==" constraints.txt; }
+need="wordfreq ftfy langcodes locate msgpack regex wcwidth"  # wordfreq 3.1 and what it needs (ftfy: wcwidth)
 # the versions the tests pin (constraints.txt), as wheels for the device's Python 3.12 on x86-64 Linux
+mapfile -t reqs < <(grep -iE "^(${need// /|})==" constraints.txt)
+if [ "${#reqs[@]}" -ne "$(wc -w <<< "$need")" ]; then
+  echo "device_site: constraints.txt pins ${reqs[*]:-none} of $need" >&2
+  exit 1
+fi
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  -d "$tmp/whl" $(pins 'wordfreq|ftfy|langcodes|locate|msgpack|regex|wcwidth')
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 -d "$tmp/whl" "${reqs[@]}"
 # a wheel is a zip of its site-packages tree: unpacked, as pip --target would (pip here refuses cp312)
 for w in "$tmp"/whl/*.whl; do python3 -m zipfile -e "$w" "$tmp/site"; done
 find "$tmp/site/wordfreq/data" -type f ! -name '*_en.*' -delete

@@ -479,6 +479,8 @@ def test_the_fp8_products_can_be_chosen(monkeypatch, products, roles, planned):
     bufs = {**e.A.saved, **e.A.scratch}
     assert {n for n in ("ln1", "ln2", "d_branch") if bufs[n].dtype == np.uint8} == set(planned)
     assert rel(g8, g16) < 0.1
+    said = e.be.implementation()  # the plan line: where gelu(h) is made, or that the MLP runs in 16 bits
+    assert ("gelu(h) to e4m3 in" in said) == ("mlp" in products) and ("the MLP in 16 bits" in said) != ("mlp" in products)
     monkeypatch.setenv("ANDREA_FP8_PRODUCTS", "mlp,attention")
     with pytest.raises(ValueError, match="unknown products.*qkv, out, mlp"):
         CupyBackend("fp8")

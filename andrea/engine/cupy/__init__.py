@@ -314,11 +314,13 @@ class CupyBackend(Backend):
         if instead:  # (B, H, T, D)
             att += f" (our backward instead of cuDNN's in batch slices or a workspace of its own: {instead})"
         stream = self.residual_planned or self.residual  # what plan_buffer gave the model's width
-        gelu = "" if self.precision in ("fp32", "fp8") else f", GELU {'kept' if self.keep_gelu else 'recomputed'}"
-        if self.fp8 is not None:  # chosen on the first pass (the trainer's warm-up runs it before its plan line)
+        gelu = "" if self.precision == "fp32" else f", GELU {'kept' if self.keep_gelu else 'recomputed'}"
+        if self._fp8("mlp"):  # chosen on the first pass (the trainer's warm-up runs it before its plan line)
             fused = self.fp8.gelu_fused
             gelu = ", gelu(h) to e4m3 " + ("not chosen yet (no pass has run)" if fused is None else
                                           "in the product's epilogue" if fused else "in a cast pass")
+        elif self.fp8 is not None:  # ANDREA_FP8_PRODUCTS without mlp: the MLP runs in 16 bits
+            gelu = f", the MLP in 16 bits{gelu}"
         return f"{att}, cuBLASLt{' with timed algorithms' if tune_from_env() else ''}, {stream} residual stream{gelu}"
 
     def _cudnn_attention(self, *buffers):
