@@ -9,7 +9,7 @@ for carried in .whl results/device-site; do
   [ -d "$carried" ] || echo "device_env: $carried was not carried: add it to the call's carry list" >&2
 done
 if [ -d .whl ]; then
-  # (safe to source under set -e: grep finding nothing to print is not a failure; pip's is named)
+  # (safe to source under set -e: a failing pip is named here, not fatal)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl/*.whl > /tmp/device_env_pip.log 2>&1 \
     || echo "device_env: pip could not install .whl/ (/tmp/device_env_pip.log): $(tail -1 /tmp/device_env_pip.log)" >&2
