@@ -12,7 +12,7 @@
 #
 # Results go to $OUT (the device tool's output folder; results/device-out elsewhere): the logs and
 # JSON of a phase in one archive, $OUT/<phase>-<time>.tgz (the device tool brings back 8 files).
-# Wheels in .whl/ are installed into /tmp/site first: Snakemake's (../shared/tools/device_wheels.sh)
+# Wheels in .whl/ are installed into /tmp/site first (bench/device_env.sh): Snakemake's (../shared/tools/device_wheels.sh)
 # and, for cuDNN's attention (the device image has cuDNN but not its Python frontend),
 #   pip download nvidia-cudnn-frontend==1.16.0 --no-deps --only-binary=:all: --python-version 3.12 -d .whl
 set -euo pipefail
@@ -21,11 +21,7 @@ FINAL=$(realpath -m "${OUT:-results/device-out}")
 OUT=$(mktemp -d)
 mkdir -p "$FINAL"
 trap 'tar czf "$FINAL/${1:-none}-$(date +%H%M%S).tgz" -C "$OUT" .' EXIT
-export PYTHONUNBUFFERED=1
-if [ -d .whl ] && [ ! -d /tmp/site ]; then  # Snakemake's wheels (jsonschema for andrea.config), as gpu_real_corpus.sh setup
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-fi
-[ -d /tmp/site ] && export PYTHONPATH=/tmp/site
+source bench/device_env.sh  # Snakemake's wheels (jsonschema for andrea.config) and results/device-site
 case "${1:-}" in
 check)
   scripts=("${@:2}")

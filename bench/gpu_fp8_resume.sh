@@ -4,7 +4,7 @@
 # would let its job finish) at >= STOP logged steps, then run again (resB/): the training losses must
 # agree step for step (the checkpoint carries the weights, the Adam state, the data position and, in
 # fp8, the delayed scales).
-#   bash bench/gpu_fp8_resume.sh        (from the repository root, with .whl: ../shared/tools/device_wheels.sh)
+#   bash bench/gpu_fp8_resume.sh        (from the repository root, carrying .whl and results/device-site: bench/device_env.sh)
 # Settings from the environment (defaults: the fp8 check as first recorded):
 #   PRECISION  fp8            BATCH  the config's (8)      STEPS 600     STOP 300
 #   CORPUS     embedded       or real: the overlay .device/real/real-corpus.yaml (bench/real_corpus.sh; the
@@ -20,10 +20,9 @@ cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-results/device-out}")
 PRECISION=${PRECISION:-fp8} STEPS=${STEPS:-600} STOP=${STOP:-300} CORPUS=${CORPUS:-embedded} TARGET=${TARGET:-ckpt}
 TIMEOUT=${TIMEOUT:-300}
+source bench/device_env.sh  # the wheels and results/device-site into /tmp/site, before results/ goes
 rm -rf results resB .snakemake
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -1
-export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
 batch=${BATCH:+, batch_size: $BATCH}
 printf 'train:\n  ANDREA-120M: {precision: %s, max_steps: %s, eval_every: 200, sample_every: 100000, checkpoint_every: 1000, warmup_steps: 50, lr: 6.0e-4%s}\n' \
   "$PRECISION" "$STEPS" "$batch" > /tmp/f.yaml

@@ -34,7 +34,7 @@ EOF
 
 case "${1:-}" in
 setup)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  source bench/device_env.sh  # the wheels into /tmp/site, with results/device-site (wordfreq)
   tar xJf .device/real-corpus.tar.xz  # always: an older overlay left on a warm machine would be kept
   [ -f .device/gpu.yaml ] || gpu_yaml 1000 1000
   echo "setup done: $(ls .device/real)"
