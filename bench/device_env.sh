@@ -6,7 +6,7 @@
 # multicast stays off on the lent machines) for the processes the call starts.
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 for carried in .whl results/device-site; do
-  [ -d "$carried" ] || echo "device_env: $carried was not carried: add it to the call's carry list" >&2
+  [ -d "$carried" ] || echo "device_env: no $carried here (not carried in this call, or removed since)" >&2
 done
 if [ -d .whl ]; then
   # (safe to source under set -e: a failing pip is named here, not fatal)
