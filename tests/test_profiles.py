@@ -301,3 +301,50 @@ def test_the_real_corpus_overlay_puts_every_model_on_its_local_profile(tmp_path)
     assert (p["sources"]["chat"]["weight"], p["sources"]["chat"]["floor"]) == (0.1, 0.0)
     assert not any(p["sources"][k]["enabled"] for k in ("smoltalk", "oasst", "irc", "synthetic-chat",
                                                         "hermes3-creative", "hermes3-roleplay"))
+
+
+# ---------------------------------------------------------------- a profile entry's adapter
+
+
+def with_profile(config, entries: dict) -> dict:
+    return validate_config({**config, "profiles": {**config["profiles"], "p": {"sources": entries}}})
+
+
+def test_a_profile_entry_s_adapter_reads_its_data_and_is_part_of_the_version(config, tmp_path):
+    from andrea.megachat import EmptySource, prep_megachat
+    from conftest import write_jsonl
+
+    data = write_jsonl(tmp_path / "everyday.jsonl", [msgs(("user", f"hello {i}"), ("assistant", f"hi {i}")) for i in range(2)])
+    own = with_profile(config, {"synthetic-chat": {"location": str(data)}})  # the source's own adapter: sharegpt
+    told = with_profile(config, {"synthetic-chat": {"location": str(data), "adapter": "messages"}})
+    p_own, p_told = profile_config(own, "p"), profile_config(told, "p")
+    assert (p_own["sources"]["synthetic-chat"]["adapter"], p_told["sources"]["synthetic-chat"]["adapter"]) == ("sharegpt", "messages")
+    v_own, v_told = stage_versions(p_own), stage_versions(p_told)
+    assert v_own["pull_hermes3"] == v_told["pull_hermes3"]
+    assert all(v_own[s] != v_told[s] for s in STAGES if s != "pull_hermes3")
+    only = {"synthetic-chat"}
+    p_told["sources"] = {k: v for k, v in p_told["sources"].items() if k in only}
+    counts = prep_megachat(p_told, tmp_path / "told", "v")
+    assert counts["per_source"]["synthetic-chat"]["kept"] == 2
+    p_own["sources"] = {k: v for k, v in p_own["sources"].items() if k in only}
+    with pytest.raises(EmptySource, match=r"profiles\.p\.sources\.synthetic-chat \(location .*, adapter sharegpt\) .*"
+                                          r"2 records read, 2 skipped: missing_conversations 2 .*profiles\.p\.sources\.synthetic-chat\.adapter"):
+        prep_megachat(p_own, tmp_path / "own", "v")
+
+
+@pytest.mark.parametrize("entry, says", [
+    ({"adapter": "nope"}, "profiles.p.sources.synthetic-chat.adapter: 'nope' is not one of"),
+    ({"adapter": "hermes3"}, "profiles.p: sources.synthetic-chat.adapter: the hermes3 adapter serves only"),
+    ({"adapter": "docstrings", "location": "hub:a/b@main", "licence": "mit"}, "profiles.p: sources.synthetic-chat.location: hub datasets are not supported"),
+])
+def test_a_profile_entry_s_adapter_is_checked_as_a_source_s(config, entry, says):
+    with pytest.raises(ConfigError) as e:
+        with_profile(config, {"synthetic-chat": entry})
+    assert says in str(e.value)
+
+
+def test_a_profile_may_leave_out_or_make_optional_a_hermes3_part_and_nothing_else_of_it(config):
+    p = profile_config(with_profile(config, {"hermes3-creative": {"enabled": False}, "hermes3-roleplay": {"optional": True}}), "p")
+    assert p["sources"]["hermes3-creative"]["enabled"] is False and p["sources"]["hermes3-roleplay"]["optional"] is True
+    with pytest.raises(ConfigError, match=r"profiles\.p\.sources\.hermes3-roleplay: adapter cannot be set for the hermes3 parts"):
+        with_profile(config, {"hermes3-roleplay": {"adapter": "sharegpt"}})
