@@ -348,3 +348,24 @@ def test_a_profile_may_leave_out_or_make_optional_a_hermes3_part_and_nothing_els
     assert p["sources"]["hermes3-creative"]["enabled"] is False and p["sources"]["hermes3-roleplay"]["optional"] is True
     with pytest.raises(ConfigError, match=r"profiles\.p\.sources\.hermes3-roleplay: adapter cannot be set for the hermes3 parts"):
         with_profile(config, {"hermes3-roleplay": {"adapter": "sharegpt"}})
+
+
+def test_the_real_profile_s_synthetic_chat_reads_its_messages_rows(config, tmp_path, monkeypatch):
+    """HuggingFaceTB/everyday-conversations-llama3.1-2k holds `messages: [{content, role}]` rows:
+    a tiny copy of it at the pinned commit, read through the shipped real profile's location."""
+    from andrea.megachat import prep_megachat
+
+    pc = profile_config(config, "real")
+    s = pc["sources"]["synthetic-chat"]
+    loc = parse_hub_location(s["location"])
+    assert (loc.dataset, loc.split, s["adapter"]) == ("HuggingFaceTB/everyday-conversations-llama3.1-2k", "train_sft", "messages")
+    row = lambda i: {"full_topic": f"Everyday/{i}",  # a column beside the messages, not read
+                     "messages": [{"content": f"Hi, what's a good way to start day {i}?", "role": "user"},
+                                  {"content": f"A short walk and a glass of water, day {i}.", "role": "assistant"}]}
+    mirror = tmp_path / "mirror"
+    hub_dataset(mirror, loc.dataset, {"default": {"train_sft": [row(i) for i in range(3)], "test_sft": [row(9)]}}, commit=loc.revision)
+    monkeypatch.setenv(MIRROR_ENV, str(mirror))
+    pc["sources"] = {"synthetic-chat": s}
+    counts = prep_megachat(pc, tmp_path / "prep", "v")
+    c = counts["per_source"]["synthetic-chat"]
+    assert (c["read"], c["kept"], c["skipped_total"]) == (3, 3, 0)
