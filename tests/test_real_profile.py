@@ -18,6 +18,7 @@ from andrea.fetch import MANIFEST, MirrorTransport, fetch_profile
 from andrea.hub import FULL_COMMIT, parse_hub_location
 from andrea.profiles import hub_inputs, profile_config
 from replicas.layouts import LAYOUTS, REAL_PROFILE_DATASETS, replica_commit, write_replica
+from conftest import REPO
 from test_hub_sources import offline  # noqa: F401 (autouse: offline mode, a cache of each test's own)
 
 ROWS = 6  # rows (OASST: message trees) per split, at least one per shard where a split has more shards
@@ -41,11 +42,14 @@ def profile_commits(config) -> dict[str, str]:
     return out
 
 
-@pytest.fixture
-def mirror(config, tmp_path):
-    """Every hub dataset of the real profile, replicated as `hf download --local-dir` leaves it."""
-    root = tmp_path / "mirror"
-    commits = profile_commits(config)
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory):
+    """Every hub dataset of the real profile, replicated as `hf download --local-dir` leaves it
+    (written once for the module: the tests only read it)."""
+    from andrea.config import load_config
+
+    root = tmp_path_factory.mktemp("replicas") / "mirror"
+    commits = profile_commits(load_config(REPO / "config" / "config.yaml"))
     for dataset in REAL_PROFILE_DATASETS:
         write_replica(root, dataset, rows_per_split=None, commit=commits[dataset])
     return root

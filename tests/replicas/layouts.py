@@ -106,20 +106,46 @@ class Layout:
 
 
 class TextSource:
-    """Text for the rows: a caller's natural text (an iterable of passages, recombined in turn)
-    or, by default, sentences made from a small vocabulary of our own, seeded."""
+    """Text for the rows: a caller's natural text, recombined in turn, or by default sentences made
+    from a small vocabulary of our own, seeded. The caller's text is a sequence (cycled by index) or
+    an iterator of passages, read once and lazily: when it runs out, the last TEXT_RING passages
+    are cycled, so a stream of any length never sits in memory whole."""
 
     WORDS = ("river", "garden", "lamp", "window", "morning", "letter", "bridge", "harvest", "kettle", "island",
              "winter", "market", "violin", "candle", "orchard", "harbour", "compass", "meadow", "library", "engine")
     VERBS = ("holds", "watches", "follows", "mends", "carries", "remembers", "crosses", "lights", "keeps", "finds")
+    TEXT_RING = 10_000
 
     def __init__(self, text: Iterable[str] | None, seed: int):
         self._rng = random.Random(seed)
-        self._text = itertools.cycle(text) if text is not None else None
+        self._seq = text if isinstance(text, (list, tuple)) else None
+        self._iter = iter(text) if text is not None and self._seq is None else None
+        self._ring: list[str] = []
+        self._i = 0
+
+    def _next_text(self) -> str:
+        if self._seq is not None:
+            if not self._seq:
+                raise ValueError("text: an empty sequence of passages")
+            self._i += 1
+            return self._seq[(self._i - 1) % len(self._seq)]
+        if self._iter is not None:
+            for passage in self._iter:
+                if len(self._ring) < self.TEXT_RING:
+                    self._ring.append(passage)
+                else:
+                    self._ring[self._i % self.TEXT_RING] = passage
+                self._i += 1
+                return passage
+            self._iter = None  # exhausted: cycle what was kept
+            if not self._ring:
+                raise ValueError("text: the passages ran out before the first one")
+        self._i += 1
+        return self._ring[self._i % len(self._ring)]
 
     def sentence(self) -> str:
-        if self._text is not None:
-            return next(self._text).strip() or "…"
+        if self._seq is not None or self._iter is not None or self._ring:
+            return self._next_text().strip() or "…"
         r = self._rng
         return f"The {r.choice(self.WORDS)} {r.choice(self.VERBS)} the {r.choice(self.WORDS)} near the {r.choice(self.WORDS)}."
 
@@ -325,6 +351,17 @@ _add(Layout(
 ))
 
 REAL_PROFILE_DATASETS = tuple(LAYOUTS)
+
+# Real row counts where public evidence gives them (EVIDENCE.md), as `rows_per_split` takes them,
+# for a full-size rehearsal. OASST counts message trees here (the writer makes three messages per
+# tree): 84,437 train messages / 3. Splits not listed (smoltalk's: no count was found) are not known.
+REAL_ROWS: dict[str, dict[str, int]] = {
+    "NousResearch/Hermes-3-Dataset": {"train": 958_788},  # a deduplicated fork's count; ~959K on viewers
+    "flydust/ShareGPT-Vicuna-unfiltered-axolotl": {"train": 111_912},
+    "OpenAssistant/oasst1": {"train": 84_437 // 3, "validation": 4_401 // 3},
+    "manu/project_gutenberg": {"de": 3_131, "en": 61_340},
+    "HuggingFaceTB/everyday-conversations-llama3.1-2k": {"train_sft": 2_260, "test_sft": 119},
+}
 
 
 # ---------------------------------------------------------------- the writer
