@@ -14,11 +14,12 @@ import datasets
 import pyarrow.parquet as pq
 import pytest
 
-from andrea.fetch import MANIFEST, MirrorTransport, fetch_profile
+from andrea.fetch import MANIFEST, fetch_profile
 from andrea.hub import FULL_COMMIT, parse_hub_location
 from andrea.profiles import hub_inputs, profile_config
 from replicas.layouts import LAYOUTS, REAL_PROFILE_DATASETS, replica_commit, write_replica
 from conftest import REPO
+from fake_hub import serve_hub, use_hub
 from test_hub_sources import offline  # noqa: F401 (autouse: offline mode, a cache of each test's own)
 
 ROWS = 6  # rows (OASST: message trees) per split, at least one per shard where a split has more shards
@@ -55,11 +56,20 @@ def mirror(tmp_path_factory):
     return root
 
 
-@pytest.fixture
-def fetched(config, mirror, tmp_path):
-    """The real profile fetched from the replicas (as `andrea data fetch --profile real` would)."""
-    dest = tmp_path / "hub"
-    fetch_profile(config, "real", dest=dest, transport=MirrorTransport(mirror))
+@pytest.fixture(scope="module")
+def fetched(mirror, tmp_path_factory):
+    """The real profile fetched from the replicas as `andrea data fetch --profile real` fetches it:
+    through huggingface_hub, from a server that answers as the hub does (tests/fake_hub.py). Once
+    for the module; the tests then read it with offline mode on (the autouse `offline`), as the
+    data stages read a fetched copy."""
+    from andrea.config import load_config
+
+    tmp = tmp_path_factory.mktemp("fetched")
+    dest = tmp / "hub"
+    with serve_hub(mirror) as url, pytest.MonkeyPatch.context() as mp:
+        use_hub(mp, url, home=tmp / "hf-home")
+        fetch_profile(load_config(REPO / "config" / "config.yaml"), "real", dest=dest)
+        assert url.gets(), "the fetch went through the hub's HTTP API"
     return dest
 
 

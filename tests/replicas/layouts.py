@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 import yaml
 
 BATCH_ROWS = 2048  # rows per Parquet write: memory stays bounded at any size
+HUB_META = ".hub.json"  # the hub's side of a repository, for tests/fake_hub.py (never listed or served)
 DEFAULT_ROWS = 6  # rows per split when the caller names no count (at least one per shard)
 
 # ---------------------------------------------------------------- features (the card's YAML form)
@@ -430,7 +431,7 @@ def replica_commit(dataset: str) -> str:
 
 def write_replica(root: str | os.PathLike, dataset_id: str, rows_per_split: int | dict | None = None,
                   text: Iterable[str] | None = None, seed: int = 0, commit: str | None = None,
-                  download_metadata: bool = True) -> Path:
+                  download_metadata: bool = True, hub_metadata: bool = True, gated: bool | str | None = None) -> Path:
     """Write `dataset_id`'s replica at root/<dataset_id> as `hf download --local-dir` leaves it.
 
     rows_per_split: None (a few rows per split, at least one per shard), an int for every split,
@@ -438,6 +439,8 @@ def write_replica(root: str | os.PathLike, dataset_id: str, rows_per_split: int 
     trees (three message rows each). text: natural text to recombine into the rows (cycled);
     None for generated sentences. commit: what the download metadata names (replica_commit by
     default); download_metadata=False leaves the metadata out (a copy made by hand).
+    hub_metadata: also write the hidden `.hub.json` tests/fake_hub.py serves the repository by
+    (its commit; gated: `gated` when given, else the layout's, unknown counting as not gated).
     Returns the repository folder."""
     layout = LAYOUTS[dataset_id]
     repo = Path(root) / dataset_id
@@ -470,6 +473,10 @@ def write_replica(root: str | os.PathLike, dataset_id: str, rows_per_split: int 
         written.append(rel)
     if download_metadata:
         write_download_metadata(repo, written, commit or replica_commit(dataset_id))
+    if hub_metadata:
+        gate = gated if gated is not None else bool(layout.gated)
+        meta = {"sha": commit or replica_commit(dataset_id), **({"gated": gate} if gate else {})}
+        (repo / HUB_META).write_text(json.dumps(meta), encoding="utf-8")
     return repo
 
 
