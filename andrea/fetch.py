@@ -421,6 +421,45 @@ def fetch_profile(config: dict, profile: str, dest: str | os.PathLike | None = N
     return summary
 
 
+def dry_run(config: dict, profile: str, dest: str | os.PathLike | None = None, update: bool = False,
+            timeout: float | None = None, transport=None) -> tuple[list[dict], HubAccessDenied | None]:
+    """What `fetch_profile` would download, through the same transport and checks, downloading and
+    writing nothing: per dataset {"dataset", "sources", "revision", "commit", "licences", "files":
+    [(path, size, already_fetched)]}, and the access refusal the fetch would stop at (None: none).
+    Datasets complete in `dest` are read from its manifest (no network); offline, it fails as the
+    fetch does."""
+    dest, timeout, wants, manifest, missing = _setup(config, profile, dest, timeout)
+    plans = {}
+    refused = None
+    if missing:
+        transport = transport or default_transport(timeout)
+        plans = {p.want.dataset: p for p in plan_missing(profile, transport, dest, manifest, missing, timeout, update)}
+        try:
+            check_access(profile, transport, list(plans.values()))
+        except HubAccessDenied as e:
+            refused = e
+    out = []
+    for w in wants:
+        plan = plans.get(w.dataset)
+        if plan is not None:
+            commit, files = plan.commit, [(f.path, f.size, f.path in plan.done) for f in plan.files]
+        else:
+            entry = manifest["datasets"][w.dataset]
+            commit, files = entry["commit"], [(rel, meta["size"], True) for rel, meta in sorted(entry["files"].items())]
+        out.append({"dataset": w.dataset, "sources": w.sources, "revision": w.revision, "commit": commit,
+                    "licences": sorted(set(w.licences.values())), "files": files})
+    return out, refused
+
+
+def human_size(n: int | None) -> str:
+    if n is None:
+        return "size unknown"
+    for unit, step in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= step:
+            return f"{n / step:.1f} {unit}"
+    return f"{n} B"
+
+
 def plan_missing(profile: str, transport, dest: Path, manifest: dict, missing: list[Want], timeout: float,
                  update: bool) -> list[Plan]:
     """Resolve, list and check every dataset not complete in `dest`; downloads nothing."""

@@ -4,11 +4,13 @@
 - A conversation any of whose user or assistant turns has system-prompt shape is dropped.
 - Plain-text documents are kept as they are, unless `apply_to_text_documents` asks to score them
   paragraph by paragraph too.
-The stage reports counts per source and keeps examples of what it removed.
+The stage reports counts per source and keeps examples of what it removed. A required source all of
+whose documents it removes stops it (an optional one is a warning): nothing of it would reach training.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import defaultdict
 from pathlib import Path
@@ -69,6 +71,54 @@ def _batches(rows, size):
         yield batch
 
 
+class SourceFilteredAway(ValueError):
+    """A required source all of whose documents the filter removed."""
+
+
+def _prep_sources(megachat_path: Path) -> dict | None:
+    """The enabled sources (with their settings) of the prep_megachat run that wrote this corpus,
+    from its manifest beside it; None for a corpus without one (a file given by hand)."""
+    try:
+        m = json.loads((megachat_path.parent / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(m, dict) or m.get("stage") != "prep_megachat":
+        return None
+    return (m.get("params") or {}).get("sources")
+
+
+def _removal(row: dict, verdict: str, hit: dict | None) -> str:
+    """What removed one document, in a few words with its id (for a source's first)."""
+    if verdict == "empty":
+        return f"{row['doc_id']}, has no user or no assistant turn once its system turns are removed"
+    part = f"its {hit['role']} turn {hit['turn']}" if "turn" in hit else f"its paragraph {hit['paragraph']}"
+    return f"{row['doc_id']}, was dropped for {part} scoring {hit['score']:.2f}: {hit['text'][:160]!r}"
+
+
+def _vanished(per_source: dict, first_removed: dict, sources: dict | None, threshold: float) -> None:
+    """A source that reached the filter with documents and left it with none is no bandit arm:
+    the trainer would leave it out and train without it, silently. prep_megachat stops for a
+    required source that yields nothing; so does this stage when the filter removes all of one,
+    since nothing of it reaches training (unlike duplicates, which live on under another source),
+    in strict mode as in any other: that is no malformed record but a source lost whole. An
+    optional source, or any source of a corpus whose prep manifest is not beside it (a file given
+    by hand: which sources it must hold is unknown), is a warning."""
+    for src, c in per_source.items():
+        if c["read"] == 0 or c["kept"]:
+            continue
+        message = (
+            f"filter_shape removed every document of source {src}: {c['read']} read, {c['dropped_shape']} with "
+            f"system-prompt shape (score >= filter_shape.threshold {threshold}), {c['dropped_empty']} with no user or "
+            f"no assistant turn once system turns are removed; the first removed, {first_removed[src]}. "
+            f"Nothing of it would reach training. If its "
+            f"data is what it should be, raise filter_shape.threshold; if not, point the source at other data, or "
+            f"leave it out with `enabled: false` (or `optional: true` to go on without it)."
+        )
+        if sources is not None and src in sources and not sources[src].get("optional", False):
+            raise SourceFilteredAway(message)
+        log.warning("filter_shape: %s", message)
+
+
 def filter_shape(
     megachat_path: str | Path, out_dir: str | Path, fcfg: dict, version: str, workers: int = 1
 ) -> dict:
@@ -83,6 +133,7 @@ def filter_shape(
         lambda: {"read": 0, "kept": 0, "dropped_shape": 0, "dropped_empty": 0, "system_turns_removed": 0}
     )
     examples: dict[str, list] = defaultdict(list)
+    first_removed: dict[str, str] = {}  # source -> what removed its first removed document
     jobs = ((batch, fcfg) for batch in _batches(iter_megachat(megachat_path), 2048))
     decisions = ordered_map(_judge_batch, jobs, workers)
     n = 0
@@ -92,6 +143,8 @@ def filter_shape(
                 c = per_source[row["source"]]
                 c["read"] += 1
                 c["system_turns_removed"] += row.pop("_system_removed")
+                if verdict != "keep" and row["source"] not in first_removed:
+                    first_removed[row["source"]] = _removal(row, verdict, hit)
                 if verdict == "empty":
                     c["dropped_empty"] += 1
                 elif verdict == "shape":
@@ -104,6 +157,8 @@ def filter_shape(
             n += len(batch)
             if n % 102_400 < len(batch):
                 log.info("filter_shape: %d documents judged", n)
+        # before the corpus is committed: a stopped stage leaves no megachat.parquet behind
+        _vanished(per_source, first_removed, _prep_sources(Path(megachat_path)), threshold)
 
     quality = evaluate(threshold)
     held_out = cross_validated_quality()

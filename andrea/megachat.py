@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Iterable
 
@@ -25,6 +26,13 @@ from andrea.records import MalformedRecord, Tally
 from andrea.sources import ADAPTERS, Context, Skip, resolve_location
 
 log = logging.getLogger("andrea.megachat")
+
+
+class EmptySource(ValueError):
+    """An enabled, required source that yielded no document: its data is not what its adapter
+    reads, or not there at all. A corpus missing one of its sources would train without that bandit
+    arm and say nothing; the stage stops instead and says which source and why."""
+
 
 TURN = pa.struct([("role", pa.string()), ("text", pa.string())])
 MEGACHAT_SCHEMA = pa.schema(
@@ -72,6 +80,64 @@ def iter_megachat(path: str | Path, batch_rows: int = 4096, source: str | None =
         yield from batch.to_pylist()
 
 
+def source_key(config: dict, name: str) -> str:
+    """Where a user changes a source of the config's data profile: its entry in that profile, or
+    its own `sources.<name>` for the embedded profile (the sources' own locations)."""
+    from andrea.profiles import EMBEDDED
+
+    profile = config.get("data_profile")
+    return f"profiles.{profile}.sources.{name}" if profile not in (None, EMBEDDED) else f"sources.{name}"
+
+
+def _skips(tally: Tally) -> str:
+    """`n skipped: reason n (first: where: detail); ...`, the reasons most frequent first."""
+    if not tally.skipped:
+        return "none skipped"
+    parts = [f"{reason} {n} (first: {tally.examples[reason]})" for reason, n in tally.skipped.most_common()]
+    return f"{sum(tally.skipped.values())} skipped: " + "; ".join(parts)
+
+
+def _pull_counts(pull_dir: Path | None) -> str:
+    """What pull_hermes3 wrote to each part and the categories it read, from its manifest."""
+    path = pull_dir / "manifest.json" if pull_dir else None
+    try:
+        counts = json.loads(path.read_text(encoding="utf-8"))["counts"]
+        per_part = ", ".join(f"{p} {n}" for p, n in counts["per_part"].items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return f"the pull_hermes3 manifest ({path}) could not be read"
+    categories = ", ".join(f"{c} {n}" for c, n in list(counts.get("per_category", {}).items())[:8]) or "none"
+    return (f"the pull_hermes3 manifest ({path}) counts {counts.get('read', '?')} rows read, "
+            f"{counts.get('kept', '?')} kept, per part: {per_part}; categories read: {categories}")
+
+
+def empty_source_message(config: dict, name: str, tally: Tally, pull_dir: Path | None = None) -> str:
+    """The paragraph for a source that yielded no document: the source, its location and adapter,
+    records read and skipped by reason (with the first of each), and the ways out."""
+    scfg = config["sources"][name]
+    key = source_key(config, name)
+    head = (f"{key} (location {scfg['location']}, adapter {scfg['adapter']}) yielded no document: "
+            f"{tally.read} records read, {_skips(tally)}.")
+    if scfg["adapter"] == "hermes3":
+        h = config["hermes3"]
+        where = h["location"] if h["location"] != "hub" else f"hub:{h['hub_id']}@{h['hub_revision'] or 'main'}:{h['hub_split']}"
+        limit = f" hermes3.max_docs ({h['max_docs']}) stopped the pull early." if h.get("max_docs") else ""
+        return (
+            f"{head} This part is what pull_hermes3 wrote from hermes3.location {where}: {_pull_counts(pull_dir)}."
+            f"{limit} Hermes-3 is split into hermes3-general, hermes3-creative and hermes3-roleplay by category "
+            f"(hermes3.category_field `{h['category_field']}`, matched against hermes3.categories): a copy whose "
+            f"categories match none of this part's words puts nothing in it. Point hermes3.location at a copy that has "
+            f"the categories, or change hermes3.categories, or leave the part out with `enabled: false` at {key}, "
+            f"or set `optional: true` there to skip it with a warning."
+        )
+    if tally.read:
+        cause = (f"none of its records is what the {scfg['adapter']} adapter reads (README, \"Sources and adapters\"): "
+                 f"fix the location or the adapter ({key}.adapter)")
+    else:
+        cause = f"its location holds no records: fix {key}.location"
+    return (f"{head} {cause[0].upper()}{cause[1:]}, or leave the source out with `enabled: false` at {key}, "
+            f"or set `optional: true` there to skip it with a warning.")
+
+
 def prep_megachat(
     config: dict,
     out_dir: str | Path,
@@ -80,7 +146,9 @@ def prep_megachat(
     hub_dir: str | Path | None = None,
 ) -> dict:
     """Run the stage: <out_dir>/megachat.parquet, preview.txt, manifest.json. Returns counts.
-    `hub_dir`: the fetch folder, where hub datasets are read when fetched (andrea.fetch)."""
+    `hub_dir`: the fetch folder, where hub datasets are read when fetched (andrea.fetch). An enabled
+    source that yields no document fails the stage (EmptySource) unless it is optional; one whose
+    every document duplicates earlier sources' is warned about."""
     out_dir = Path(out_dir)
     strict = config["strict"]
     sources = {k: v for k, v in config["sources"].items() if v["enabled"]}
@@ -90,14 +158,18 @@ def prep_megachat(
         version,
         {"sources": sources, "megachat": config["megachat"], "strict": strict},
     )
-    seen: set[bytes] = set()
+    # content hash -> the index of the source that kept it, so that a source whose every document
+    # duplicates others' can say whose
+    seen: dict[bytes, int] = {}
+    names = list(sources)
     counts: dict[str, dict] = {}
     preview: list[str] = []
 
     with AtomicParquetWriter(out_dir / "megachat.parquet", MEGACHAT_SCHEMA) as writer:
-        for name, scfg in sources.items():
+        for index, (name, scfg) in enumerate(sources.items()):
             fn = ADAPTERS[scfg["adapter"]]
             tally, dupes, kinds = Tally(), 0, {"turns": 0, "text": 0}
+            duplicates_of: Counter = Counter()
             shown, n_inputs = 0, len(manifest.data["inputs"])
             try:
                 if scfg["location"] == "pull":
@@ -120,10 +192,12 @@ def prep_megachat(
                         continue
                     h = content_hash(item.turns, item.text)
                     key = bytes.fromhex(h)
-                    if key in seen:
+                    owner = seen.get(key)
+                    if owner is not None:
                         dupes += 1
+                        duplicates_of[owner] += 1
                         continue
-                    seen.add(key)
+                    seen[key] = index
                     writer.write(
                         {"source": name, "doc_id": item.doc_id, "turns": item.turns, "text": item.text, "content_hash": h}
                     )
@@ -148,6 +222,29 @@ def prep_megachat(
             except MalformedRecord as e:
                 raise MalformedRecord(f"source {name}: {e}") from None
             counts[name] = {**tally.as_dict(), "duplicates": dupes, **kinds}
+            if tally.kept == 0 and dupes:
+                # Every usable document is already in the corpus under an earlier source (the same data
+                # configured twice, or a dataset another one includes): nothing is lost to training, so
+                # this is no error, but the source is no bandit arm of its own and its weight, floor and
+                # cap are moot. Said loudly, naming whose documents they are.
+                whose = ", ".join(f"{names[i]} {n}" for i, n in duplicates_of.most_common())
+                log.warning(
+                    "prep_megachat: %s (location %s, adapter %s) adds no document: all %d of its documents are exact "
+                    "duplicates of earlier sources' (%s)%s; it will have no shard and no bandit arm of its own. If that "
+                    "is not meant, point %s.location at other data, or leave the source out with `enabled: false`.",
+                    source_key(config, name), scfg["location"], scfg["adapter"], dupes, whose,
+                    f", and {_skips(tally)}" if tally.skipped else "", source_key(config, name),
+                )
+                counts[name]["duplicates_of"] = {names[i]: n for i, n in duplicates_of.most_common()}
+            elif tally.kept == 0:
+                # A required source that yields nothing would leave the corpus without it and the model
+                # without that bandit arm, silently (the run would "work"): the stage stops, saying why.
+                # In strict mode too (an empty location has no malformed record to stop at).
+                message = empty_source_message(config, name, tally, ctx.pull_dir)
+                if not scfg["optional"]:
+                    raise EmptySource(message)
+                log.warning("prep_megachat: source %s skipped (optional): %s", name, message)
+                counts[name]["skipped_source"] = message
             log.info(
                 "prep_megachat: %-18s read %7d kept %7d duplicates %6d skipped %6d %s",
                 name, tally.read, tally.kept, dupes, sum(tally.skipped.values()), dict(tally.skipped) or "",

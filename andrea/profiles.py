@@ -2,9 +2,10 @@
 
 The `sources:` section holds each source's adapter, policy and its own `location` (the embedded
 demo corpus by default): that is the `embedded` profile. Another profile (`profiles.<name>`)
-names, per source, what replaces it: a location (a hub dataset, a local folder), `enabled: false`
-for a source with no data of that kind, and adapter options; `hermes3` stands for the
-pull_hermes3 stage's `hermes3.location`. Each model trains on its profile (`models.<m>.data`);
+names, per source, what replaces it: a location (a hub dataset, a local folder), the adapter that
+reads it when its records are laid out otherwise than the source's own, `enabled: false` for a
+source with no data of that kind, and adapter options; `hermes3` stands for the pull_hermes3
+stage's `hermes3.location` (a hermes3 part takes only `enabled` and `optional`). Each model trains on its profile (`models.<m>.data`);
 `data_profile`, when set, puts every model on one profile (`--config data_profile=embedded`).
 
 A profile's config (`profile_config`) is the whole configuration with those replacements made and
@@ -24,6 +25,10 @@ HERMES3_KEY = "hermes3"  # a profile's entry for the pull_hermes3 stage
 # part of any stage version, and not copied into the source's config.
 DOC_KEYS = ("licence", "size", "note")
 HERMES3_ENTRY_KEYS = ("location", "max_docs", "files")  # what an entry may set of the hermes3 section
+# What an entry may set of a hermes3 part: whether the profile has it. Its data is the pull_hermes3
+# output, named by the profile's `hermes3` entry; a part empty in that data (no conversation of its
+# categories) is left out or made optional here, as prep_megachat's error says.
+HERMES3_PART_ENTRY_KEYS = ("enabled", "optional")
 
 
 def profile_names(config: dict) -> list[str]:
@@ -98,9 +103,11 @@ def check_profiles(config: dict, source: str) -> None:
     for name, prof in (config.get("profiles") or {}).items():
         for key, entry in ((prof or {}).get("sources") or {}).items():
             where = f"profiles.{name}.sources.{key}"
-            if key in HERMES3_PARTS:
-                raise ConfigError(f"{source} is invalid:\n  {where}: the hermes3 parts read the pull_hermes3 output; "
-                                  f"name the Hermes-3 data as profiles.{name}.sources.{HERMES3_KEY}")
+            if key in HERMES3_PARTS and set(entry) - set(HERMES3_PART_ENTRY_KEYS) - set(DOC_KEYS):
+                extra = sorted(set(entry) - set(HERMES3_PART_ENTRY_KEYS) - set(DOC_KEYS))
+                raise ConfigError(f"{source} is invalid:\n  {where}: {', '.join(extra)} cannot be set for the hermes3 parts: "
+                                  f"they read the pull_hermes3 output; name the Hermes-3 data as "
+                                  f"profiles.{name}.sources.{HERMES3_KEY} (a part takes {', '.join(HERMES3_PART_ENTRY_KEYS)})")
             if key == HERMES3_KEY and set(entry) - set(HERMES3_ENTRY_KEYS) - set(DOC_KEYS):
                 extra = sorted(set(entry) - set(HERMES3_ENTRY_KEYS) - set(DOC_KEYS))
                 raise ConfigError(f"{source} is invalid:\n  {where}: {', '.join(extra)} cannot be set for hermes3 "

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from andrea.config import validate_config
-from andrea.fetch import MANIFEST, DataNotFetched, FetchError, HubAccessDenied, HubTransport, fetch_profile
+from andrea.fetch import MANIFEST, DataNotFetched, FetchError, HubAccessDenied, HubTransport, fetch_profile, human_size
 from andrea.hub import MIRROR_ENV
 from andrea.io import sha256_file
 from fake_hub import serve_hub, use_hub, write_repo
@@ -264,3 +264,81 @@ def test_offline_the_fetch_still_fails_at_once(hub, profile_cfg, tmp_path, monke
     with pytest.raises(DataNotFetched, match="offline mode"):
         fetch_profile(profile_cfg, "mini", dest=tmp_path / "fetched", timeout=5)
     assert not hub.requests or all(r.path == "/api/agent-harnesses" for r in hub.requests)
+
+
+# ---------------------------------------------------------------- andrea data fetch --dry-run
+
+
+def write_config(tmp_path, profile_cfg):
+    import yaml
+
+    from conftest import REPO
+
+    raw = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    raw["profiles"]["mini"] = profile_cfg["profiles"]["mini"]
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def tree(path):
+    return sorted((str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns) for p in path.rglob("*")) if path.exists() else []
+
+
+def test_dry_run_lists_every_file_revision_commit_licence_and_total_and_writes_nothing(
+        hub, hub_root, profile_cfg, tmp_path, monkeypatch, capsys):
+    from andrea.cli import main
+
+    config = write_config(tmp_path, profile_cfg)
+    dest = tmp_path / "fetched"
+    real = HubTransport.download
+    monkeypatch.setattr(HubTransport, "download", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt)
+                        if a[3].path.endswith("00001-of-00002.parquet") else real(*a))
+    with pytest.raises(KeyboardInterrupt):  # a fetch stopped after two files of org/smol
+        fetch_profile(profile_cfg, "mini", dest=dest, timeout=5)
+    monkeypatch.setattr(HubTransport, "download", real)
+    before, gets = tree(dest), len(hub.gets())
+    assert main(["data", "fetch", "--config", str(config), "--profile", "mini", "--dir", str(dest), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert tree(dest) == before and len(hub.gets()) == gets  # nothing downloaded or written
+
+    size = {rel: (hub_root / "org/smol" / rel).stat().st_size for rel in
+            ("README.md", "data/all/train-00000-of-00002.parquet", "data/all/train-00001-of-00002.parquet")}
+    assert f"org/smol (smoltalk): revision main = commit {COMMIT}; licence apache-2.0" in out
+    assert f"org/chat (chat): revision {OTHER_COMMIT} (a pinned commit); licence cc-by-4.0" in out
+    lines = out.splitlines()
+    for rel in size:
+        line = next(ln for ln in lines if ln.strip().startswith(rel + " "))
+        assert human_size(size[rel]) in line
+        assert ("already fetched" in line) == (rel != "data/all/train-00001-of-00002.parquet"), line
+    assert "1 of 3 files to download" in out and "test-0000" not in out and "other" not in out
+    assert "chat.json" in out
+    # chat comes first in the profile: it was fetched whole before the stop
+    left = size["data/all/train-00001-of-00002.parquet"]
+    assert out.splitlines()[-1] == (f"total: 1 file, {human_size(left)} to download; 3 files, "
+                                    f"{human_size(sum(size.values()) - left + (hub_root / 'org/chat/chat.json').stat().st_size)} "
+                                    "already fetched")
+
+
+def test_dry_run_offline_fails_as_the_fetch_does(hub, profile_cfg, tmp_path, monkeypatch, capsys):
+    from andrea.cli import main
+
+    config = write_config(tmp_path, profile_cfg)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    rc = main(["data", "fetch", "--config", str(config), "--profile", "mini", "--dir", str(tmp_path / "f"), "--dry-run"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "offline mode" in err and "andrea data fetch --profile mini" in err
+    assert not (tmp_path / "f").exists()
+
+
+def test_dry_run_of_a_gated_dataset_lists_the_files_then_says_what_the_fetch_would_stop_at(
+        hub, hub_root, profile_cfg, tmp_path, capsys):
+    from andrea.cli import main
+
+    (hub_root / "org/smol" / ".hub.json").write_text(json.dumps({"sha": COMMIT, "gated": "auto"}))
+    config = write_config(tmp_path, profile_cfg)
+    rc = main(["data", "fetch", "--config", str(config), "--profile", "mini", "--dir", str(tmp_path / "f"), "--dry-run"])
+    out, err = capsys.readouterr()
+    assert rc == 1 and "data/all/train-00000-of-00002.parquet" in out and "total: " in out
+    assert "https://huggingface.co/datasets/org/smol" in err and "hf auth login" in err
+    assert not hub.gets()

@@ -220,7 +220,8 @@ def test_the_data_stages_read_the_fetched_copy_offline(mini, monkeypatch, tmp_pa
     assert counts["kept"] == 5
     pull_manifest = json.loads((tmp_path / "pull" / "manifest.json").read_text())
     assert pull_manifest["inputs"][0]["commit"] == COMMIT and str(dest) in pull_manifest["inputs"][0]["mirror"]
-    pc["sources"] = {k: v for k, v in pc["sources"].items() if k in ("chat", "smoltalk") or v["adapter"] == "hermes3"}
+    # the mini Hermes-3 copy holds general conversations only: its other parts would be empty (an error)
+    pc["sources"] = {k: v for k, v in pc["sources"].items() if k in ("chat", "smoltalk", "hermes3-general")}
     counts = prep_megachat(pc, tmp_path / "prep", "v", pull_dir=tmp_path / "pull", hub_dir=dest)
     assert counts["per_source"]["chat"]["kept"] == 2 and counts["per_source"]["smoltalk"]["kept"] == 3  # `all` only: the files fetched
     inputs = {i.get("source"): i for i in json.loads((tmp_path / "prep" / "manifest.json").read_text())["inputs"]}
@@ -300,3 +301,71 @@ def test_the_real_corpus_overlay_puts_every_model_on_its_local_profile(tmp_path)
     assert (p["sources"]["chat"]["weight"], p["sources"]["chat"]["floor"]) == (0.1, 0.0)
     assert not any(p["sources"][k]["enabled"] for k in ("smoltalk", "oasst", "irc", "synthetic-chat",
                                                         "hermes3-creative", "hermes3-roleplay"))
+
+
+# ---------------------------------------------------------------- a profile entry's adapter
+
+
+def with_profile(config, entries: dict) -> dict:
+    return validate_config({**config, "profiles": {**config["profiles"], "p": {"sources": entries}}})
+
+
+def test_a_profile_entry_s_adapter_reads_its_data_and_is_part_of_the_version(config, tmp_path):
+    from andrea.megachat import EmptySource, prep_megachat
+    from conftest import write_jsonl
+
+    data = write_jsonl(tmp_path / "everyday.jsonl", [msgs(("user", f"hello {i}"), ("assistant", f"hi {i}")) for i in range(2)])
+    own = with_profile(config, {"synthetic-chat": {"location": str(data)}})  # the source's own adapter: sharegpt
+    told = with_profile(config, {"synthetic-chat": {"location": str(data), "adapter": "messages"}})
+    p_own, p_told = profile_config(own, "p"), profile_config(told, "p")
+    assert (p_own["sources"]["synthetic-chat"]["adapter"], p_told["sources"]["synthetic-chat"]["adapter"]) == ("sharegpt", "messages")
+    v_own, v_told = stage_versions(p_own), stage_versions(p_told)
+    assert v_own["pull_hermes3"] == v_told["pull_hermes3"]
+    assert all(v_own[s] != v_told[s] for s in STAGES if s != "pull_hermes3")
+    only = {"synthetic-chat"}
+    p_told["sources"] = {k: v for k, v in p_told["sources"].items() if k in only}
+    counts = prep_megachat(p_told, tmp_path / "told", "v")
+    assert counts["per_source"]["synthetic-chat"]["kept"] == 2
+    p_own["sources"] = {k: v for k, v in p_own["sources"].items() if k in only}
+    with pytest.raises(EmptySource, match=r"profiles\.p\.sources\.synthetic-chat \(location .*, adapter sharegpt\) .*"
+                                          r"2 records read, 2 skipped: missing_conversations 2 .*profiles\.p\.sources\.synthetic-chat\.adapter"):
+        prep_megachat(p_own, tmp_path / "own", "v")
+
+
+@pytest.mark.parametrize("entry, says", [
+    ({"adapter": "nope"}, "profiles.p.sources.synthetic-chat.adapter: 'nope' is not one of"),
+    ({"adapter": "hermes3"}, "profiles.p: sources.synthetic-chat.adapter: the hermes3 adapter serves only"),
+    ({"adapter": "docstrings", "location": "hub:a/b@main", "licence": "mit"}, "profiles.p: sources.synthetic-chat.location: hub datasets are not supported"),
+])
+def test_a_profile_entry_s_adapter_is_checked_as_a_source_s(config, entry, says):
+    with pytest.raises(ConfigError) as e:
+        with_profile(config, {"synthetic-chat": entry})
+    assert says in str(e.value)
+
+
+def test_a_profile_may_leave_out_or_make_optional_a_hermes3_part_and_nothing_else_of_it(config):
+    p = profile_config(with_profile(config, {"hermes3-creative": {"enabled": False}, "hermes3-roleplay": {"optional": True}}), "p")
+    assert p["sources"]["hermes3-creative"]["enabled"] is False and p["sources"]["hermes3-roleplay"]["optional"] is True
+    with pytest.raises(ConfigError, match=r"profiles\.p\.sources\.hermes3-roleplay: adapter cannot be set for the hermes3 parts"):
+        with_profile(config, {"hermes3-roleplay": {"adapter": "sharegpt"}})
+
+
+def test_the_real_profile_s_synthetic_chat_reads_its_messages_rows(config, tmp_path, monkeypatch):
+    """HuggingFaceTB/everyday-conversations-llama3.1-2k holds `messages: [{content, role}]` rows:
+    a tiny copy of it at the pinned commit, read through the shipped real profile's location."""
+    from andrea.megachat import prep_megachat
+
+    pc = profile_config(config, "real")
+    s = pc["sources"]["synthetic-chat"]
+    loc = parse_hub_location(s["location"])
+    assert (loc.dataset, loc.split, s["adapter"]) == ("HuggingFaceTB/everyday-conversations-llama3.1-2k", "train_sft", "messages")
+    row = lambda i: {"full_topic": f"Everyday/{i}",  # a column beside the messages, not read
+                     "messages": [{"content": f"Hi, what's a good way to start day {i}?", "role": "user"},
+                                  {"content": f"A short walk and a glass of water, day {i}.", "role": "assistant"}]}
+    mirror = tmp_path / "mirror"
+    hub_dataset(mirror, loc.dataset, {"default": {"train_sft": [row(i) for i in range(3)], "test_sft": [row(9)]}}, commit=loc.revision)
+    monkeypatch.setenv(MIRROR_ENV, str(mirror))
+    pc["sources"] = {"synthetic-chat": s}
+    counts = prep_megachat(pc, tmp_path / "prep", "v")
+    c = counts["per_source"]["synthetic-chat"]
+    assert (c["read"], c["kept"], c["skipped_total"]) == (3, 3, 0)
