@@ -6,7 +6,8 @@ gives the sources, and marks what is a guess): its files and folders, the README
 types (also the ones no adapter reads) and whether the hub gates it. `write_replica` writes the
 repository as `hf download --repo-type dataset ID --local-dir DIR` leaves it: the files, and the
 download metadata huggingface_hub keeps beside them (`.cache/huggingface/download/<file>.metadata`,
-whose first line is the commit). The rows are ours: generated from a seed, or recombined from
+whose first line is the commit) and, for tests/fake_hub.py, the hub's side of the repository
+(`.hub.json`: its commit, gating). The rows are ours: generated from a seed, or recombined from
 natural text a caller supplies; only their columns and types follow the real datasets.
 
 The writer streams: rows are made one at a time and written in batches, shard by shard, in the
@@ -262,7 +263,8 @@ OASST_FEATURES = [
         "toxicity", "severe_toxicity", "obscene", "identity_attack", "insult", "threat", "sexual_explicit")]},
     {"name": "message_tree_id", **STR}, {"name": "tree_state", **STR},
     {"name": "emojis", "sequence": [{"name": "name", **STR}, {"name": "count", "dtype": "int32"}]},
-    {"name": "labels", "sequence": [{"name": "name", **STR}, {"name": "value", "dtype": "float64"}, {"name": "count", "dtype": "int32"}]},
+    {"name": "labels", "sequence": [{"name": "name", **STR}, {"name": "value", "dtype": "float64"},
+                                    {"name": "count", "dtype": "int32"}]},
 ]
 
 EVERYDAY_FEATURES = [{"name": n, **STR} for n in ("topic", "subtopic", "subsubtopic", "full_topic", "prompt", "completion")] + [
@@ -417,7 +419,8 @@ def _extra_file(path: Path, rel: str, text: TextSource) -> None:
     """Files beside the data that no profile fetches, small but of the right kind."""
     if rel.endswith(".jsonl.gz"):
         with gzip.open(path, "wt", encoding="utf-8") as f:
-            f.write(json.dumps({"message_id": "m0", "parent_id": None, "text": text.sentence(), "role": "prompter", "lang": "en"}) + "\n")
+            row = {"message_id": "m0", "parent_id": None, "text": text.sentence(), "role": "prompter", "lang": "en"}
+            f.write(json.dumps(row) + "\n")
     else:
         path.write_text("Licence text of the replica (the real file holds the Apache License 2.0).\n", encoding="utf-8")
 
@@ -449,8 +452,8 @@ def write_replica(root: str | os.PathLike, dataset_id: str, rows_per_split: int 
     rng = random.Random(seed)
     written = ["README.md", ".gitattributes"]
     (repo / "README.md").write_text(_card_text(layout), encoding="utf-8")
-    (repo / ".gitattributes").write_text("*.parquet filter=lfs diff=lfs merge=lfs -text\n*.jsonl filter=lfs diff=lfs merge=lfs -text\n"
-                                         "*.gz filter=lfs diff=lfs merge=lfs -text\n", encoding="utf-8")
+    lfs = ("*.parquet", "*.jsonl", "*.gz")  # stored with LFS on the hub (tests/fake_hub.py reads this file)
+    (repo / ".gitattributes").write_text("".join(f"{p} filter=lfs diff=lfs merge=lfs -text\n" for p in lfs), encoding="utf-8")
     for s in layout.splits:
         n = _rows_for(s, rows_per_split)
         paths = s.paths()
