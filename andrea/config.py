@@ -303,8 +303,7 @@ def workflow_config(config: dict, source: str = "config/config.yaml") -> dict:
     import os
     import sys
 
-    debug = os.environ.get("ANDREA_DEBUG", "").strip().lower() in BOOLEAN_WORDS and BOOLEAN_WORDS[
-        os.environ["ANDREA_DEBUG"].strip().lower()]
+    debug = BOOLEAN_WORDS.get(os.environ.get("ANDREA_DEBUG", "").strip().lower(), False)
     try:
         config = validate_config(config, source=source)
         for warning in check_locations_exist(config, source):
