@@ -469,7 +469,8 @@ def plan_missing(profile: str, transport, dest: Path, manifest: dict, missing: l
         if len(offline) == len(errors):
             why = _why_unreachable(transport, errors[offline[0].dataset], timeout)
             raise DataNotFetched(not_fetched_message(profile, dest, missing, why))
-        detail = "; ".join(f"{w.spec()} ({', '.join(w.sources)}): {errors[w.dataset]}" for w in missing if w.dataset in errors)
+        detail = "; ".join(f"{w.spec()} ({', '.join(w.sources)}): {str(errors[w.dataset]).strip()}"
+                           for w in missing if w.dataset in errors)
         raise FetchError(f"data profile {profile!r}: cannot fetch {detail}")
     plans = []
     for w in missing:
@@ -527,7 +528,7 @@ def check_access(profile: str, transport, plans: list[Plan]) -> None:
 def _is_network(e: Exception) -> bool:
     """An error that says the hub is out of reach (not: no such dataset, gated, bad revision)."""
     text = str(e)
-    return not any(s in text for s in ("gated dataset", "has no revision", "the hub has no dataset"))
+    return not any(s in text for s in ("gated dataset", "has no revision", "the hub has no dataset", "the hub refused"))
 
 
 def _why_unreachable(transport, e: Exception, timeout: float) -> str:

@@ -151,7 +151,15 @@ def probe_hub(loc: HubLocation, timeout: float, key: str, advice: str) -> str | 
     if "GatedRepo" in name:
         raise HubUnreachable(
             f"{key}: {loc.dataset} is a gated dataset: accept its terms on https://huggingface.co/datasets/{loc.dataset} "
-            f"and set HF_TOKEN ({name}). {advice}"
+            f"and give this machine a token of that account (`hf auth login`, or HF_TOKEN) ({name}). {advice}"
+        )
+    status = getattr(getattr(err, "response", None), "status_code", None)
+    if status in (401, 403) and "NotFound" not in name:  # the token sent is refused (the hub answers 401 to a bad one)
+        detail = str(err).strip().splitlines()[-1] if str(err).strip() else name
+        raise HubUnreachable(
+            f"{key}: the hub refused the request for {loc.dataset} (HTTP {status}: {detail}): the token this machine "
+            f"sends is not valid; set HF_TOKEN to a valid read token, or run `hf auth login` again (or unset HF_TOKEN "
+            f"for a public dataset). {advice}"
         )
     if "RevisionNotFound" in name:
         raise HubUnreachable(f"{key}: the hub's dataset {loc.dataset} has no revision {loc.revision!r} ({name}). {advice}")

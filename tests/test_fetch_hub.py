@@ -342,3 +342,14 @@ def test_dry_run_of_a_gated_dataset_lists_the_files_then_says_what_the_fetch_wou
     assert rc == 1 and "data/all/train-00000-of-00002.parquet" in out and "total: " in out
     assert "https://huggingface.co/datasets/org/smol" in err and "hf auth login" in err
     assert not hub.gets()
+
+
+def test_a_token_the_hub_refuses_is_named_not_taken_for_an_unreachable_hub(hub, profile_cfg, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_expired")  # the hub answers 401 "Invalid credentials" to any request with it
+    with pytest.raises(FetchError) as e:
+        fetch_profile(profile_cfg, "mini", dest=tmp_path / "fetched", timeout=5)
+    assert not isinstance(e.value, DataNotFetched)
+    msg = str(e.value)
+    assert "the hub refused the request for org/smol (HTTP 401" in msg and "Invalid credentials" in msg
+    assert "HF_TOKEN" in msg and "hf auth login" in msg
+    assert "\n" not in msg, msg
