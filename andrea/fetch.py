@@ -114,9 +114,9 @@ def selected(path: str, patterns: list[str] | None) -> bool:
 
 
 def is_data_file(path: str) -> bool:
-    """A file a reader reads rows from: not the card, not a dotfile, not documentation."""
-    name = path.rsplit("/", 1)[-1]
-    return not (name.startswith(".") or name.lower().endswith(".md") or path.startswith("."))
+    """Not the dataset card (README.md at the root) nor a dotfile (.gitattributes): what a pattern
+    that selects only these fetches is no data. (Markdown elsewhere can be a dataset's data.)"""
+    return path != "README.md" and not any(part.startswith(".") for part in path.split("/"))
 
 
 def shortened(items: list[str], most: int = 12) -> str:

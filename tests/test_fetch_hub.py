@@ -214,14 +214,18 @@ def test_a_file_that_is_not_what_the_hub_lists_is_removed(hub, hub_root, profile
 # ---------------------------------------------------------------- patterns that match nothing
 
 
-def test_a_data_pattern_that_matches_nothing_fails_the_fetch_naming_the_entry(hub, profile_cfg, tmp_path):
+@pytest.mark.parametrize("files, says", [
+    (["README.md", "data/nope-*"], "data/nope-* matches no file of org/smol@main"),
+    (["README.md", "*.md"], "select no data file of org/smol@main, only README.md"),
+])
+def test_a_data_pattern_that_matches_nothing_fails_the_fetch_naming_the_entry(hub, profile_cfg, tmp_path, files, says):
     """README.md always matches: `files: [README.md, data/nope-*]` would fetch the card alone."""
     cfg = json.loads(json.dumps(profile_cfg))
-    cfg["profiles"]["mini"]["sources"]["smoltalk"]["files"] = ["README.md", "data/nope-*"]
+    cfg["profiles"]["mini"]["sources"]["smoltalk"]["files"] = files
     with pytest.raises(FetchError) as e:
         fetch_profile(cfg, "mini", dest=tmp_path / "fetched", timeout=5)
     msg = str(e.value)
-    assert "profiles.mini.sources.smoltalk.files" in msg and "data/nope-* matches no file of org/smol@main" in msg
+    assert "profiles.mini.sources.smoltalk.files" in msg and says in msg, msg
     assert "data/all/train-00000-of-00002.parquet" in msg and "nothing was downloaded" in msg
     assert not hub.gets() and not (tmp_path / "fetched" / "org").exists()
 
