@@ -164,7 +164,9 @@ def probe_hub(loc: HubLocation, timeout: float, key: str, advice: str) -> str | 
     if "RevisionNotFound" in name:
         raise HubUnreachable(f"{key}: the hub's dataset {loc.dataset} has no revision {loc.revision!r} ({name}). {advice}")
     if "RepositoryNotFound" in name or "NotFound" in name:
-        raise HubUnreachable(f"{key}: the hub has no dataset {loc.dataset!r} ({name}). {advice}")
+        raise HubUnreachable(f"{key}: the hub has no dataset {loc.dataset!r} that this machine may see ({name}): check the "
+                             f"id; a private dataset needs a token of an account that can read it (`hf auth login`, or "
+                             f"HF_TOKEN). {advice}")
     raise HubUnreachable(f"{key}: could not reach the Hugging Face hub for {loc.dataset} ({name}: {err}). {advice}")
 
 

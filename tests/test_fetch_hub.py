@@ -357,3 +357,14 @@ def test_a_token_the_hub_refuses_is_named_not_taken_for_an_unreachable_hub(hub, 
     assert "the hub refused the request for org/smol (HTTP 401" in msg and "Invalid credentials" in msg
     assert "HF_TOKEN" in msg and "hf auth login" in msg
     assert "\n" not in msg, msg
+
+
+def test_a_private_dataset_out_of_sight_names_the_token(hub, hub_root, profile_cfg, tmp_path, monkeypatch):
+    (hub_root / "org/smol" / ".hub.json").write_text(json.dumps({"sha": COMMIT, "private": True}))
+    with pytest.raises(FetchError) as e:
+        fetch_profile(profile_cfg, "mini", dest=tmp_path / "fetched", timeout=5)
+    assert not isinstance(e.value, DataNotFetched)
+    assert "the hub has no dataset 'org/smol' that this machine may see" in str(e.value) and "HF_TOKEN" in str(e.value)
+    assert not hub.gets()
+    monkeypatch.setenv("HF_TOKEN", TOKEN)  # an account that can read it
+    assert fetch_profile(profile_cfg, "mini", dest=tmp_path / "fetched", timeout=5)["org/smol"]["commit"] == COMMIT
