@@ -567,7 +567,8 @@ def _fetch_one(transport, dest: Path, manifest: dict, plan: Plan) -> None:
             raise FetchError(f"{w.dataset}/{f.path}: sha256 {digest} is not the hub's {f.sha256}; it was removed, fetch again")
         if f.git_sha1 and git_blob_sha1(path) != f.git_sha1:
             path.unlink()
-            raise FetchError(f"{w.dataset}/{f.path}: its git blob id is not the hub's {f.git_sha1}; it was removed, fetch again")
+            raise FetchError(f"{w.dataset}/{f.path}: its git blob id is not the hub's {f.git_sha1}; it was removed, "
+                             "fetch again")
         if f.size is not None and size != f.size:
             path.unlink()
             raise FetchError(f"{w.dataset}/{f.path}: {size} bytes, the hub says {f.size}; it was removed, fetch again")

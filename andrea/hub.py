@@ -280,10 +280,12 @@ def local_split(path: Path, loc: HubLocation, key: str) -> LocalSplit:
         declared = "datasets' default file names" + (f" under {data_dir}" if data_dir else "")
     if loc.split not in patterns:
         raise HubDatasetError(f"{where} has no split {loc.split!r} in subset {name} (splits: "
-                              f"{', '.join(patterns) or 'none'}, from {declared}); its files: {_shortened(local_files(path))}")
+                              f"{', '.join(patterns) or 'none'}, from {declared}); its files: "
+                              f"{_shortened(local_files(path))}")
     split_patterns = list(patterns[loc.split])
     try:
-        files = DataFilesList.from_patterns(split_patterns, base_path=base.as_posix(), allowed_extensions=_ALL_ALLOWED_EXTENSIONS)
+        files = DataFilesList.from_patterns(split_patterns, base_path=base.as_posix(),
+                                            allowed_extensions=_ALL_ALLOWED_EXTENSIONS)
     except FileNotFoundError:
         files = []
     if not files:

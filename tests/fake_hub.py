@@ -49,11 +49,14 @@ How the hub answers, and where that is written down (what the fake follows):
 
 Use:
 
+    write_repo(root, "org/name", {"README.md": card, "data/train-00000-of-00001.parquet": data},
+               sha=COMMIT, gated="manual")            # or lay the folder out by hand
     with serve_hub(root, token="hf_x") as url:      # url is the endpoint, a str ("http://127.0.0.1:PORT")
         use_hub(monkeypatch, url, token="hf_x")     # huggingface_hub (and datasets) now talk to it
         ...
-        url.requests                                # [Request(method, path, range, auth)], in order
-        url.cut_once("data/train-00000.parquet", after=100)  # the next GET of it breaks after 100 bytes
+        url.requests                                # [Request(method, path, range, auth, status)], in order
+        url.gets("train-")                          # the GETs of file contents whose path holds "train-"
+        url.cut_once("data/train-00000-of-00001.parquet", after=100)  # its next GET breaks after 100 bytes
 
 Everything is bounded: sockets time out after TIMEOUT_S, the server threads are daemons and are
 stopped on leaving the `with`, and a request body is never read beyond its Content-Length.
