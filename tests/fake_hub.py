@@ -70,12 +70,14 @@ import hashlib
 import http.server
 import json
 import re
+import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 TIMEOUT_S = 10.0
+CHUNK = 1 << 20
 HIDDEN = ".hub.json"
 LFS_OVER = 10 * 1024 * 1024
 DEFAULT_LFS = ("*.parquet", "*.arrow", "*.jsonl", "*.json.gz", "*.jsonl.gz", "*.gz", "*.zst", "*.zip", "*.tar",
@@ -157,8 +159,12 @@ class Repos:
         with self._lock:
             if key in self._hashes:
                 return self._hashes[key]
-        data = p.read_bytes()
-        out = (git_blob_sha1(data), hashlib.sha256(data).hexdigest())
+        sha1, sha256 = hashlib.sha1(b"blob %d\0" % st.st_size), hashlib.sha256()
+        with open(p, "rb") as fh:  # in chunks: a replica's files may be large
+            for chunk in iter(lambda: fh.read(CHUNK), b""):
+                sha1.update(chunk)
+                sha256.update(chunk)
+        out = (sha1.hexdigest(), sha256.hexdigest())
         with self._lock:
             self._hashes[key] = out
         return out
@@ -356,14 +362,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if head:
             self._send(status, headers, b"", size)
             return status
+        cut = self.hub.take_cut(f.path) if status == 200 else None
+        self._send(status, headers, b"", size, close=cut is not None)  # a cut one is logged as 299
+        left = size if cut is None else min(cut, size)
         with open(f.local, "rb") as fh:
             fh.seek(start)
-            data = fh.read(size)
-        cut = self.hub.take_cut(f.path) if status == 200 else None
+            while left > 0:
+                chunk = fh.read(min(CHUNK, left))
+                if not chunk:
+                    break
+                self.wfile.write(chunk)
+                left -= len(chunk)
         if cut is not None:
-            self._send(status, headers, data[:cut], size, close=True)  # logged as 299: a broken download
+            self._drop()
             return 299
-        self._send(status, headers, data, size)
         return status
 
     def _json(self, obj, head: bool) -> int:
@@ -385,12 +397,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if body:
             self.wfile.write(body)
         if close:
-            self.wfile.flush()
             self.close_connection = True
-            with contextlib.suppress(OSError):
-                import socket
 
-                self.connection.shutdown(socket.SHUT_RDWR)
+    def _drop(self) -> None:
+        """End the connection now, mid-body: the client sees a download break off."""
+        self.wfile.flush()
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
 
 
 class _Server(http.server.ThreadingHTTPServer):
