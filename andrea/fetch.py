@@ -518,6 +518,9 @@ def check_access(profile: str, transport, plans: list[Plan]) -> None:
             transport.check_access(plan.want, plan.commit, probe)
         except HubAccessDenied as e:
             refused.append(str(e))
+        except HubUnreachable as e:  # it answered the listing a moment ago
+            raise FetchError(f"data profile {profile!r}: {transport.name} stopped answering ({e}); run the fetch "
+                             f"again") from None
     if refused:
         n = len(refused)
         raise HubAccessDenied(f"data profile {profile!r}: {'; '.join(refused)}. Nothing was downloaded"
