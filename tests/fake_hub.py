@@ -17,7 +17,7 @@ Folder layout (ROOT is what `serve_hub` is given):
 
 A file is stored with LFS (served through the "CDN", with an sha256 in the listing) when the
 repository's .gitattributes marks it `filter=lfs`, or, without a .gitattributes, when its name
-matches DEFAULT_LFS (what the hub's default .gitattributes for datasets tracks); and always when it
+matches DEFAULT_LFS (extensions the hub's default .gitattributes tracks, among others); and always when it
 is over 10 MiB (the hub refuses larger non-LFS files).
 
 How the hub answers, and where that is written down (what the fake follows):

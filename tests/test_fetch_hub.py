@@ -115,6 +115,8 @@ def test_the_fake_hub_answers_huggingface_hub_as_the_hub_does(hub, hub_root, tmp
     with pytest.raises(GatedRepoError) as e:
         hf_hub_download("org/smol", "README.md", repo_type="dataset", revision=COMMIT, local_dir=tmp_path / "g")
     assert e.value.response.status_code == 401
+    with pytest.raises(GatedRepoError):
+        HfApi().auth_check("org/smol", repo_type="dataset")
 
 
 def test_a_range_request_gets_the_rest_of_the_file(hub, hub_root):
