@@ -114,9 +114,9 @@ def selected(path: str, patterns: list[str] | None) -> bool:
 
 
 def is_data_file(path: str) -> bool:
-    """A file a reader reads rows from: not the card, not a dotfile, not documentation."""
-    name = path.rsplit("/", 1)[-1]
-    return not (name.startswith(".") or name.lower().endswith(".md") or path.startswith("."))
+    """Not the dataset card (README.md at the root) nor a dotfile (.gitattributes): what a pattern
+    that selects only these fetches is no data. (Markdown elsewhere can be a dataset's data.)"""
+    return path != "README.md" and not any(part.startswith(".") for part in path.split("/"))
 
 
 def shortened(items: list[str], most: int = 12) -> str:
@@ -472,7 +472,8 @@ def plan_missing(profile: str, transport, dest: Path, manifest: dict, missing: l
         if len(offline) == len(errors):
             why = _why_unreachable(transport, errors[offline[0].dataset], timeout)
             raise DataNotFetched(not_fetched_message(profile, dest, missing, why))
-        detail = "; ".join(f"{w.spec()} ({', '.join(w.sources)}): {errors[w.dataset]}" for w in missing if w.dataset in errors)
+        detail = "; ".join(f"{w.spec()} ({', '.join(w.sources)}): {str(errors[w.dataset]).strip()}"
+                           for w in missing if w.dataset in errors)
         raise FetchError(f"data profile {profile!r}: cannot fetch {detail}")
     plans = []
     for w in missing:
@@ -520,6 +521,9 @@ def check_access(profile: str, transport, plans: list[Plan]) -> None:
             transport.check_access(plan.want, plan.commit, probe)
         except HubAccessDenied as e:
             refused.append(str(e))
+        except HubUnreachable as e:  # it answered the listing a moment ago
+            raise FetchError(f"data profile {profile!r}: {transport.name} stopped answering ({e}); run the fetch "
+                             f"again") from None
     if refused:
         n = len(refused)
         raise HubAccessDenied(f"data profile {profile!r}: {'; '.join(refused)}. Nothing was downloaded"
@@ -530,7 +534,7 @@ def check_access(profile: str, transport, plans: list[Plan]) -> None:
 def _is_network(e: Exception) -> bool:
     """An error that says the hub is out of reach (not: no such dataset, gated, bad revision)."""
     text = str(e)
-    return not any(s in text for s in ("gated dataset", "has no revision", "the hub has no dataset"))
+    return not any(s in text for s in ("gated dataset", "has no revision", "the hub has no dataset", "the hub refused"))
 
 
 def _why_unreachable(transport, e: Exception, timeout: float) -> str:
@@ -569,7 +573,8 @@ def _fetch_one(transport, dest: Path, manifest: dict, plan: Plan) -> None:
             raise FetchError(f"{w.dataset}/{f.path}: sha256 {digest} is not the hub's {f.sha256}; it was removed, fetch again")
         if f.git_sha1 and git_blob_sha1(path) != f.git_sha1:
             path.unlink()
-            raise FetchError(f"{w.dataset}/{f.path}: its git blob id is not the hub's {f.git_sha1}; it was removed, fetch again")
+            raise FetchError(f"{w.dataset}/{f.path}: its git blob id is not the hub's {f.git_sha1}; it was removed, "
+                             "fetch again")
         if f.size is not None and size != f.size:
             path.unlink()
             raise FetchError(f"{w.dataset}/{f.path}: {size} bytes, the hub says {f.size}; it was removed, fetch again")

@@ -151,12 +151,22 @@ def probe_hub(loc: HubLocation, timeout: float, key: str, advice: str) -> str | 
     if "GatedRepo" in name:
         raise HubUnreachable(
             f"{key}: {loc.dataset} is a gated dataset: accept its terms on https://huggingface.co/datasets/{loc.dataset} "
-            f"and set HF_TOKEN ({name}). {advice}"
+            f"and give this machine a token of that account (`hf auth login`, or HF_TOKEN) ({name}). {advice}"
+        )
+    status = getattr(getattr(err, "response", None), "status_code", None)
+    if status in (401, 403) and "NotFound" not in name:  # the token sent is refused (the hub answers 401 to a bad one)
+        detail = str(err).strip().splitlines()[-1] if str(err).strip() else name
+        raise HubUnreachable(
+            f"{key}: the hub refused the request for {loc.dataset} (HTTP {status}: {detail}): the token this machine "
+            f"sends is not valid; set HF_TOKEN to a valid read token, or run `hf auth login` again (or unset HF_TOKEN "
+            f"for a public dataset). {advice}"
         )
     if "RevisionNotFound" in name:
         raise HubUnreachable(f"{key}: the hub's dataset {loc.dataset} has no revision {loc.revision!r} ({name}). {advice}")
     if "RepositoryNotFound" in name or "NotFound" in name:
-        raise HubUnreachable(f"{key}: the hub has no dataset {loc.dataset!r} ({name}). {advice}")
+        raise HubUnreachable(f"{key}: the hub has no dataset {loc.dataset!r} that this machine may see ({name}): check the "
+                             f"id; a private dataset needs a token of an account that can read it (`hf auth login`, or "
+                             f"HF_TOKEN). {advice}")
     raise HubUnreachable(f"{key}: could not reach the Hugging Face hub for {loc.dataset} ({name}: {err}). {advice}")
 
 
@@ -270,10 +280,12 @@ def local_split(path: Path, loc: HubLocation, key: str) -> LocalSplit:
         declared = "datasets' default file names" + (f" under {data_dir}" if data_dir else "")
     if loc.split not in patterns:
         raise HubDatasetError(f"{where} has no split {loc.split!r} in subset {name} (splits: "
-                              f"{', '.join(patterns) or 'none'}, from {declared}); its files: {_shortened(local_files(path))}")
+                              f"{', '.join(patterns) or 'none'}, from {declared}); its files: "
+                              f"{_shortened(local_files(path))}")
     split_patterns = list(patterns[loc.split])
     try:
-        files = DataFilesList.from_patterns(split_patterns, base_path=base.as_posix(), allowed_extensions=_ALL_ALLOWED_EXTENSIONS)
+        files = DataFilesList.from_patterns(split_patterns, base_path=base.as_posix(),
+                                            allowed_extensions=_ALL_ALLOWED_EXTENSIONS)
     except FileNotFoundError:
         files = []
     if not files:

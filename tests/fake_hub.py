@@ -17,7 +17,7 @@ Folder layout (ROOT is what `serve_hub` is given):
 
 A file is stored with LFS (served through the "CDN", with an sha256 in the listing) when the
 repository's .gitattributes marks it `filter=lfs`, or, without a .gitattributes, when its name
-matches DEFAULT_LFS (what the hub's default .gitattributes for datasets tracks); and always when it
+matches DEFAULT_LFS (extensions the hub's default .gitattributes tracks, among others); and always when it
 is over 10 MiB (the hub refuses larger non-LFS files).
 
 How the hub answers, and where that is written down (what the fake follows):
@@ -49,11 +49,14 @@ How the hub answers, and where that is written down (what the fake follows):
 
 Use:
 
+    write_repo(root, "org/name", {"README.md": card, "data/train-00000-of-00001.parquet": data},
+               sha=COMMIT, gated="manual")            # or lay the folder out by hand
     with serve_hub(root, token="hf_x") as url:      # url is the endpoint, a str ("http://127.0.0.1:PORT")
         use_hub(monkeypatch, url, token="hf_x")     # huggingface_hub (and datasets) now talk to it
         ...
-        url.requests                                # [Request(method, path, range, auth)], in order
-        url.cut_once("data/train-00000.parquet", after=100)  # the next GET of it breaks after 100 bytes
+        url.requests                                # [Request(method, path, range, auth, status)], in order
+        url.gets("train-")                          # the GETs of file contents whose path holds "train-"
+        url.cut_once("data/train-00000-of-00001.parquet", after=100)  # its next GET breaks after 100 bytes
 
 Everything is bounded: sockets time out after TIMEOUT_S, the server threads are daemons and are
 stopped on leaving the `with`, and a request body is never read beyond its Content-Length.
@@ -67,12 +70,14 @@ import hashlib
 import http.server
 import json
 import re
+import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 TIMEOUT_S = 10.0
+CHUNK = 1 << 20
 HIDDEN = ".hub.json"
 LFS_OVER = 10 * 1024 * 1024
 DEFAULT_LFS = ("*.parquet", "*.arrow", "*.jsonl", "*.json.gz", "*.jsonl.gz", "*.gz", "*.zst", "*.zip", "*.tar",
@@ -154,8 +159,12 @@ class Repos:
         with self._lock:
             if key in self._hashes:
                 return self._hashes[key]
-        data = p.read_bytes()
-        out = (git_blob_sha1(data), hashlib.sha256(data).hexdigest())
+        sha1, sha256 = hashlib.sha1(b"blob %d\0" % st.st_size), hashlib.sha256()
+        with open(p, "rb") as fh:  # in chunks: a replica's files may be large
+            for chunk in iter(lambda: fh.read(CHUNK), b""):
+                sha1.update(chunk)
+                sha256.update(chunk)
+        out = (sha1.hexdigest(), sha256.hexdigest())
         with self._lock:
             self._hashes[key] = out
         return out
@@ -353,14 +362,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if head:
             self._send(status, headers, b"", size)
             return status
+        cut = self.hub.take_cut(f.path) if status == 200 else None
+        self._send(status, headers, b"", size, close=cut is not None)  # a cut one is logged as 299
+        left = size if cut is None else min(cut, size)
         with open(f.local, "rb") as fh:
             fh.seek(start)
-            data = fh.read(size)
-        cut = self.hub.take_cut(f.path) if status == 200 else None
+            while left > 0:
+                chunk = fh.read(min(CHUNK, left))
+                if not chunk:
+                    break
+                self.wfile.write(chunk)
+                left -= len(chunk)
         if cut is not None:
-            self._send(status, headers, data[:cut], size, close=True)  # logged as 299: a broken download
+            self._drop()
             return 299
-        self._send(status, headers, data, size)
         return status
 
     def _json(self, obj, head: bool) -> int:
@@ -382,12 +397,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if body:
             self.wfile.write(body)
         if close:
-            self.wfile.flush()
             self.close_connection = True
-            with contextlib.suppress(OSError):
-                import socket
 
-                self.connection.shutdown(socket.SHUT_RDWR)
+    def _drop(self) -> None:
+        """End the connection now, mid-body: the client sees a download break off."""
+        self.wfile.flush()
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
 
 
 class _Server(http.server.ThreadingHTTPServer):

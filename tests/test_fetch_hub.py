@@ -115,6 +115,8 @@ def test_the_fake_hub_answers_huggingface_hub_as_the_hub_does(hub, hub_root, tmp
     with pytest.raises(GatedRepoError) as e:
         hf_hub_download("org/smol", "README.md", repo_type="dataset", revision=COMMIT, local_dir=tmp_path / "g")
     assert e.value.response.status_code == 401
+    with pytest.raises(GatedRepoError):
+        HfApi().auth_check("org/smol", repo_type="dataset")
 
 
 def test_a_range_request_gets_the_rest_of_the_file(hub, hub_root):
@@ -214,14 +216,18 @@ def test_a_file_that_is_not_what_the_hub_lists_is_removed(hub, hub_root, profile
 # ---------------------------------------------------------------- patterns that match nothing
 
 
-def test_a_data_pattern_that_matches_nothing_fails_the_fetch_naming_the_entry(hub, profile_cfg, tmp_path):
+@pytest.mark.parametrize("files, says", [
+    (["README.md", "data/nope-*"], "data/nope-* matches no file of org/smol@main"),
+    (["README.md", "*.md"], "select no data file of org/smol@main, only README.md"),
+])
+def test_a_data_pattern_that_matches_nothing_fails_the_fetch_naming_the_entry(hub, profile_cfg, tmp_path, files, says):
     """README.md always matches: `files: [README.md, data/nope-*]` would fetch the card alone."""
     cfg = json.loads(json.dumps(profile_cfg))
-    cfg["profiles"]["mini"]["sources"]["smoltalk"]["files"] = ["README.md", "data/nope-*"]
+    cfg["profiles"]["mini"]["sources"]["smoltalk"]["files"] = files
     with pytest.raises(FetchError) as e:
         fetch_profile(cfg, "mini", dest=tmp_path / "fetched", timeout=5)
     msg = str(e.value)
-    assert "profiles.mini.sources.smoltalk.files" in msg and "data/nope-* matches no file of org/smol@main" in msg
+    assert "profiles.mini.sources.smoltalk.files" in msg and says in msg, msg
     assert "data/all/train-00000-of-00002.parquet" in msg and "nothing was downloaded" in msg
     assert not hub.gets() and not (tmp_path / "fetched" / "org").exists()
 
@@ -342,3 +348,25 @@ def test_dry_run_of_a_gated_dataset_lists_the_files_then_says_what_the_fetch_wou
     assert rc == 1 and "data/all/train-00000-of-00002.parquet" in out and "total: " in out
     assert "https://huggingface.co/datasets/org/smol" in err and "hf auth login" in err
     assert not hub.gets()
+
+
+def test_a_token_the_hub_refuses_is_named_not_taken_for_an_unreachable_hub(hub, profile_cfg, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_expired")  # the hub answers 401 "Invalid credentials" to any request with it
+    with pytest.raises(FetchError) as e:
+        fetch_profile(profile_cfg, "mini", dest=tmp_path / "fetched", timeout=5)
+    assert not isinstance(e.value, DataNotFetched)
+    msg = str(e.value)
+    assert "the hub refused the request for org/smol (HTTP 401" in msg and "Invalid credentials" in msg
+    assert "HF_TOKEN" in msg and "hf auth login" in msg
+    assert "\n" not in msg, msg
+
+
+def test_a_private_dataset_out_of_sight_names_the_token(hub, hub_root, profile_cfg, tmp_path, monkeypatch):
+    (hub_root / "org/smol" / ".hub.json").write_text(json.dumps({"sha": COMMIT, "private": True}))
+    with pytest.raises(FetchError) as e:
+        fetch_profile(profile_cfg, "mini", dest=tmp_path / "fetched", timeout=5)
+    assert not isinstance(e.value, DataNotFetched)
+    assert "the hub has no dataset 'org/smol' that this machine may see" in str(e.value) and "HF_TOKEN" in str(e.value)
+    assert not hub.gets()
+    monkeypatch.setenv("HF_TOKEN", TOKEN)  # an account that can read it
+    assert fetch_profile(profile_cfg, "mini", dest=tmp_path / "fetched", timeout=5)["org/smol"]["commit"] == COMMIT
