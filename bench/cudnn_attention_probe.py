@@ -6,7 +6,7 @@ shapes.
     PYTHONPATH=/tmp/site python3 bench/cudnn_attention_probe.py   (the frontend wheel in .whl, installed there)
 
 This probe decided cudnn_attention.py; its output of 2026-12-01 on the H200 is in
-bench/results/2026-12-01/cudnn/probe.txt (from a first version that built the same graphs by hand).
+records/2026-12-01/cudnn/probe.txt (from a first version that built the same graphs by hand).
 """
 
 import os

@@ -2,7 +2,7 @@
 with the driver) through ctypes.
 
 Why: on the H200 the model's training steps at ANDREA-120M B=32 run the GPU at its 700 W power cap,
-and the SM clock falls from 1980 to 1650-1850 MHz (bench/results/2026-12-01/power/). A step then
+and the SM clock falls from 1980 to 1650-1850 MHz (records/2026-12-01/power/). A step then
 takes about its energy divided by the cap. The time of a kernel measured alone, with the clock at its
 maximum, no longer says how long it takes in training. Joules per step does.
 
