@@ -2,7 +2,7 @@
 
 cuDNN's Hopper kernels (warp-group MMA, TMA) ran the model's attention 1.5-2x faster than our
 mma.sync flash kernels on the H200 (forward 0.171 against 0.305 ms, backward 0.592 against 0.874 ms
-at ANDREA-120M's B=32 shapes; bench/results/2026-12-01/cudnn/), so where the cuDNN frontend
+at ANDREA-120M's B=32 shapes; records/2026-12-01/cudnn/), so where the cuDNN frontend
 and the cuDNN library (the gpu extra: INSTALL below) are installed the 16-bit modes' training
 passes use it, and our kernels (attention.py) stay the fallback and the generation path. At head
 size 32 (ANDREA-12M) it gains little (backward 0.569 against 0.578 ms).
