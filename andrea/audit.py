@@ -1,4 +1,4 @@
-"""The audit stage (SPEC §10): samples from a trained checkpoint for a fixed prompt set, judged.
+"""The audit stage (design §10): samples from a trained checkpoint for a fixed prompt set, judged.
 
 Output directory (results/<model>/audit/):
     samples.jsonl      every sample: domain, prompt, text, built-in scores, external verdict

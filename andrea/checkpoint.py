@@ -1,4 +1,4 @@
-"""Checkpoints (SPEC §3.5), binary, little-endian, exact:
+"""Checkpoints (design §3.5), binary, little-endian, exact:
 
     [int32 step][int32 n_params][n_params × float32 weights][n_params × float32 m][n_params × float32 v]
 

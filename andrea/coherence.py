@@ -1,4 +1,4 @@
-"""The coherence score of a generated sample, 0–100 (SPEC §6): early stopping by sample quality.
+"""The coherence score of a generated sample, 0–100 (design §6.6): early stopping by sample quality.
 
     share     0–1    real-word share: of the letters in the text's words, the share that stand
                      in real words (a word list of the corpus's languages, or extra words such as
@@ -10,7 +10,7 @@
 
     score = gate × novelty × (bigram + trigram + chars + 20)
 
-SPEC §6 asks for share × (bigram + trigram + chars + 20) and the targets: prose ≥ 50; keyboard
+The first plan (design §6.6) asked for share × (bigram + trigram + chars + 20) and the targets: prose ≥ 50; keyboard
 mash, pseudo-words, letter salad and repetition collapse < 30. Meeting them takes two changes
 (the labelled set is tests/data/coherence_set.txt):
 
@@ -23,11 +23,11 @@ doctest code). So the share starts to count at 40 % and counts in full from 80 %
 letter statistics then score at most 19, and 95 % of the stdlib's docstrings of 200–2000
 characters score 50 or more.
 
-Novelty multiplies everything. Under the spec's sum a loop of a real sentence keeps 20 + chars
+Novelty multiplies everything. Under the first plan's sum a loop of a real sentence keeps 20 + chars
 ≈ 30 points however often it repeats (about 30 + 70/k for k repeats), so loops of a real phrase
 could never fall below 30. Scaled by the share of trigrams that are new, a loop said k times
 scores about (70/k + 30)/k: 33 for twice, 18 for three times; prose, whose trigrams are all but
-all distinct, keeps what the spec's sum gives it.
+all distinct, keeps what the first plan's sum gives it.
 
 Why letters, not words, in the share: the short glue words ("the", "of", "a") that survive
 between invented words are also the strings that are real by chance; weighting by letters, a
@@ -51,7 +51,7 @@ Failing that, "camelCase" is real when each of its parts is, and "model's", "we'
 is. What the score cannot see: real words in a senseless order. Text with the letter statistics
 of three-letter contexts ("a locks of a feelied at in winto a clossist sleep") is about 60 % real
 words and scores 19–73, median 53; a model that has learned words but not sentences scores as
-prose does. The external judge (SPEC §10) is what reads for sense.
+prose does. The external judge (design §10.3) is what reads for sense.
 
 The word list is loaded once per set of languages (about 0.2 s); a 420-token sample then scores
 in well under a millisecond.

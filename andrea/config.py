@@ -354,7 +354,7 @@ def deep_merge(base: dict, extra: dict) -> dict:
 
 
 def vocab_size(model: dict) -> int:
-    """256 byte tokens + N Harris segments + 1 BOS (SPEC §2)."""
+    """256 byte tokens + N Harris segments + 1 BOS (design §2.2)."""
     return 256 + model["n_segments"] + 1
 
 

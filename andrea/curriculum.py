@@ -1,4 +1,4 @@
-"""The data bandit ("firehose", SPEC §5): which sources the next batches come from.
+"""The data bandit ("firehose", design §5): which sources the next batches come from.
 
 Arms are data sources. Every batch row drawn from a source is a pull; its loss is attributed back
 to the source (and the document it came from):

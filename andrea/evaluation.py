@@ -1,4 +1,4 @@
-"""Validation (SPEC §6): the model's loss on a fixed held-out set, per source and overall, in nats
+"""Validation (design §6.5): the model's loss on a fixed held-out set, per source and overall, in nats
 per token and in bits per byte.
 
 The held-out set of a source is its held-out documents (every `heldout_every`-th one, which the

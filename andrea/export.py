@@ -130,7 +130,7 @@ def hf_tokenizer(tok: HarrisTokenizer):
     ])
     t.decoder = decoders.ByteLevel()
     t.add_special_tokens([tk.AddedToken(bos, special=True, normalized=False)])
-    # documents are BOS-led in training (SPEC §4): one BOS before each text of an input
+    # documents are BOS-led in training (design §4.1): one BOS before each text of an input
     t.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, BOS)])
     return t, bos
 

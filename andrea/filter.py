@@ -1,4 +1,4 @@
-"""filter_shape: drop system-prompt-shaped records and strip system turns (SPEC §7).
+"""filter_shape: drop system-prompt-shaped records and strip system turns (design §7).
 
 - System turns are removed from every conversation (they are never rendered into training text).
 - A conversation any of whose user or assistant turns has system-prompt shape is dropped.

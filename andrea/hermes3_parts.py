@@ -1,6 +1,6 @@
 """part_by_rule(): which Hermes-3 part (general, creative, roleplay) a conversation belongs to,
 when its record carries no category (by the public evidence, the hub's copy of Hermes-3 has only
-`conversations`: README, "Hermes-3's three parts"; SPEC §8).
+`conversations`: README, "Hermes-3's three parts"; design §8.2).
 
 The rule reads what sets a conversation's kind: the system prompt and the first user turn. It asks
 what the first exchange is *about* (andrea/labelled/hermes3_parts_set.txt states the boundaries):

@@ -1,4 +1,4 @@
-"""Judges of generated samples (SPEC §10).
+"""Judges of generated samples (design §10).
 
 Built in, no network: the coherence score (andrea/coherence.py), distinct-1/2/3, repetition
 rate, real-word rate (`english_rate`: the coherence score's real-word share, by letters). The

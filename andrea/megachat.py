@@ -57,7 +57,7 @@ def content_hash(turns: list[dict] | None, text: str | None) -> str:
 
 
 def render_document(turns: list[dict] | None, text: str | None, mcfg: dict | None = None) -> str:
-    """Training text of one document (SPEC §8): user turns behind `> `, assistant turns behind
+    """Training text of one document (design §8.5): user turns behind `> `, assistant turns behind
     `< `, turns separated by a blank line; system turns are never rendered. Documents are
     separated by BOS when encoded, not here."""
     mcfg = mcfg or {}

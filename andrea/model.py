@@ -1,4 +1,4 @@
-"""The ANDREA model (SPEC §2): a pre-LayerNorm GPT without biases in its linear layers.
+"""The ANDREA model (design §2): a pre-LayerNorm GPT without biases in its linear layers.
 
     x = wte[tokens] + wpe[positions]
     for each block:  x = x + attn(LN1(x) · [W_Q W_K W_V]) · W_O     causal, scaled by 1/sqrt(head_dim)
@@ -77,7 +77,7 @@ class Param:
 
 
 def param_layout(cfg: ModelConfig) -> list[Param]:
-    """Every parameter in checkpoint order (SPEC §2): wte, wpe, then per layer
+    """Every parameter in checkpoint order (design §2.3): wte, wpe, then per layer
     [LN1.γ, LN1.β, W_Q, W_K, W_V, W_O, LN2.γ, LN2.β, W_1, W_2], then LN_f.γ, LN_f.β, then the
     output head if untied. Linear weights are [d_in, d_out] (y = x · W)."""
     d, V, T, m = cfg.d_model, cfg.vocab_size, cfg.context, cfg.d_mlp
@@ -140,7 +140,7 @@ def coarse_decay_mask(mask: np.ndarray, max_shift: int = 16) -> tuple[np.ndarray
 
 
 def init_weights(cfg: ModelConfig, seed: int = 0, dtype=np.float32) -> np.ndarray:
-    """The flat weight buffer initialised as SPEC §2: N(0, 0.02) for embeddings and linear
+    """The flat weight buffer initialised as design §2.3: N(0, 0.02) for embeddings and linear
     weights, W_O and W_2 scaled by 1/sqrt(2·layers), γ = 1, β = 0. Drawn in float64 from one
     seeded generator in layout order, then cast, so every backend and precision starts alike."""
     layout = param_layout(cfg)

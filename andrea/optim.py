@@ -1,4 +1,4 @@
-"""Optimizer settings, learning-rate schedule and the training step (SPEC §3.3).
+"""Optimizer settings, learning-rate schedule and the training step (design §3.3).
 
 One step: n micro-batches (forward + backward, gradients adding up), scale by 1/n, global L2
 clipping at max_norm *before* AdamW touches m, v or the weights, AdamW with decoupled weight decay,
@@ -48,7 +48,7 @@ class OptimConfig:
 
 def lr_at(step: int, oc: OptimConfig) -> float:
     """lr(t) = lr_cos(t) · min(1, (t+1)/warmup), lr_cos falling from the peak at t = 0 to
-    min_lr at t = max_steps along a half cosine, flat after (SPEC §3.3)."""
+    min_lr at t = max_steps along a half cosine, flat after (design §3.3)."""
     min_lr = oc.lr * oc.min_lr_ratio
     progress = min(step, oc.max_steps) / max(1, oc.max_steps)
     lr_cos = min_lr + 0.5 * (oc.lr - min_lr) * (1 + math.cos(math.pi * progress))

@@ -347,7 +347,7 @@ def _generate_on_host(model: InferenceModel, prompt_ids, max_new: int, rngs: lis
 
 
 def chat_prompt(text: str, mcfg: dict | None = None) -> str:
-    """A user turn rendered as in training (SPEC §8), followed by the assistant's prefix."""
+    """A user turn rendered as in training (design §8.5), followed by the assistant's prefix."""
     mcfg = mcfg or {}
     return f"{mcfg.get('user_prefix', '> ')}{text.strip()}{mcfg.get('turn_separator', chr(10) * 2)}{mcfg.get('assistant_prefix', '< ')}"
 

@@ -48,7 +48,7 @@ class CurriculumSettings:
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """A model's effective training settings (SPEC §3.3, §6); the schema's train_settings says
+    """A model's effective training settings (design §3.3, §6); the schema's train_settings says
     what each one does."""
 
     backend: str

@@ -1,4 +1,4 @@
-"""has_system_prompt_shape(): recognise the *shape* of a system prompt (SPEC §7).
+"""has_system_prompt_shape(): recognise the *shape* of a system prompt (design §7).
 
 A system prompt configures a conversational agent. Whatever its words, it has a recognisable
 structure: it declares who the reader is ("You are …", "Act as …", "Role: …", "The assistant is

@@ -1,4 +1,4 @@
-"""Harris morpheme tokenizer (SPEC §4): training by successor/predecessor variety, exact encoding.
+"""Harris morpheme tokenizer (design §4): training by successor/predecessor variety, exact encoding.
 
 Vocabulary: IDs 0–255 are raw UTF-8 bytes, 256 is BOS, 257… are the learned segments.
 

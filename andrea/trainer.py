@@ -1,4 +1,4 @@
-"""The trainer ("proxy", SPEC §6): turns the engine into a run a person can start, watch, stop,
+"""The trainer ("proxy", design §6): turns the engine into a run a person can start, watch, stop,
 resume and trust.
 
 Run directory (results/<model>/runs/<key>/; the key hashes everything the weights depend on except

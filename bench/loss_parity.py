@@ -1,7 +1,7 @@
 """Loss parity: a recorded training run replayed, batch for batch, in PyTorch and in our engine.
 
 A run trained with `record_batches: N` leaves in RUN_DIR/parity/ the weights before step 0
-(init.bin, the checkpoint format of SPEC §3.5), the N steps' token rows (batches.bin, uint16
+(init.bin, the checkpoint format of design §3.5), the N steps' token rows (batches.bin, uint16
 [N, batch_size·grad_accum, T+1]) and what the steps were (meta.json); RUN_DIR/loss.jsonl holds the
 losses the run logged. This script replays those steps from the same weights with the same
 schedule (andrea/optim.py: warm-up then cosine, global-norm clipping, AdamW with decay on matrices

@@ -1,4 +1,4 @@
-"""Throughput of has_system_prompt_shape() (SPEC §7): texts per second on a mix of chat turns.
+"""Throughput of has_system_prompt_shape() (design §7): texts per second on a mix of chat turns.
 
 The pool is every user/assistant turn of the embedded demo corpora, the paragraphs of the
 embedded books and docs, and longer texts made by joining three and eight of those paragraphs

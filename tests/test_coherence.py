@@ -1,4 +1,4 @@
-"""The coherence score (SPEC §6) on a labelled set, and on small texts worked out by hand."""
+"""The coherence score (design §6.6) on a labelled set, and on small texts worked out by hand."""
 
 import time
 from collections import Counter

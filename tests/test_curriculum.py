@@ -39,7 +39,7 @@ def test_reward_ema_and_ucb():
 
 
 def test_weights_worked_by_hand_through_bonus_penalty_floor_cap():
-    """SPEC §5 worked by hand: w_k = min(cap, max(floor, tentative · coverage bonus · epoch
+    """design §5.4 worked by hand: w_k = min(cap, max(floor, tentative · coverage bonus · epoch
     penalty)), normalised."""
     a = {"x": {"n_docs": 10, "floor": 0.8}, "y": {"n_docs": 10, "cap": 0.05}, "z": {"n_docs": 10}, "w": {"n_docs": 2}}
     cc = {**CC, "warmup_steps": 0, "focus_dice": 1, "ucb_c": 2.0, "background_weight": 0.1, "coverage_bonus": 0.3,

@@ -409,7 +409,7 @@ def test_memory_plan_counts_every_buffer():
     e = Engine(ModelConfig.from_config(load_config(REPO / "config" / "config.yaml")["models"]["ANDREA-tiny"]), batch_size=2, seq_len=32)
     plan = e.memory_plan()
     assert plan.parameters == 5 * 4 * e.n_params  # w, g, m, v and the decay mask, float32
-    # what the forward pass keeps, counted from the model (SPEC §3.2), in float32 elements
+    # what the forward pass keeps, counted from the model (design §3.2), in float32 elements
     c, B, T = e.cfg, 2, 32
     L, d, H, V = c.n_layer, c.d_model, c.n_head, c.vocab_size
     N = B * T

@@ -1,4 +1,4 @@
-"""The backend interface: every kernel pair of the model (SPEC §3.1), the optimizer's steps, and
+"""The backend interface: every kernel pair of the model (design §3.1), the optimizer's steps, and
 the buffer services an engine needs, as methods of one object.
 
 Each Engine owns its backend object; a backend keeps no process-wide mutable state (its

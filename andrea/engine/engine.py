@@ -1,4 +1,4 @@
-"""The training engine: one model's buffers, planned and allocated once (SPEC §3.2), and its
+"""The training engine: one model's buffers, planned and allocated once (design §3.2), and its
 forward/backward passes (andrea/model.py) and optimizer steps on one backend object
 (andrea/engine/backend.py): NumPy (andrea/engine/numpy_backend.py, the reference, any CPU) or CuPy
 (andrea/engine/cupy, NVIDIA GPUs).

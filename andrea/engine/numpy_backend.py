@@ -1,4 +1,4 @@
-"""NumPy backend: every forward/backward pair of SPEC §3.1 on the CPU.
+"""NumPy backend: every forward/backward pair of design §3.1 on the CPU.
 
 This is the readable reference and the oracle the CUDA kernels are tested against. Each function
 writes into buffers it is given (planned and allocated once by the engine); backward functions
