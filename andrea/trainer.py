@@ -200,6 +200,7 @@ class Trainer:
         self._speed = {"steps": 0, "tokens": 0, "step_s": 0.0, "periodic_s": 0.0}  # this attempt's totals
         self._recent = [0, 0.0]  # tokens and step seconds since the last progress line
         self._kinds: dict[str, list] = {}  # work between steps by kind: [seconds, times], for the ETA
+        self._queued_checkpoint: Path | None = None  # the newest checkpoint this process queued
         self.plan_doc: dict | None = None  # what plan.json holds (the actual time is added at the end)
 
     # ------------------------------------------------------------------ plan
@@ -367,6 +368,7 @@ class Trainer:
         path = self.ckpt_dir / name
         if not self.root:
             return path
+        self._queued_checkpoint = path
         self._flush_log()  # loss.jsonl holds every step before this one when the state names it
         state = self._state(name)
         # the previous checkpoint must be on disk before this one is queued (it was queued
@@ -829,13 +831,15 @@ class Trainer:
                 with self._between_steps("eval_s"):
                     self.validate()
             if self.step % s.checkpoint_every == 0:
+                # the last step's checkpoint is the run's end: written (and logged) once, as that
+                reason = "end of run" if self.step >= s.max_steps else "periodic"
                 with self._between_steps("ckpt_s"):
                     if self.eval_set is None and self.smma is not None and self.smma < self.best:
                         self.best = self.smma  # no validation set: best.bin by the smoothed training loss
                         # best.bin first: the state written with the checkpoint then never names a
                         # best that is not on disk
                         self._write_best_now()
-                    self.save_checkpoint()
+                    self.save_checkpoint(reason)
             if self.step % s.sample_every == 0 and self.comm.any(self.root and self.low_samples >= s.coherence_patience):
                 self._record_between()
                 path = self.save_checkpoint("coherence halt", wait=True)
@@ -848,7 +852,9 @@ class Trainer:
         final = self.run_dir / "final.bin"
         newest = self.ckpt_dir / f"step_{self.step:06d}.bin"
         if self.root:
-            if not newest.exists():  # a periodic checkpoint (of this attempt or an earlier one) may be it
+            # the last step's checkpoint, unless the loop queued it (a periodic one, logged as the end
+            # of the run) or an earlier attempt wrote it (a run resumed at its end)
+            if self._queued_checkpoint != newest and not newest.exists():
                 with self._between_steps("ckpt_s"):
                     self.save_checkpoint("end of run")
             with self._between_steps("ckpt_s"):

@@ -127,6 +127,14 @@ def test_straight_run_writes_every_artifact(straight):
         assert set(l["mix"]) <= set(cc["warmup_sources"])
 
 
+def test_the_last_checkpoint_is_written_and_logged_once(straight):
+    """max_steps on the checkpoint grid: the loop's checkpoint at the last step is the end of the
+    run's (issue 45: it was written and logged twice, "(periodic)" then "(end of run)")."""
+    lines = [l for l in (straight / "train.log").read_text().splitlines() if "checkpoint " in l and "step_000240.bin" in l]
+    assert len(lines) == 1 and lines[0].endswith("(end of run)"), lines
+    assert sum("step_000200.bin (periodic)" in l for l in (straight / "train.log").read_text().splitlines()) == 1
+
+
 def test_speed_figures_are_wall_time_and_the_work_between_steps_is_timed(shards, tmp_path):
     """Issue 45: a step just before a sample, a validation or a checkpoint was timed between two
     back-to-back reads (millions of tokens/s on two CPU cores) and the step after it was charged
