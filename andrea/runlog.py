@@ -5,15 +5,21 @@ resume makes.
 The format (2026-11-30, "compact"; andrea/trainer.py writes it): one training record per step,
 
     {"step", "loss", "ema", "smma", "lr", "grad_norm", "clipped", "skipped", "tokens_per_s",
-     "rows": rows in the batch, "mix": {source: rows drawn from it}, "weights": {...}, "focus": [...]}
+     "step_s", "rows": rows in the batch, "mix": {source: rows drawn from it}, "weights": {...},
+     "focus": [...]}
 
 where `weights` (the bandit's source weights) and `focus` are written only when they differ from
 the ones last written (at phase boundaries) and on the first record a trainer process writes; a
-reader carries them forward. Validation records, `{"kind": "eval", "step", ...}`, share the file.
+reader carries them forward. `step_s` is the step's wall time (since 2026-12-02; its tokens/s is
+the batch's tokens over it), without the work between steps, which has records of its own:
+`{"kind": "periodic", "step", "seconds", "eval_s", "sample_s", "ckpt_s", "replan_s"}` (the kinds
+that ran) after the work done at step `step`. Validation records, `{"kind": "eval", "step", ...}`,
+share the file too. A record without a kind is a training step; a kind a reader does not know is
+not one.
 Files written before (weights and focus on every line, the mix as shares and no `rows`) read the
 same: `expand` gives every training record its weights, focus and mix shares in either format.
 
-A 200,000-step run writes ~65 MB this way (~330 bytes a step) where the former format wrote ~137 MB.
+A 200,000-step run writes ~65 MB this way (~330 bytes a step; `step_s` adds ~20) where the former format wrote ~137 MB.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import pyarrow.json as pa_json
 
 log = logging.getLogger("andrea.runlog")
 
-SCALARS = ("loss", "ema", "smma", "lr", "grad_norm", "tokens_per_s")
+SCALARS = ("loss", "ema", "smma", "lr", "grad_norm", "tokens_per_s", "step_s")
 BLOCK = 1024  # training records per step-index entry: a zoom reads from the entry before its range
 FINE_BUCKETS = 16384  # the most buckets the tail keeps; past it, neighbours merge and buckets double
 MAX_POINTS = 2000  # the most points a view returns
@@ -256,7 +262,7 @@ def _table(data: bytes, nl: np.ndarray) -> tuple[pa.Table, np.ndarray, int, dict
 class Decoded:
     """One stretch of the log as arrays: training steps with their scalars and weights (carried
     forward from `carry`), where each training line starts, focus where written, and the
-    validation lines' positions."""
+    positions of the validation lines and of the other records (the work between steps)."""
 
     def __init__(self, data: bytes, base: int, carry: dict[str, float], sources: list[str]):
         nl = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
@@ -265,11 +271,13 @@ class Decoded:
         starts = starts[rows]
         n = t.num_rows
         names = t.column_names
-        is_eval = np.zeros(n, bool)
+        is_eval, tr = np.zeros(n, bool), np.ones(n, bool)
         if "kind" in names:
-            is_eval = pc.fill_null(pc.equal(t.column("kind").cast(pa.string()), "eval"), False).to_numpy(zero_copy_only=False)
+            kind = t.column("kind").cast(pa.string())
+            is_eval = pc.fill_null(pc.equal(kind, "eval"), False).to_numpy(zero_copy_only=False)
+            tr = pc.fill_null(pc.equal(kind, "train"), True).to_numpy(zero_copy_only=False)  # no kind: a step
         self.eval_spans = [(int(starts[i]), int(nl[rows[i]])) for i in np.flatnonzero(is_eval)]  # within data
-        tr = ~is_eval
+        self.other_spans = [(int(starts[i]), int(nl[rows[i]])) for i in np.flatnonzero(~tr & ~is_eval)]
         self.step = t.column("step").to_numpy(zero_copy_only=False)[tr].astype(np.int64)
         self.offset = starts[tr].astype(np.int64) + base
         self.scalars = {}
@@ -484,6 +492,12 @@ class RunLog:
         self.last_step = -1
         self.malformed = 0
         self.out_of_order = 0
+        # the run's speed: tokens and wall time of the steps that have one (step_s), and the work
+        # between steps ("periodic" records)
+        self.timed_steps = 0
+        self.timed_tokens = 0.0
+        self.step_s = 0.0
+        self.periodic_s = 0.0
         self.sources: list[str] = []
         self.weights: dict[str, float] = {}
         self.focus: list = []
@@ -561,6 +575,15 @@ class RunLog:
                 self.malformed += 1
                 continue
             self._add_eval(r, step)
+        for a, b in d.other_spans:
+            try:
+                r = json.loads(data[a:b])
+            except ValueError:
+                self.malformed += 1
+                continue
+            v = r.get("seconds") if isinstance(r, dict) and r.get("kind") == "periodic" else None
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                self.periodic_s += v
         # steps only go forward in a log; a line that does not (never written by the trainer) is
         # counted and left out
         ok = d.step > np.maximum.accumulate(np.concatenate(([self.last_step], d.step)))[:-1]
@@ -578,6 +601,11 @@ class RunLog:
                 self.index_steps.append(int(step[k]))
                 self.index.append((int(d.offset[row]), before_w, before_f))
             self.buckets.add(Buckets.rows(step, scalars, W, d.sources))
+            step_s, tps = scalars["step_s"], scalars["tokens_per_s"]
+            timed = np.isfinite(step_s) & np.isfinite(tps) & (step_s > 0)
+            self.timed_steps += int(timed.sum())
+            self.step_s += float(step_s[timed].sum())
+            self.timed_tokens += float((tps[timed] * step_s[timed]).sum())
             self.n_train += m
             self.last_step = int(step[-1])
             self.last = {"step": self.last_step, **{k: (None if math.isnan(v[-1]) else float(v[-1])) for k, v in scalars.items()}}
@@ -623,7 +651,20 @@ class RunLog:
             return self._meta() | self.buckets.view(max_points)
 
     def _meta(self) -> dict:
-        return {"n_steps": self.n_train, "last": self.last, "behind_bytes": self.behind, "malformed": self.malformed}
+        return {"n_steps": self.n_train, "last": self.last, "steps_done": self.last_step + 1, "speed": self.speed(),
+                "behind_bytes": self.behind, "malformed": self.malformed}
+
+    def speed(self) -> dict:
+        """The run's tokens/s over the wall time of its steps (`tokens_per_s`), and over that plus
+        the validation, samples, checkpoints and re-plans between them (`tokens_per_s_with_periodic`);
+        None for a log whose steps carry no wall time (written before 2026-12-02: its tokens_per_s
+        figures cannot be trusted, see andrea/trainer.py _finish_step)."""
+        with self.lock:
+            tokens, step_s, periodic_s = self.timed_tokens, self.step_s, self.periodic_s
+            timed = self.timed_steps > 0 and step_s > 0
+            return {"steps": self.timed_steps, "tokens": round(tokens), "step_s": step_s, "periodic_s": periodic_s,
+                    "tokens_per_s": tokens / step_s if timed else None,
+                    "tokens_per_s_with_periodic": tokens / (step_s + periodic_s) if timed else None}
 
     def zoom(self, lo: int, hi: int, max_points: int = MAX_POINTS) -> dict:
         """Steps [lo, hi]: every step, read from the file by the index, when the range holds at most

@@ -9,9 +9,12 @@ max_steps and the bandit's floors and caps: andrea/versions.py train_run_key):
     best.bin                      the weights of the best validation loss (m and v zero: for
                                   inference and the audit; resuming uses the step checkpoints)
     final.bin                     the end of the run
-    loss.jsonl                    one line per step, and one `"kind": "eval"` line per validation;
-                                  continuous across resumes; the bandit's weights and focus only
-                                  where they change, the mix as row counts (andrea/runlog.py)
+    loss.jsonl                    one line per step (with its wall time, `step_s`), one `"kind":
+                                  "eval"` line per validation and one `"kind": "periodic"` line
+                                  timing the work between two steps (validation, samples,
+                                  checkpoints, re-plans); continuous across resumes; the bandit's
+                                  weights and focus only where they change, the mix as row counts
+                                  (andrea/runlog.py)
     samples.jsonl                 every coherence sample with its score
     plan.json                     what the run is: model, memory plan, backend, tokens/step, ETA
     train.log                     the trainer's log, every attempt appended
@@ -35,6 +38,7 @@ in the state file too).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import fcntl
 import gc
@@ -101,6 +105,8 @@ def cpu_flops() -> float:
 
 
 def human_duration(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.1f} s"
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:
@@ -185,6 +191,16 @@ class Trainer:
         self._ckpt_writes: list[Future] = []
         self._resumed = False
         self.timing: dict = {}
+        # a step's wall time: from when the step before was seen done to when this one is, less
+        # the work between steps (validation, samples, checkpoints, re-plans), which is timed and
+        # written on records of its own ("kind": "periodic"); see _finish_step
+        self._clock = 0.0
+        self._between_s = 0.0  # work between steps since the last step was seen done
+        self._between: dict[str, float] = {}  # that work by kind, for the next "periodic" record
+        self._speed = {"steps": 0, "tokens": 0, "step_s": 0.0, "periodic_s": 0.0}  # this attempt's totals
+        self._recent = [0, 0.0]  # tokens and step seconds since the last progress line
+        self._kinds: dict[str, list] = {}  # work between steps by kind: [seconds, times], for the ETA
+        self._queued_checkpoint: Path | None = None  # the newest checkpoint this process queued
         self.plan_doc: dict | None = None  # what plan.json holds (the actual time is added at the end)
 
     # ------------------------------------------------------------------ plan
@@ -352,6 +368,7 @@ class Trainer:
         path = self.ckpt_dir / name
         if not self.root:
             return path
+        self._queued_checkpoint = path
         self._flush_log()  # loss.jsonl holds every step before this one when the state names it
         state = self._state(name)
         # the previous checkpoint must be on disk before this one is queued (it was queued
@@ -480,7 +497,10 @@ class Trainer:
     def _truncate_run_records(self) -> None:
         # one truncate each, reading only the logs' tails (andrea/runlog.py): a 200,000-step log is
         # neither read whole nor copied
-        truncate_log(self.run_dir / "loss.jsonl", lambda r: r["step"] <= self.step if r.get("kind") == "eval" else r["step"] < self.step)
+        # (a training record's step is the weights it saw: the one of step N went before checkpoint
+        # N's; validation and the work between steps at step N, just before or after it, stay)
+        truncate_log(self.run_dir / "loss.jsonl",
+                     lambda r: r["step"] < self.step if r.get("kind", "train") == "train" else r["step"] <= self.step)
         truncate_log(self.run_dir / "samples.jsonl", lambda r: r["step"] <= self.step)
         if self.s.record_batches and (self.run_dir / "parity" / "batches.bin").exists():
             keep = min(self.step, self.s.record_batches) * self.B * self.s.grad_accum * (self.T + 1) * 2
@@ -739,11 +759,14 @@ class Trainer:
 
     def _loop(self) -> dict:
         s = self.s
-        self._t_start = time.perf_counter()
+        self._t_start = self._clock = time.perf_counter()
         self._steps_start = self.step
+        # on the host backend a step is computed inside launch_step: it is done when that returns;
+        # on the GPU launch_step only queues it, and it is known done when its results are read
+        self._launch_computes = self.engine.xp is np
         if self.eval_set is not None and not self._resumed:
-            self.validate()  # the curve starts at the initial weights
-        self._t_last = time.perf_counter()
+            with self._between_steps("eval_s"):
+                self.validate()  # the curve starts at the initial weights
         # a step is launched before the previous one's results are read (optim.launch_step), so the
         # device never waits on the host's bookkeeping; not in fp16, whose loss scale the host sets
         # from each step's result before the next, nor with several ranks, where reading a step
@@ -761,20 +784,27 @@ class Trainer:
             if stop or save_now:
                 self._settle()
             if stop:
-                self.save_checkpoint("SIGTERM/SIGINT", wait=True)
+                with self._between_steps("ckpt_s"):
+                    self.save_checkpoint("SIGTERM/SIGINT", wait=True)
+                self._record_between()
                 log.info("stopped by a signal at step %d; run again to resume", self.step)
                 return {"finished": False, "step": self.step, "reason": "signal"}
             if save_now:
                 self._save_now = False
-                self.save_checkpoint("SIGUSR1")
-            self.bandit.maybe_replan(self.step)  # the steps before were settled (_must_settle)
+                with self._between_steps("ckpt_s"):
+                    self.save_checkpoint("SIGUSR1")
+            if self.bandit.replans_at(self.step):  # the steps before were settled (_must_settle)
+                with self._between_steps("replan_s"):
+                    self.bandit.maybe_replan(self.step)
+            self._record_between()  # what ran since the step before, on a record of its own
             batch = self.batches.get(self.step)
             nxt = self.step + 1
             prefetch = nxt < s.max_steps and not self.bandit.replans_at(nxt)
             try:
                 if prefetch and not self._defer:
                     self.batches.prefetch(nxt)  # drawn and prepared while this step runs
-                launched = (launch_step(self.engine, batch.micro, self.step, self.oc, self.nonfinite), batch)
+                pending = launch_step(self.engine, batch.micro, self.step, self.oc, self.nonfinite)
+                launched = (pending, batch, time.perf_counter() if self._launch_computes else None)
                 self.step += 1
                 previous, self._inflight = self._inflight, launched
                 if previous is not None:
@@ -795,19 +825,23 @@ class Trainer:
                 raise NonFiniteHalt(f"{e} Checkpoint: {self.ckpt_dir}") from None
             # a step's sample and validation come before its checkpoint, which then holds their effects
             if self.step % s.sample_every == 0 and self.root:
-                self.sample()
+                with self._between_steps("sample_s"):
+                    self.sample()
             if self.eval_set is not None and self.step % s.eval_every == 0:
-                self.validate()
-            ckpt_due = self.step % s.checkpoint_every == 0
-            if self.eval_set is None and ckpt_due and self.smma is not None and self.smma < self.best:
-                self.best = self.smma  # no validation set: best.bin by the smoothed training loss
-                # best.bin first: the state written with the checkpoint then never names a best
-                # that is not on disk
-                self._write_best_now()
-                self.save_checkpoint()
-            elif ckpt_due:
-                self.save_checkpoint()
+                with self._between_steps("eval_s"):
+                    self.validate()
+            if self.step % s.checkpoint_every == 0:
+                # the last step's checkpoint is the run's end: written (and logged) once, as that
+                reason = "end of run" if self.step >= s.max_steps else "periodic"
+                with self._between_steps("ckpt_s"):
+                    if self.eval_set is None and self.smma is not None and self.smma < self.best:
+                        self.best = self.smma  # no validation set: best.bin by the smoothed training loss
+                        # best.bin first: the state written with the checkpoint then never names a
+                        # best that is not on disk
+                        self._write_best_now()
+                    self.save_checkpoint(reason)
             if self.step % s.sample_every == 0 and self.comm.any(self.root and self.low_samples >= s.coherence_patience):
+                self._record_between()
                 path = self.save_checkpoint("coherence halt", wait=True)
                 raise CoherenceHalt(
                     f"coherence gate: {self.low_samples} consecutive samples scored below "
@@ -815,27 +849,89 @@ class Trainer:
                     f"degenerate text. Stopped; checkpoint {path}. Read {self.run_dir / 'samples.jsonl'}."
                 )
         self._settle()
-        t_start, steps_start = self._t_start, self._steps_start
-        elapsed = time.perf_counter() - t_start
-        self.timing["loop_s"] = elapsed
-        self.timing["steps"] = self.step - steps_start
         final = self.run_dir / "final.bin"
         newest = self.ckpt_dir / f"step_{self.step:06d}.bin"
         if self.root:
-            if not newest.exists():  # a periodic checkpoint (of this attempt or an earlier one) may be it
-                self.save_checkpoint("end of run")
-            self._wait_checkpoint()
+            # the last step's checkpoint, unless the loop queued it (a periodic one, logged as the end
+            # of the run) or an earlier attempt wrote it (a run resumed at its end)
+            if self._queued_checkpoint != newest and not newest.exists():
+                with self._between_steps("ckpt_s"):
+                    self.save_checkpoint("end of run")
+            with self._between_steps("ckpt_s"):
+                self._wait_checkpoint()
             link_or_copy(newest, final)  # final.bin is the last checkpoint's bytes
             if not (self.run_dir / "best.bin").exists():
                 link_or_copy(final, self.run_dir / "best.bin")
+        self._record_between()
+        elapsed = time.perf_counter() - self._t_start
+        self.timing["loop_s"] = elapsed
+        self.timing["steps"] = self.step - self._steps_start
+        speed = self.speed()
         if self.timing.get("estimate"):
             est = self.timing["estimate"]["estimated_remaining_s"]
             log.info("finished at step %d in %s (the plan estimated %s)", self.step, human_duration(elapsed), human_duration(est))
             self.plan_doc["actual_remaining_s"] = elapsed
+            self.plan_doc["actual_speed"] = speed
             if self.root:
                 write_json_atomic(self.run_dir / "plan.json", self.plan_doc)
+        if speed["steps"]:
+            log.info("speed: %s tokens in %d steps of %s: %s tokens/s; %s tokens/s counting the %s of validation, "
+                     "samples and checkpoints between them", f"{speed['tokens']:,}", speed["steps"],
+                     human_duration(speed["step_s"]), f"{speed['tokens_per_s']:,.0f}",
+                     f"{speed['tokens_per_s_with_periodic']:,.0f}", human_duration(speed["periodic_s"]))
         return {"finished": True, "step": self.step, "ema": self.ema, "smma": self.smma,
-                "val_loss": self.last_eval["loss"] if self.last_eval else None, "seconds": elapsed}
+                "val_loss": self.last_eval["loss"] if self.last_eval else None, "seconds": elapsed, "speed": speed}
+
+    def speed(self) -> dict:
+        """This attempt's tokens over the wall time of its steps, without and with the work between
+        them (validation, samples, checkpoints, re-plans): the figures the log and plan.json give."""
+        sp = dict(self._speed)
+        sp["step_s"], sp["periodic_s"] = round(sp["step_s"], 6), round(sp["periodic_s"], 6)
+        sp["tokens_per_s"] = round(sp["tokens"] / sp["step_s"], 1) if sp["step_s"] > 0 else None
+        total = sp["step_s"] + sp["periodic_s"]
+        sp["tokens_per_s_with_periodic"] = round(sp["tokens"] / total, 1) if total > 0 else None
+        return sp
+
+    @contextlib.contextmanager
+    def _between_steps(self, what: str):
+        """Time work done between two steps (`what`: eval_s, sample_s, ckpt_s, replan_s): left out of
+        the next step's wall time and written on a "periodic" record (_record_between)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            dt = time.perf_counter() - t0
+            self._between_s += dt
+            self._between[what] = self._between.get(what, 0.0) + dt
+            kind = self._kinds.setdefault(what, [0.0, 0])
+            kind[0] += dt
+            kind[1] += 1
+
+    def _eta(self, done: int) -> float:
+        """Seconds to finish after `done` steps: the steps left at this attempt's mean step time,
+        plus the validations, samples and checkpoints still due at their mean time so far (the
+        plan's estimate of one until one has run)."""
+        s, est, sp = self.s, self.timing.get("estimate") or {}, self._speed
+        left = (s.max_steps - done) * sp["step_s"] / max(sp["steps"], 1)
+        for what, every, planned in (("eval_s", s.eval_every if self.eval_set is not None else 0, est.get("eval_s", 0.0)),
+                                     ("sample_s", s.sample_every, est.get("sample_s", 0.0)),
+                                     ("ckpt_s", s.checkpoint_every, est.get("checkpoint_copy_s", 0.0))):
+            if every > 0:
+                total, n = self._kinds.get(what, (0.0, 0))
+                # the work at step `done` itself runs after its step is read: still to come
+                left += (s.max_steps // every - (done - 1) // every) * (total / n if n else planned)
+        return left
+
+    def _record_between(self) -> None:
+        """The work timed since the last step, as `{"kind": "periodic", "step", "seconds", "eval_s",
+        "sample_s", "ckpt_s", "replan_s"}` (the kinds that ran) in loss.jsonl."""
+        if not self._between:
+            return
+        parts, self._between = self._between, {}
+        total = sum(parts.values())
+        self._speed["periodic_s"] += total
+        self._log_record({"kind": "periodic", "step": self.step, "seconds": round(total, 6),
+                          **{k: round(v, 6) for k, v in sorted(parts.items())}})
 
     def _must_settle(self, step: int) -> bool:
         """Whether the steps launched so far must be read before step `step` is launched: where
@@ -852,11 +948,23 @@ class Trainer:
             launched, self._inflight = self._inflight, None
             self._finish_step(*launched)
 
-    def _finish_step(self, pending, batch) -> None:
+    def _finish_step(self, pending, batch, computed_at: float | None) -> None:
         """A launched step's results, in launch order: the bandit's rewards, the loss averages, the
-        loss record and the progress line."""
+        loss record and the progress line.
+
+        The step's wall time runs from when the step before was seen done to when this one is:
+        on the host backend when launch_step returned (`computed_at`: it computed the step), on
+        the GPU when its results arrived here (the read waits for the step, and for nothing
+        queued after it). The GPU runs the steps back to back, so the time between two arrivals
+        is one step's (the host is never more than a step ahead: no sync is added for timing).
+        The work between steps (validation, samples, checkpoints, re-plans: _between_steps) is
+        taken out and goes on its own record, so a step followed by a sample is not timed as
+        instant and the one after it is not charged with the sample."""
         s = self.s
         res = pending.result(raise_halt=False)  # a halt is raised below, once the step is on record
+        done_at = computed_at if computed_at is not None else time.perf_counter()
+        step_s = max(done_at - self._clock - self._between_s, 1e-9)
+        self._clock, self._between_s = done_at, 0.0
         if not res.skipped and math.isfinite(res.loss):
             for (src, doc), loss in zip(batch.rows, res.row_losses.tolist()):
                 self.bandit.observe(src, doc, loss)
@@ -866,25 +974,31 @@ class Trainer:
             self._record_batch(batch.tokens)
         n_tok = len(batch.rows) * self.T
         self.tokens_seen += n_tok
-        now = time.perf_counter()
-        dt, self._t_last = now - self._t_last, now  # the whole step as the user waits for it: data, logging, all
+        self._speed["steps"] += 1
+        self._speed["tokens"] += n_tok
+        self._speed["step_s"] += step_s
+        self._recent[0] += n_tok
+        self._recent[1] += step_s
         mix = {}
         for src, _ in batch.rows:
             mix[src] = mix.get(src, 0) + 1
         self._log_record({
             "step": res.step, "loss": res.loss, "ema": self.ema, "smma": self.smma, "lr": res.lr,
             "grad_norm": res.grad_norm, "clipped": res.clipped, "skipped": res.skipped,
-            "tokens_per_s": round(n_tok / dt, 1),
+            "tokens_per_s": round(n_tok / step_s, 1), "step_s": round(step_s, 6),
             "rows": len(batch.rows), "mix": dict(sorted(mix.items())),  # the mix as row counts
             "weights": {k: round(v, 6) for k, v in self.bandit.weights.items()},
             "focus": list(self.bandit.focus),
         })
         done_step = res.step + 1
         if done_step % 10 == 0 or done_step == s.max_steps:
-            eta = (now - self._t_start) / (done_step - self._steps_start) * (s.max_steps - done_step)
+            # tokens/s over the steps since the last line; the ETA at this attempt's pace so far,
+            # the work between steps included (more of it is to come)
+            eta = self._eta(done_step)
             log.info("step %d/%d loss %.4f (ema %.4f) lr %.2e norm %.3f %s tok/s ETA %s",
                      done_step, s.max_steps, res.loss, self.ema or float("nan"), res.lr, res.grad_norm,
-                     f"{n_tok / dt:,.0f}", human_duration(eta))
+                     f"{self._recent[0] / self._recent[1]:,.0f}", human_duration(eta))
+            self._recent = [0, 0.0]
         if pending.halt is not None:
             raise NonFiniteHalt(pending.halt)
 

@@ -49,6 +49,27 @@ def test_data_endpoints_serve_the_run(server):
         get(f"{url}/static/../../config.py")
 
 
+def test_status_counts_steps_as_the_log_does_and_gives_the_honest_speed(server):
+    """Issue 45: the dashboard said "last step 239" where the log said `step 240/240`; and its
+    headline rate was the last step's tokens/s, which could be millions on two CPU cores. The
+    steps done are the log's count (and the last checkpoint's step), the speed the run's tokens
+    over its steps' wall time, with and without the work between them, as the trainer sums them."""
+    url, run = server
+    d = json.loads(get(f"{url}/data/loss")[1])
+    log = (run / "train.log").read_text()
+    last_line = re.findall(r"step (\d+)/(\d+) loss", log)[-1]
+    assert d["steps_done"] == int(last_line[0]) == int(last_line[1]) == 240
+    assert d["last"]["step"] == 239  # loss.jsonl's record of the 240th step (its loss on the weights after 239)
+    assert json.loads(get(f"{url}/data/overview")[1])["state"]["checkpoint"] == "step_000240.bin"
+    sp, actual = d["speed"], json.loads((run / "plan.json").read_text())["actual_speed"]  # one attempt: the same sums
+    assert sp["steps"] == actual["steps"] == 240 and sp["tokens"] == actual["tokens"] == 240 * 4 * 32
+    for k in ("tokens_per_s", "tokens_per_s_with_periodic"):
+        assert sp[k] == pytest.approx(actual[k], rel=1e-3), k
+    assert sp["tokens_per_s_with_periodic"] < sp["tokens_per_s"] < 1e6
+    page = get(f"{url}/")[1].decode()  # what the page shows: those figures, not the last step's
+    assert "d.steps_done" in page and "sp.tokens_per_s_with_periodic" in page and "last.tokens_per_s" not in page
+
+
 def test_zoom_serves_every_step_of_a_range(server):
     url, run = server
     train, evals = read_run_log(run / "loss.jsonl")
@@ -87,6 +108,7 @@ def test_page_draws_the_curves_in_a_browser(server, tmp_path):
     assert f'data-loss-points="{n}"' in body  # every logged step drawn
     assert 'data-samples="3"' in body
     assert f'data-eval-points="{sum(r.get("kind") == "eval" for r in recs)}"' in body
+    assert "step 240/240 · loss" in dom and "tokens/s over the steps' wall time" in dom
     weights = int(re.search(r'data-weight-series="(\d+)"', body).group(1))
     assert weights >= 5  # one curve per source
     shot = tmp_path / "dashboard.png"

@@ -213,3 +213,52 @@ def test_torn_and_malformed_lines(tmp_path, caplog):
     path.write_text("".join(lines[:6]) + lines[6][:20])
     truncate_log(path, lambda r: r["step"] < 100)
     assert path.read_text() == "".join(lines[:6])
+
+
+def _timed_log(path, fmt: str, malformed: bool = False) -> None:
+    """Ten steps of 0.01 s and 128 tokens each (so 12,800 tokens/s), a validation and the work
+    between steps after step 5 (0.1 s), as the trainer writes them; `fmt` "compact" (weights where
+    they change) or "full" (on every line)."""
+    comp = RecordCompactor()
+    with open(path, "w") as fh:
+        for i in range(10):
+            rec = {"step": i, "loss": 2.0, "ema": 2.0, "smma": 2.0, "lr": 0.1, "grad_norm": 1.0, "clipped": False,
+                   "skipped": False, "tokens_per_s": 12800.0, "step_s": 0.01, "rows": 4, "mix": {"a": 4},
+                   "weights": {"a": 1.0}, "focus": ["a"]}
+            fh.write(comp.dumps(rec) if fmt == "compact" else json.dumps(rec) + "\n")
+            if i == 4:
+                fh.write(json.dumps({"kind": "eval", "step": 5, "loss": 2.0, "bpb": 1.5, "tokens": 10, "sources": {}}) + "\n")
+                fh.write(json.dumps({"kind": "periodic", "step": 5, "seconds": 0.1, "eval_s": 0.06, "sample_s": 0.04}) + "\n")
+            if malformed and i == 6:
+                fh.write('{"step": oops}\n')
+
+
+@pytest.mark.parametrize("fmt,malformed", [("compact", False), ("full", False), ("compact", True)])
+def test_speed_is_tokens_over_the_steps_wall_time(tmp_path, fmt, malformed):
+    """Issue 45: the run's tokens/s is its tokens over its steps' wall time (`step_s`), and over
+    that plus the work between steps ("periodic" records), which are not training steps."""
+    path = tmp_path / "loss.jsonl"
+    _timed_log(path, fmt, malformed)
+    rl = RunLog(path)
+    rl.poll()
+    assert rl.n_train == 10 and [r["step"] for r in rl.evals] == [5] and rl.malformed == malformed
+    sp = rl.speed()
+    assert sp["steps"] == 10 and sp["tokens"] == 1280 and sp["step_s"] == pytest.approx(0.1)
+    assert sp["tokens_per_s"] == pytest.approx(12800) and sp["tokens_per_s_with_periodic"] == pytest.approx(6400)
+    train, evals = read_run_log(path)
+    assert [r["step"] for r in train] == list(range(10)) and len(evals) == 1
+    d = json.loads(LossData(path, poll_bytes=None).response())
+    assert d["steps_done"] == 10 and d["speed"]["tokens_per_s"] == pytest.approx(12800) and d["n_steps"] == 10
+    # a resume's cut keeps the work recorded at its checkpoint's step
+    truncate_log(path, lambda r: r["step"] < 5 if r.get("kind", "train") == "train" else r["step"] <= 5)
+    assert [json.loads(l).get("kind", "train") for l in path.read_text().splitlines()[-2:]] == ["eval", "periodic"]
+
+
+def test_speed_of_a_log_without_step_times_is_not_made_up(tmp_path):
+    """A log written before steps had their wall time: its tokens_per_s figures are not to be
+    trusted (issue 45), so there is no overall rate."""
+    path = tmp_path / "loss.jsonl"
+    path.write_text("".join(json.dumps({"step": i, "loss": 1.0, "tokens_per_s": 5e6}) + "\n" for i in range(5)))
+    d = json.loads(LossData(path, poll_bytes=None).response())
+    assert d["speed"]["tokens_per_s"] is None and d["speed"]["tokens_per_s_with_periodic"] is None
+    assert d["steps_done"] == 5

@@ -3,6 +3,7 @@ policy changes, the coherence gate, the CPU guard."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -52,13 +53,15 @@ def train(config, shards, run_dir, *extra, wait=True):
 
 
 def records(run_dir):
-    """loss.jsonl's records as a reader sees them: weights and focus (written where they change)
-    carried onto every training record, the mix as shares (andrea/runlog.py)."""
-    return read_records(run_dir / "loss.jsonl")
+    """loss.jsonl's training and validation records as a reader sees them: weights and focus
+    (written where they change) carried onto every training record, the mix as shares
+    (andrea/runlog.py). The timings of the work between steps apart (periodic_lines)."""
+    return [r for r in read_records(run_dir / "loss.jsonl") if r.get("kind") != "periodic"]
 
 
 def loss_lines(run_dir):
-    """The training records of loss.jsonl (validation records are `"kind": "eval"`)."""
+    """The training records of loss.jsonl (validation records are `"kind": "eval"`, the work
+    between steps `"kind": "periodic"`)."""
     return [r for r in records(run_dir) if r.get("kind", "train") == "train"]
 
 
@@ -66,8 +69,12 @@ def eval_lines(run_dir):
     return [r for r in records(run_dir) if r.get("kind") == "eval"]
 
 
+def periodic_lines(run_dir):
+    return [r for r in read_records(run_dir / "loss.jsonl") if r.get("kind") == "periodic"]
+
+
 def without_timing(lines):
-    return [{k: v for k, v in l.items() if k not in ("tokens_per_s", "seconds")} for l in lines]
+    return [{k: v for k, v in l.items() if k not in ("tokens_per_s", "step_s", "seconds")} for l in lines]
 
 
 def wait_for_lines(run_dir, n, proc, timeout=120):
@@ -75,8 +82,8 @@ def wait_for_lines(run_dir, n, proc, timeout=120):
     t0 = time.time()
     while time.time() - t0 < timeout:
         p = run_dir / "loss.jsonl"
-        if p.exists() and sum('"kind": "eval"' not in line for line in p.read_text().splitlines()) >= n:
-            return  # n training steps logged (validation records share the file)
+        if p.exists() and sum('"kind": ' not in line for line in p.read_text().splitlines()) >= n:
+            return  # n training steps logged (validation and periodic records share the file)
         if proc.poll() is not None:
             raise AssertionError(f"trainer ended early: {proc.stderr.read()[-2000:]}")
         time.sleep(0.01)
@@ -118,6 +125,61 @@ def test_straight_run_writes_every_artifact(straight):
     cc = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["curriculum"]
     for l in lines[:60]:
         assert set(l["mix"]) <= set(cc["warmup_sources"])
+
+
+def test_the_last_checkpoint_is_written_and_logged_once(straight):
+    """max_steps on the checkpoint grid: the loop's checkpoint at the last step is the end of the
+    run's (issue 45: it was written and logged twice, "(periodic)" then "(end of run)")."""
+    lines = [l for l in (straight / "train.log").read_text().splitlines() if "checkpoint " in l and "step_000240.bin" in l]
+    assert len(lines) == 1 and lines[0].endswith("(end of run)"), lines
+    assert sum("step_000200.bin (periodic)" in l for l in (straight / "train.log").read_text().splitlines()) == 1
+
+
+def test_speed_figures_are_wall_time_and_the_work_between_steps_is_timed(shards, tmp_path):
+    """Issue 45: a step just before a sample, a validation or a checkpoint was timed between two
+    back-to-back reads (millions of tokens/s on two CPU cores) and the step after it was charged
+    with that work. Every step's tokens/s is its tokens over its own wall time; the steps and the
+    work between them (each on a "periodic" record, by kind) add up to the loop's time measured
+    around them; the log's figures follow."""
+    cfg = write_config(tmp_path / "config.yaml", max_steps=24, sample_every=4, eval_every=6, checkpoint_every=8,
+                       sample_tokens=16, keep_checkpoints=10, coherence_arm_score=100)
+    run = tmp_path / "run"
+    t0 = time.perf_counter()
+    p = train(cfg, shards, run)
+    wall = time.perf_counter() - t0
+    assert p.returncode == 0, p.stderr[-3000:]
+    steps, between = loss_lines(run), periodic_lines(run)
+    tokens = 4 * 32
+    assert [r["step"] for r in steps] == list(range(24))
+    # no step is timed as (nearly) instant: the steps before a sample, validation or checkpoint
+    # were hundreds of times the median (on a busy two-core machine steps vary by ~4x)
+    rates = sorted(r["tokens_per_s"] for r in steps)
+    assert rates[-1] < 10 * rates[len(rates) // 2], rates
+    for r in steps:
+        assert r["step_s"] > 0 and r["tokens_per_s"] == pytest.approx(tokens / r["step_s"], rel=1e-3), r
+    step_s = [r["step_s"] for r in steps]
+    # the work at each step of its grid, on its own record (a re-plan may join it)
+    for k in range(25):
+        want = {name for name, every in (("eval_s", 6), ("sample_s", 4), ("ckpt_s", 8)) if k % every == 0 and (k or every == 6)}
+        got = [r for r in between if r["step"] == k]
+        if want:
+            assert len(got) == 1 and want <= set(got[0]) <= want | {"kind", "step", "seconds", "replan_s"}, (k, got)
+            assert got[0]["seconds"] == pytest.approx(sum(v for x, v in got[0].items() if x.endswith("_s")), abs=1e-5)
+        else:
+            assert not got or set(got[0]) == {"kind", "step", "seconds", "replan_s"}, (k, got)
+    plan = json.loads((run / "plan.json").read_text())
+    loop = plan["actual_remaining_s"]  # the trainer's clock around the loop: the steps and the work between them
+    accounted = sum(step_s) + sum(r["seconds"] for r in between)
+    assert 0.9 * loop <= accounted <= loop + 1e-3 and loop < wall, (accounted, loop, wall)
+    print(f"steps {sum(step_s):.3f} s, between them {accounted - sum(step_s):.3f} s, loop {loop:.3f} s")
+    sp = plan["actual_speed"]
+    assert sp["steps"] == 24 and sp["tokens"] == 24 * tokens
+    assert sp["tokens_per_s"] == pytest.approx(24 * tokens / sum(step_s), rel=1e-3)
+    assert sp["tokens_per_s_with_periodic"] == pytest.approx(24 * tokens / accounted, rel=1e-3)
+    log = (run / "train.log").read_text()
+    shown = [float(x.replace(",", "")) for x in re.findall(r"step \d+/24 .* ([\d,]+) tok/s ETA", log)]
+    assert len(shown) == 3 and max(shown) < 3 * sp["tokens_per_s"], (shown, sp)  # steps 10, 20, 24
+    assert f"{sp['tokens_per_s']:,.0f} tokens/s; {sp['tokens_per_s_with_periodic']:,.0f} tokens/s counting" in log
 
 
 def test_sigterm_then_resume_equals_the_straight_run(shards, straight, tmp_path):

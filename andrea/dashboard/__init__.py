@@ -2,6 +2,8 @@
 run's files every few seconds and plots them with Chart.js (vendored in static/, MIT licence):
 loss (raw, EMA, SMMA), validation bits per byte (overall and per source), learning rate, gradient
 norm, the bandit's source weights over time, and the latest samples with their coherence scores.
+Its status line counts steps as the train log does (`step 500/500`: `steps_done`) and gives the
+run's tokens over its steps' wall time, with and without the work between them (RunLog.speed).
 
 Long runs: the server tails loss.jsonl (andrea/runlog.py), reading only what was appended since the
 page last asked, and keeps the whole run as at most 16,384 buckets of a power-of-two number of
