@@ -232,7 +232,7 @@ class Trainer:
                     f"{remaining:,} steps) on the NumPy CPU backend ({self.backend_reason}) would take about "
                     f"{human_duration(est)} (limit train.max_cpu_hours = {s.max_cpu_hours}). Train ANDREA-tiny instead "
                     f"(snakemake --cores 2 results/ANDREA-tiny/ckpt), train on a machine with an NVIDIA GPU and "
-                    f"`pip install -e '.[gpu]'` (backend: auto picks it), "
+                    f"`pip install -c constraints.txt -e '.[gpu]'` (backend: auto picks it), "
                     f"or start anyway with `andrea train --force` (Snakemake: --config force_train=true)."
                 )
         return plan

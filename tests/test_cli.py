@@ -170,6 +170,4 @@ def _install_hints() -> list[tuple[str, str]]:
 def test_every_install_hint_keeps_the_constraints(path):
     """An install hint without -c constraints.txt installs whatever versions are newest that day,
     not the ones the project tested."""
-    if path == "andrea/trainer.py":
-        pytest.xfail("andrea/trainer.py's refusal (another helper's file this round) still says `pip install -e '.[gpu]'`")
     assert [h for f, h in _install_hints() if f == path] == []
