@@ -450,7 +450,7 @@ def test_a_forward_only_pass_over_reused_buffers_equals_the_training_forward():
     """Generation's buffers (one set for all layers, two residual buffers) give the training
     forward's loss, byte for byte on the same backend."""
     from andrea import model as gpt
-    from andrea.model import Activations
+    from andrea.engine.activations import Activations
 
     e = make_engine("float32", seed=5)
     x, y = batch(2, 0)
