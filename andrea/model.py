@@ -23,8 +23,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-LN_EPS = 1e-5
-INIT_STD = 0.02
+LN_EPS = 1e-5  # LayerNorm's guard against dividing by a near-zero deviation (GPT-2's value)
+INIT_STD = 0.02  # GPT-2's initial standard deviation of embeddings and linear weights
 
 
 def vocab_size(model: dict) -> int:
@@ -34,13 +34,15 @@ def vocab_size(model: dict) -> int:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    vocab_size: int
-    d_model: int
-    n_head: int
-    n_layer: int
-    context: int
-    mlp_ratio: int = 4
-    tied_head: bool = True
+    """The model's shape: everything its parameter layout and its passes depend on."""
+
+    vocab_size: int  # V: token IDs 0 … V - 1
+    d_model: int  # the residual stream's width
+    n_head: int  # attention heads, each of head_dim = d_model / n_head
+    n_layer: int  # transformer blocks
+    context: int  # T: positions (wpe has one row each)
+    mlp_ratio: int = 4  # the MLP's hidden width in multiples of d_model
+    tied_head: bool = True  # the output head is wte (fewer parameters; GPT-2's choice)
 
     @property
     def head_dim(self) -> int:
@@ -70,6 +72,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class Param:
+    """One parameter tensor's place in the flat buffers."""
+
     name: str
     shape: tuple[int, ...]
     offset: int  # into the flat buffer, in elements
@@ -112,6 +116,7 @@ def param_layout(cfg: ModelConfig) -> list[Param]:
 
 
 def n_params(cfg: ModelConfig) -> int:
+    """The length of each flat buffer (weights, gradients, m, v): the end of its last tensor."""
     last = param_layout(cfg)[-1]
     return last.offset + last.size
 
@@ -122,6 +127,9 @@ def views(flat, layout: list[Param]) -> dict:
 
 
 def decay_mask(layout: list[Param], dtype=np.float32) -> np.ndarray:
+    """1 where AdamW's weight decay applies, else 0, over the flat buffer: matrices and embeddings.
+    LayerNorm's γ and β are not decayed (as in nanoGPT): pulling a gain towards 0 shrinks the signal
+    rather than regularising the model."""
     mask = np.zeros(layout[-1].offset + layout[-1].size, dtype=dtype)
     for p in layout:
         if p.decay:
