@@ -353,11 +353,6 @@ def deep_merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def vocab_size(model: dict) -> int:
-    """256 byte tokens + N Harris segments + 1 BOS (design §2.2)."""
-    return 256 + model["n_segments"] + 1
-
-
 # ---------------------------------------------------------------------------- config/README.md
 # The configuration reference is generated from the schema's descriptions (andrea config docs), so
 # the two cannot drift apart: tests/test_config_docs.py regenerates it and compares.

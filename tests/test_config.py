@@ -4,7 +4,8 @@ import dataclasses
 import pytest
 import yaml
 
-from andrea.config import SCHEMA_PATH, ConfigError, load_config, load_schema, show_config, train_settings, validate_config, vocab_size
+from andrea.config import SCHEMA_PATH, ConfigError, load_config, load_schema, show_config, train_settings, validate_config
+from andrea.model import vocab_size
 from andrea.optim import OptimConfig
 from andrea.settings import CurriculumSettings, TrainSettings
 from conftest import REPO, snakemake
