@@ -64,7 +64,7 @@ def cmd_config_validate(args) -> int:
 
 
 def cmd_config_docs(args) -> int:
-    from andrea.config import config_docs
+    from andrea.config_docs import config_docs
     from andrea.io import write_text_atomic
 
     text = config_docs()
@@ -76,7 +76,7 @@ def cmd_config_docs(args) -> int:
 
 
 def cmd_config_show(args) -> int:
-    from andrea.config import show_config
+    from andrea.config_docs import show_config
 
     sys.stdout.write(show_config(args.config, args.model))
     return 0
