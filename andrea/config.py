@@ -40,6 +40,8 @@ def _filling_validator(schema: dict):
     pattern, the one Snakemake's validate(config, schema, set_default=True) uses too, so the
     workflow and the `andrea` commands fill the same defaults. It follows $ref, map entries
     (additionalProperties) and sections filled with a default of their own ({} and then its keys)."""
+    # imported when a config is validated (here and in validate_config): ~0.15 s that the modules
+    # reading an already validated config (a training rank's settings) need not pay
     import jsonschema
 
     base = jsonschema.Draft202012Validator

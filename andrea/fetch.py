@@ -29,6 +29,7 @@ embedded corpus instead.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import logging
 import os
@@ -574,8 +575,6 @@ def _fetch_one(transport, dest: Path, manifest: dict, plan: Plan) -> None:
 
 def git_blob_sha1(path: Path) -> str:
     """The id git (and the hub, as a regular file's blobId) gives a file's content."""
-    import hashlib
-
     h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
