@@ -44,8 +44,6 @@ from pathlib import Path
 
 import numpy as np
 
-from andrea.io import write_json_atomic
-
 OPS = ("sum", "mean", "max")
 
 # Set on the device hosts; must reach every rank unchanged (see the module docstring).
@@ -206,6 +204,8 @@ def file_rendezvous(directory: str | os.PathLike, key: str, rank: int, payload: 
     if rank == 0:
         if payload is None:
             raise ValueError("rank 0 publishes the payload: pass payload=")
+        from andrea.io import write_json_atomic
+
         write_json_atomic(path, {"payload": payload.hex(), "pid": os.getpid(), "host": os.uname().nodename,
                                  "written": time.time()})
         return payload
