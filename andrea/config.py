@@ -321,8 +321,3 @@ def deep_merge(base: dict, extra: dict) -> dict:
         else:
             out[k] = copy.deepcopy(v)
     return out
-
-
-def vocab_size(model: dict) -> int:
-    """256 byte tokens + N Harris segments + 1 BOS (SPEC §2)."""
-    return 256 + model["n_segments"] + 1

@@ -6,12 +6,14 @@
     logits = LN_f(x) · wteᵀ                                         tied head (untied: a config option)
     loss   = mean cross-entropy over all B×T positions
 
-This module is the whole model, top to bottom: its config, its parameter layout (names, shapes and
-their order in the one flat buffer each for weights, gradients and Adam's m and v, which is also
-the checkpoint layout), its initialisation, the activations the forward pass keeps, and the
-forward and backward passes, written once against the backend interface
-(andrea/engine/backend.py), one kernel pair per step. Training (andrea/engine/engine.py) and
-generation (andrea/sampling.py, with a KV cache) both run `forward` below, on any backend.
+This module is the whole model, top to bottom: its config and vocabulary, its parameter layout
+(names, shapes and their order in the one flat buffer each for weights, gradients and Adam's m and
+v, which is also the checkpoint layout), its initialisation, and the forward and backward passes,
+written once against the backend interface (andrea/engine/backend.py), one kernel pair per step.
+Where the activations live is the engine's business (andrea/engine/activations.py): the passes
+only name them. Training (andrea/engine/engine.py) and generation (andrea/sampling.py, with a KV
+cache) both run `forward` below, on any backend. It imports NumPy only: the rest of andrea/ may
+import it, and it imports none of theirs.
 """
 
 from __future__ import annotations
@@ -21,21 +23,26 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from andrea.config import vocab_size
+LN_EPS = 1e-5  # LayerNorm's guard against dividing by a near-zero deviation (GPT-2's value)
+INIT_STD = 0.02  # GPT-2's initial standard deviation of embeddings and linear weights
 
-LN_EPS = 1e-5
-INIT_STD = 0.02
+
+def vocab_size(model: dict) -> int:
+    """256 byte tokens + N Harris segments + 1 BOS (SPEC §2)."""
+    return 256 + model["n_segments"] + 1
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    vocab_size: int
-    d_model: int
-    n_head: int
-    n_layer: int
-    context: int
-    mlp_ratio: int = 4
-    tied_head: bool = True
+    """The model's shape: everything its parameter layout and its passes depend on."""
+
+    vocab_size: int  # V: token IDs 0 … V - 1
+    d_model: int  # the residual stream's width
+    n_head: int  # attention heads, each of head_dim = d_model / n_head
+    n_layer: int  # transformer blocks
+    context: int  # T: positions (wpe has one row each)
+    mlp_ratio: int = 4  # the MLP's hidden width in multiples of d_model
+    tied_head: bool = True  # the output head is wte (fewer parameters; GPT-2's choice)
 
     @property
     def head_dim(self) -> int:
@@ -65,6 +72,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class Param:
+    """One parameter tensor's place in the flat buffers."""
+
     name: str
     shape: tuple[int, ...]
     offset: int  # into the flat buffer, in elements
@@ -107,6 +116,7 @@ def param_layout(cfg: ModelConfig) -> list[Param]:
 
 
 def n_params(cfg: ModelConfig) -> int:
+    """The length of each flat buffer (weights, gradients, m, v): the end of its last tensor."""
     last = param_layout(cfg)[-1]
     return last.offset + last.size
 
@@ -117,6 +127,9 @@ def views(flat, layout: list[Param]) -> dict:
 
 
 def decay_mask(layout: list[Param], dtype=np.float32) -> np.ndarray:
+    """1 where AdamW's weight decay applies, else 0, over the flat buffer: matrices and embeddings.
+    LayerNorm's γ and β are not decayed (as in nanoGPT): pulling a gain towards 0 shrinks the signal
+    rather than regularising the model."""
     mask = np.zeros(layout[-1].offset + layout[-1].size, dtype=dtype)
     for p in layout:
         if p.decay:
@@ -197,156 +210,17 @@ class Weights:
         self.head = P["wte"] if cfg.tied_head else P["head"]
 
 
-# ----------------------------------------------------------------------------- activations
-
-
-@dataclass
-class LayerActivations:
-    """What one block's forward pass keeps for its backward pass (views into Activations)."""
-
-    ln1: object
-    ln1_mean: object
-    ln1_rstd: object
-    qkv: object
-    att_y: object
-    att_lse: object
-    ln2: object
-    ln2_mean: object
-    ln2_rstd: object
-    mlp_h: object
-    mlp_a: object
-
-
-class Activations:
-    """The buffers of a forward pass over a [B, T] batch, allocated once on a backend (which may
-    store a buffer in its own layout and type: Backend.plan_buffer).
-
-    `saved`: every layer keeps its own activations for the backward pass (training); without it
-    one set is reused by every layer (generation and forward-only use), and the residual stream
-    alternates between two buffers. `backward`: the scratch the backward pass needs is allocated
-    too."""
-
-    def __init__(self, cfg: ModelConfig, B: int, T: int, be, dtype=np.float32, saved: bool = True, backward: bool = True):
-        L, d, H, D, M, V = cfg.n_layer, cfg.d_model, cfg.n_head, cfg.head_dim, cfg.d_mlp, cfg.vocab_size
-        n = L if saved else 1  # layers with buffers of their own
-
-        def z(name, *shape):
-            shape, dt = be.plan_buffer(name, shape, dtype, H)
-            return be.zeros(shape, dt)
-
-        if saved and backward:  # training: the backend may recompute gelu(h) rather than save it per layer
-            be.plan_gelu(B * T, _nbytes(*be.plan_buffer("mlp_a", (L, B, T, M), dtype, H)))
-        # a backend that recomputes gelu(h) in the backward pass needs one buffer for it, not L
-        gelu_slots = 1 if (be.recomputes_gelu or not saved) else L
-
-        shapes = {
-            "res": (2 * L + 1 if saved else 2, B, T, d),  # residual stream: layer input, after attention, …, final
-            "ln1": (n, B, T, d), "ln1_mean": (n, B, T), "ln1_rstd": (n, B, T),
-            "qkv": (n, 3, B, H, T, D), "att_y": (n, B, T, d), "att_lse": (n, B, H, T),
-            "ln2": (n, B, T, d), "ln2_mean": (n, B, T), "ln2_rstd": (n, B, T),
-            "mlp_h": (n, B, T, M), "mlp_a": (gelu_slots, B, T, M),
-            "lnf": (B, T, d), "lnf_mean": (B, T), "lnf_rstd": (B, T),
-        }
-        if backward or saved:  # the training loss: probabilities (their gradient in place) and per-position losses
-            shapes |= {"probs": (B, T, V), "losses": (B, T)}
-        # The probabilities are dead while the layers run (written by the loss's forward after the last
-        # layer, read by its backward before the first layer's), so buffers of one phase live inside
-        # them with no memory of their own: at their head the one GELU buffer of a backend that
-        # recomputes it; at their tail the forward's branch (last read by the last layer) and the
-        # backward's d_y (written and read inside one layer's backward). The part before the tail is
-        # `arena`: scratch the backend may use in the layers' backward (Backend.set_backward_arena);
-        # scratch there may lie on the GELU buffer, which the MLP backward recomputes before reading.
-        self.aliased = set()
-        self.arena = None
-        inside = {"mlp_a"} if be.recomputes_gelu and "probs" in shapes else set()
-        self.saved = {name: z(name, *shape) for name, shape in shapes.items() if name not in inside}
-        self.scratch = {}
-        tail = {"branch": (B, T, d)} | ({"d_y": (B, T, d)} if backward else {})
-        probs = self.saved.get("probs")
-        if probs is not None and probs.flags.c_contiguous:
-            flat = probs.reshape(-1).view(np.uint8)
-            tail_start = flat.size
-            if inside:
-                a_shape, a_dt = be.plan_buffer("mlp_a", shapes["mlp_a"], dtype, H)
-                head_end = _nbytes(a_shape, a_dt)
-                if head_end <= flat.size:
-                    self.saved["mlp_a"] = flat[:head_end].view(a_dt).reshape(a_shape)
-                    self.aliased.add("mlp_a")
-            head_end = -(-self.saved["mlp_a"].nbytes // 256) * 256 if "mlp_a" in self.aliased else 0
-            for name, shape in tail.items():
-                t_shape, t_dt = be.plan_buffer(name, shape, dtype, H)
-                start = (flat.size - _nbytes(t_shape, t_dt)) // 256 * 256
-                if start >= head_end:
-                    self.scratch[name] = flat[start:start + _nbytes(t_shape, t_dt)].view(t_dt).reshape(t_shape)
-                    self.aliased.add(name)
-                    tail_start = min(tail_start, start)
-            self.arena = flat[:tail_start]
-        for name in inside - self.aliased:
-            self.saved[name] = z(name, *shapes[name])
-        self.scratch |= {name: z(name, *shape) for name, shape in tail.items() if name not in self.aliased}
-        if backward:
-            self.scratch |= {name: z(name, *shape) for name, shape in {
-                "d_res": (B, T, d), "d_ln": (B, T, d), "d_qkv": (3, B, H, T, D),
-            }.items()}
-            # the branch's gradient is the residual stream's, in the form the product after it reads:
-            # where the backend stores both alike, one buffer serves both (no copy)
-            b_shape, b_dt = be.plan_buffer("d_branch", (B, T, d), dtype, H)
-            d_res = self.scratch["d_res"]
-            if tuple(b_shape) == d_res.shape and np.dtype(b_dt) == d_res.dtype:
-                self.scratch["d_branch"] = d_res
-                self.aliased.add("d_branch")
-            else:
-                self.scratch["d_branch"] = z("d_branch", B, T, d)
-        A = self.saved
-        # each layer's views, made once (a pass asks for them per layer, per token when generating)
-        self.layers = [LayerActivations(**{f.name: A[f.name][min(l, n - 1)] for f in fields(LayerActivations) if f.name != "mlp_a"},
-                                        mlp_a=A["mlp_a"][min(l, gelu_slots - 1)]) for l in range(L)]
-        self.residuals = self.saved["res"]
-        self.branch = self.scratch["branch"]
-        self.lnf, self.lnf_mean, self.lnf_rstd = self.saved["lnf"], self.saved["lnf_mean"], self.saved["lnf_rstd"]
-
-    def res(self, i: int):
-        """The residual stream after its i-th update (0: the embeddings, 2l + 1: block l's attention
-        added, 2l + 2: its MLP added)."""
-        return self.residuals[i % len(self.residuals)]  # without saved layers two buffers alternate
-
-    def layer(self, l: int) -> LayerActivations:
-        return self.layers[l]
-
-    def nbytes(self) -> tuple[int, int]:
-        """(saved activations, scratch) in bytes; a buffer inside another counted once."""
-        return (sum(a.nbytes for k, a in self.saved.items() if k not in self.aliased),
-                sum(a.nbytes for k, a in self.scratch.items() if k not in self.aliased))
-
-
-class KVCache:
-    """Keys and values of the positions generated so far, per layer: [L, B, H, context, D] in the
-    backend's kv_dtype. The position is kept twice: on the host (`pos`) and on the device
-    (`pos_dev`, advanced by the pass itself, so that a captured one-token step can be replayed)."""
-
-    def __init__(self, cfg: ModelConfig, be, B: int = 1):
-        shape = (cfg.n_layer, B, cfg.n_head, cfg.context, cfg.head_dim)
-        self.k, self.v = be.zeros(shape, be.kv_dtype), be.zeros(shape, be.kv_dtype)
-        self.B = B
-        self.pos = 0
-        self.pos_dev = be.zeros((1,), np.int32)
-
-    def reset(self) -> None:
-        self.pos = 0
-        self.pos_dev.fill(0)
-
-
 # ----------------------------------------------------------------------------- forward and backward
 
 
-def forward(cfg: ModelConfig, be, W: Weights, A: Activations, tokens, targets=None, cache: KVCache | None = None,
-            last: bool = False):
-    """The forward pass over token IDs [B, T] already on the backend.
+def forward(cfg: ModelConfig, be, W: Weights, A, tokens, targets=None, cache=None, last: bool = False):
+    """The forward pass over token IDs [B, T] already on the backend, through the buffers A
+    (andrea/engine/activations.py Activations).
 
     Training (`targets`): returns the mean cross-entropy (per-position losses stay in A.saved
-    ["losses"]; None while a CUDA graph is captured). Generation (`cache`): the positions follow
-    the cache's, their keys and values are added to it, and the logits [B·T, V] come back (with
-    `last`, of each row's last position only: [B, V])."""
+    ["losses"]; None while a CUDA graph is captured). Generation (`cache`, a KVCache of the same
+    module): the positions follow the cache's, their keys and values are added to it, and the
+    logits [B·T, V] come back (with `last`, of each row's last position only: [B, V])."""
     L, H = cfg.n_layer, cfg.n_head
     T = tokens.shape[1]
     pos = cache.pos if cache is not None else 0
@@ -382,11 +256,7 @@ def forward(cfg: ModelConfig, be, W: Weights, A: Activations, tokens, targets=No
     return be.loss_fwd(A.lnf, W.head, targets, A.saved["probs"], A.saved["losses"])
 
 
-def _nbytes(shape: tuple, dtype) -> int:
-    return int(np.prod(shape)) * np.dtype(dtype).itemsize
-
-
-def _next_norm(A: Activations, l: int, L: int) -> tuple:
+def _next_norm(A, l: int, L: int) -> tuple:
     """The buffers of the LayerNorm after block l: LN1 of block l + 1, or LN_f after the last."""
     if l + 1 < L:
         a = A.layer(l + 1)
@@ -394,7 +264,7 @@ def _next_norm(A: Activations, l: int, L: int) -> tuple:
     return A.lnf, A.lnf_mean, A.lnf_rstd
 
 
-def backward(cfg: ModelConfig, be, W: Weights, G: Weights, A: Activations, tokens, targets, dloss: float = 1.0,
+def backward(cfg: ModelConfig, be, W: Weights, G: Weights, A, tokens, targets, dloss: float = 1.0,
              grads_final=None) -> None:
     """Gradients of the last training forward's mean loss (times dloss), added into G: the pairs
     of `forward` in reverse. Each LayerNorm backward also hands the residual stream's gradient to

@@ -32,8 +32,9 @@ import numpy as np
 from andrea import model as gpt
 from andrea.checkpoint import read_weights
 from andrea.engine import make_backend, resolve_backend
+from andrea.engine.activations import Activations, KVCache
 from andrea.engine.numpy_backend import SAMPLE_CANDIDATES
-from andrea.model import Activations, KVCache, ModelConfig, Weights, n_params, param_layout, views
+from andrea.model import ModelConfig, Weights, n_params, param_layout, views
 from andrea.tokenizer import BOS, HarrisTokenizer
 
 CHUNK = 8  # one-token steps per read of the sampled tokens; the host queues up to two chunks ahead

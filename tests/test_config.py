@@ -4,8 +4,9 @@ import dataclasses
 import pytest
 import yaml
 
-from andrea.config import SCHEMA_PATH, ConfigError, load_config, load_schema, train_settings, validate_config, vocab_size
+from andrea.config import SCHEMA_PATH, ConfigError, load_config, load_schema, train_settings, validate_config
 from andrea.config_docs import show_config
+from andrea.model import vocab_size
 from andrea.optim import OptimConfig
 from andrea.settings import CurriculumSettings, TrainSettings
 from andrea.sources import ADAPTERS

@@ -231,6 +231,19 @@ def test_layout_order_init_and_decay_mask():
     assert np.array_equal(init_weights(big, seed=0), w)
 
 
+def test_the_model_module_is_a_leaf_that_imports_numpy_and_the_standard_library_only():
+    """andrea/model.py is the bottom of the package: every other module may import it, so it may
+    import none of them (nor any other third-party package), at the top or inside a function."""
+    import ast
+    import sys
+
+    tree = ast.parse((REPO / "andrea" / "model.py").read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    roots = {name.split(".")[0] for name in imported}
+    assert roots - {"numpy", "__future__"} <= set(sys.stdlib_module_names), sorted(imported)
+
+
 def test_coarse_decay_mask_expands_to_the_mask_of_every_shipped_model():
     """The GPU keeps the weight-decay mask a byte per granule of 2^shift parameters: expanded, it is
     the per-parameter mask exactly, for the shipped models and an odd small one (where the granule
@@ -450,7 +463,7 @@ def test_a_forward_only_pass_over_reused_buffers_equals_the_training_forward():
     """Generation's buffers (one set for all layers, two residual buffers) give the training
     forward's loss, byte for byte on the same backend."""
     from andrea import model as gpt
-    from andrea.model import Activations
+    from andrea.engine.activations import Activations
 
     e = make_engine("float32", seed=5)
     x, y = batch(2, 0)

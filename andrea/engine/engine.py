@@ -20,9 +20,9 @@ import numpy as np
 
 from andrea import model
 from andrea.comm import SingleProcess
+from andrea.engine.activations import Activations
 from andrea.engine.backend import CTRL, CTRL_T, Backend
 from andrea.model import (
-    Activations,
     ModelConfig,
     Weights,
     decay_mask,
