@@ -2,39 +2,32 @@
 
 The same schema serves Snakemake (`snakemake.utils.validate` in the Snakefile) and the `andrea`
 commands, so a bad config fails the same way everywhere, naming the key.
+
+The config modules, bottom up (tests/test_import_layers.py keeps imports running downwards):
+andrea.config_schema (the schema file, ConfigError) < andrea.profiles (data profiles) < this module
+(validate and load the whole) < andrea.settings (typed training settings) < andrea.versions (stage
+versions, run keys) < andrea.config_docs (config/README.md and `andrea config show`).
 """
 
 from __future__ import annotations
 
 import copy
-import json
-from importlib import resources
+import difflib
+import os
+import sys
 from pathlib import Path
 
-import yaml
-
+from andrea.config_schema import HERMES3_PARTS, SCHEMA_PATH, ConfigError, load_schema  # noqa: F401 (re-exported)
+from andrea.hub import HUB_FORM, is_hub_location, parse_hub_location
 from andrea.io import read_document
-
-SCHEMA_PATH = Path(str(resources.files("andrea") / "schemas" / "config.schema.yaml"))
-HERMES3_PARTS = ("hermes3-general", "hermes3-creative", "hermes3-roleplay")
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message names the key. `details`: the validator's
-    full account (the schema of each failing key), shown only on request (--debug, ANDREA_DEBUG=1)."""
-
-    def __init__(self, message: str, details: str = ""):
-        super().__init__(message)
-        self.details = details
+from andrea.profiles import (EMBEDDED, HERMES3_KEY, check_hermes3_location, check_profiles, profile_config, profile_entries,
+                             profile_names, used_profiles)
+from andrea.sources import ADAPTERS
 
 
 # What people type for a boolean on a command line (snakemake --config force_train=true passes the
 # string 'true'); YAML in the config file already gives real booleans.
 BOOLEAN_WORDS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
-
-
-def load_schema() -> dict:
-    return yaml.safe_load(SCHEMA_PATH.read_text(encoding="utf-8"))
 
 
 def _key_path(path) -> str:
@@ -47,6 +40,8 @@ def _filling_validator(schema: dict):
     pattern, the one Snakemake's validate(config, schema, set_default=True) uses too, so the
     workflow and the `andrea` commands fill the same defaults. It follows $ref, map entries
     (additionalProperties) and sections filled with a default of their own ({} and then its keys)."""
+    # imported when a config is validated (here and in validate_config): ~0.15 s that the modules
+    # reading an already validated config (a training rank's settings) need not pay
     import jsonschema
 
     base = jsonschema.Draft202012Validator
@@ -101,8 +96,6 @@ def validate_config(config: dict, source: str = "config") -> dict:
                 f"by n_head={m['n_head']}"
             )
     _check_locations(config, source)
-    from andrea.profiles import EMBEDDED, check_profiles, profile_config, profile_names
-
     check_profiles(config, source)
     for name in profile_names(config):
         if name != EMBEDDED:  # the sources' own locations were checked above
@@ -112,8 +105,6 @@ def validate_config(config: dict, source: str = "config") -> dict:
 
 def _did_you_mean(key: str, allowed) -> str:
     """"; did you mean `x`" for the allowed key closest to a mistyped one, or ""."""
-    import difflib
-
     close = difflib.get_close_matches(str(key), [str(a) for a in allowed], n=1, cutoff=0.6)
     return f"; did you mean `{close[0]}`?" if close else ""
 
@@ -133,10 +124,18 @@ def _error_lines(e) -> list[str]:
     return [f"  {where}: {e.message}"]
 
 
+def resolve_pointer(ref: str, schema: dict) -> dict:
+    """The schema a local $ref ("#/$defs/x", "#/properties/a/properties/b") points at."""
+    node = schema
+    for part in ref.removeprefix("#/").split("/"):
+        node = node[part]
+    return node
+
+
 def _resolve_ref(sub: dict, schema: dict) -> dict:
     """A schema with its local $ref followed (the referring schema's own keys win)."""
     while isinstance(sub, dict) and "$ref" in sub:
-        sub = {**_pointer(sub["$ref"], schema), **{k: v for k, v in sub.items() if k != "$ref"}}
+        sub = {**resolve_pointer(sub["$ref"], schema), **{k: v for k, v in sub.items() if k != "$ref"}}
     return sub if isinstance(sub, dict) else {}
 
 
@@ -186,7 +185,7 @@ def _check_locations(config: dict, source: str, where: str = "") -> None:
     """Every location of a config (or of a profile's config: `where` names the profile) is usable
     by its adapter."""
     try:
-        _check_hermes3_location(config, source)
+        check_hermes3_location(config, source)
         for name, s in config["sources"].items():
             _check_source_location(name, s, source)
             if s["adapter"] == "hermes3" and name not in HERMES3_PARTS:
@@ -208,8 +207,6 @@ def _check_locations(config: dict, source: str, where: str = "") -> None:
 
 def _check_source_location(name: str, s: dict, source: str) -> None:
     """A hub location must be well formed, and only record-reading adapters take one."""
-    from andrea.hub import HUB_FORM, NOT_FROM_HUB, is_hub_location, parse_hub_location
-
     key = f"sources.{name}.location"
     if s["location"] == "hub":
         raise ConfigError(f"{source} is invalid:\n  {key}: name the dataset: {HUB_FORM}")
@@ -219,30 +216,9 @@ def _check_source_location(name: str, s: dict, source: str) -> None:
         parse_hub_location(s["location"])
     except ValueError as e:
         raise ConfigError(f"{source} is invalid:\n  {key}: {e}") from None
-    if s["adapter"] in NOT_FROM_HUB:
-        raise ConfigError(f"{source} is invalid:\n  {key}: hub datasets are not supported here: {NOT_FROM_HUB[s['adapter']]}")
-
-
-def _check_hermes3_location(config: dict, source: str) -> None:
-    """`hermes3.location: hub:ID[@REV][:SPLIT]` is the short form of `location: hub` with hub_id,
-    hub_revision and hub_split; it is rewritten to that form (which pull_hermes3 and its version
-    read). With `location: hub`, those three keys must make a valid hub location."""
-    from andrea.hub import is_hub_location, parse_hub_location
-
-    h = config["hermes3"]
-    try:
-        if is_hub_location(h["location"]):
-            key = "hermes3.location"
-            loc = parse_hub_location(h["location"])
-            if loc.subset is not None:
-                raise ValueError(f"{h['location']!r} names a subset; pull_hermes3 reads a dataset's default subset (hub:<id>[@<revision>][:<split>])")
-            h.update(location="hub", hub_id=loc.dataset, hub_revision=loc.revision, hub_split=loc.split)
-        elif h["location"] == "hub":
-            key = "hermes3.hub_id, hub_revision, hub_split"
-            rev = f"@{h['hub_revision']}" if h["hub_revision"] is not None else ""
-            parse_hub_location(f"hub:{h['hub_id']}{rev}:{h['hub_split']}")
-    except ValueError as e:
-        raise ConfigError(f"{source} is invalid:\n  {key}: {e}") from None
+    spec = ADAPTERS[s["adapter"]]
+    if not spec.from_hub:
+        raise ConfigError(f"{source} is invalid:\n  {key}: hub datasets are not supported here: {spec.not_from_hub}")
 
 
 def missing_locations(config: dict, profiles: list[str] | None = None) -> tuple[list[str], list[str]]:
@@ -251,9 +227,6 @@ def missing_locations(config: dict, profiles: list[str] | None = None) -> tuple[
     one "key: path" each; a source marked `optional: true` is a warning (prep_megachat skips it).
     Hub datasets, `embedded`, `pull` and `stdlib` are not paths and are not looked at here. A
     relative path is read from the working directory, as the stages read it."""
-    from andrea.hub import is_hub_location
-    from andrea.profiles import EMBEDDED, HERMES3_KEY, profile_config, profile_entries, used_profiles
-
     errors: list[str] = []
     warnings: list[str] = []
     for profile in profiles if profiles is not None else used_profiles(config):
@@ -300,9 +273,6 @@ def workflow_config(config: dict, source: str = "config/config.yaml") -> dict:
     the data profiles the models train on), before Snakemake builds a job. A bad config ends the
     workflow with the same lines `andrea config validate` prints, not a traceback nor the schema:
     the validator's full account only with ANDREA_DEBUG=1 in the environment."""
-    import os
-    import sys
-
     debug = BOOLEAN_WORDS.get(os.environ.get("ANDREA_DEBUG", "").strip().lower(), False)
     try:
         config = validate_config(config, source=source)
@@ -351,281 +321,3 @@ def deep_merge(base: dict, extra: dict) -> dict:
         else:
             out[k] = copy.deepcopy(v)
     return out
-
-
-# ---------------------------------------------------------------------------- config/README.md
-# The configuration reference is generated from the schema's descriptions (andrea config docs), so
-# the two cannot drift apart: tests/test_config_docs.py regenerates it and compares.
-
-DOCS_PATH = "config/README.md"
-MAP_KEY_NAMES = {"sources": "<source>", "models": "<model>", "train": "<model>"}  # names of map entries
-
-
-def _pointer(ref: str, schema: dict) -> dict:
-    """The schema a local $ref ("#/$defs/x", "#/properties/a/properties/b") points at."""
-    node = schema
-    for part in ref.removeprefix("#/").split("/"):
-        node = node[part]
-    return node
-
-
-def _mirrored(sub: dict, schema: dict) -> str | None:
-    """Where an override schema takes its keys from: the $ref prefix when every property is just
-    a $ref to the same key of one other schema (train_override mirrors $defs/train_settings, and
-    curriculum_override the curriculum section, without their defaults); else None."""
-    props = sub.get("properties") or {}
-    if not props or any(set(p) != {"$ref"} for p in props.values()):
-        return None
-    prefix = next(iter(props.values()))["$ref"].rpartition("/properties/")[0]
-    return prefix if all(p["$ref"] == f"{prefix}/properties/{k}" for k, p in props.items()) else None
-
-
-def _resolve(sub: dict, schema: dict) -> tuple[dict, str | None]:
-    """A property's schema with its local $refs followed (the referring schema's own keys win), and
-    the $defs name. An override documents as what it mirrors: train.<model> shares the table of
-    train.defaults; a curriculum override is a row, "mapping: keys of `curriculum`"."""
-    name = None
-    while "$ref" in sub:
-        ref = sub["$ref"]
-        if ref.startswith("#/$defs/") and "/" not in ref.removeprefix("#/$defs/"):
-            name = ref.removeprefix("#/$defs/")
-        sub = {**_pointer(ref, schema), **{k: v for k, v in sub.items() if k != "$ref"}}
-    mirror = _mirrored(sub, schema)
-    if mirror and mirror.startswith("#/$defs/"):
-        name = mirror.removeprefix("#/$defs/")
-        sub = {**_pointer(mirror, schema), "description": sub.get("description")}
-    elif mirror:
-        sub = {"type": "object", "description": sub.get("description"),
-               "mirror": ".".join(mirror.removeprefix("#/").split("/")[1::2])}
-    return sub, name
-
-
-def _is_section(sub: dict) -> bool:
-    extra = sub.get("additionalProperties")
-    return "properties" in sub or (isinstance(extra, dict) and ("properties" in extra or "$ref" in extra))
-
-
-def _type_text(sub: dict) -> str:
-    if "mirror" in sub:
-        return f"mapping: keys of `{sub['mirror']}`"
-    if "enum" in sub:
-        return "one of " + ", ".join(f"`{v}`" for v in sub["enum"])
-    names = {"string": "string", "integer": "integer", "number": "number", "boolean": "boolean", "null": "null",
-             "array": "list", "object": "mapping"}
-    types = sub.get("type", "object")
-    text = " or ".join(names[t] for t in (types if isinstance(types, list) else [types]))
-    if types == "array" and "items" in sub:
-        noun, _, rest = _type_text(sub["items"]).partition(" ")
-        text = f"list of {noun}s" + (f" {rest}" if rest else "")
-    if types == "object" and isinstance(sub.get("additionalProperties"), dict):
-        text = f"mapping of name to {_type_text(sub['additionalProperties'])}"
-    lo = f"[{sub['minimum']}" if "minimum" in sub else f"({sub['exclusiveMinimum']}" if "exclusiveMinimum" in sub else None
-    hi = f"{sub['maximum']}]" if "maximum" in sub else f"{sub['exclusiveMaximum']})" if "exclusiveMaximum" in sub else None
-    if lo and hi:
-        text += f" in {lo}, {hi}"
-    elif lo:
-        text += f" ≥ {lo[1:]}" if lo[0] == "[" else f" > {lo[1:]}"
-    elif hi:
-        text += f" ≤ {hi[:-1]}" if hi[-1] == "]" else f" < {hi[:-1]}"
-    if sub.get("minLength") or sub.get("minItems"):
-        text = "non-empty " + text
-    return text
-
-
-def _prose(text: str | None) -> str:
-    """A description as one line of a Markdown table cell: HTML-special characters escaped (an
-    unescaped <model> would vanish as an unknown tag), pipes escaped."""
-    import html
-
-    return html.escape(" ".join((text or "").split()), quote=False).replace("|", "\\|")
-
-
-def config_docs(schema: dict | None = None) -> str:
-    """config/README.md: the configuration reference, a table per section of the schema (key, type,
-    default, description). Training settings also say whether changing one continues a run or
-    starts a new one (andrea.versions)."""
-    import json
-
-    from andrea.versions import CONTINUE_KEYS, WATCH_KEYS
-
-    schema = load_schema() if schema is None else schema
-    sections: list[tuple[str, str, list[str]]] = []  # (title, description, table lines)
-
-    def cell(value) -> str:
-        return f"`{json.dumps(value, ensure_ascii=False)}`"
-
-    def table(node: dict, def_name: str | None) -> list[str]:
-        train = def_name == "train_settings"
-        head = ["| key | type | default | description |", "|---|---|---|---|"]
-        if train:
-            head = ["| key | type | default | changing it | description |", "|---|---|---|---|---|"]
-        rows = []
-        for key, raw in node.get("properties", {}).items():
-            sub, _ = _resolve(raw, schema)
-            if _is_section(sub):
-                continue
-            if key in node.get("required", ()):
-                default = "required"
-            elif "default" in sub:
-                default = cell(sub["default"])
-            else:
-                default = "—"
-            cols = [f"`{key}`", _prose(_type_text(sub)), default]
-            if train:
-                cols.append("continues the run" if key in WATCH_KEYS + CONTINUE_KEYS else "starts a new run")
-            rows.append("| " + " | ".join(cols + [_prose(sub.get("description"))]) + " |")
-        return head + rows if rows else []
-
-    def sentences(*parts: str) -> str:
-        parts = [p[0].upper() + p[1:] for p in parts if p]
-        return " ".join(p if p.endswith(".") else p + "." for p in parts)
-
-    def walk(path: str, node: dict, def_name: str | None, intro: str = "") -> None:
-        description = sentences(intro, _prose(node.get("description")))
-        if def_name == "train_settings":
-            description = sentences(description, "Changing a setting marked *continues the run* re-runs train, which goes on "
-                                    "with the same run from its newest checkpoint; any other change starts a new run "
-                                    "directory (results/&lt;model&gt;/runs/&lt;key&gt;, andrea.versions.train_run_key)")
-        # the nested sections: [title, schema, $defs name, notes]; entries of one $ref share one
-        children: list[list] = []
-
-        def add(title: str, raw: dict, key: str | None, note: str = "") -> None:
-            sub, name = _resolve(raw, schema)
-            if name and raw.get("description"):  # a $ref's own description
-                note = f"`{key or title.rpartition('.')[2]}`: {_prose(raw['description'])}"
-            same = next((c for c in children if name and c[2] == name), None)
-            if same:
-                same[0] += f"` and `{title}"
-                same[3].append(note)
-            else:
-                children.append([title, schema["$defs"][name] if name else sub, name, [note]])
-
-        for key, raw in node.get("properties", {}).items():
-            sub, _ = _resolve(raw, schema)
-            if _is_section(sub):
-                add(f"{path}.{key}" if path else key, raw, key)
-            elif sub.get("type") == "array" and "properties" in sub.get("items", {}):
-                add(f"{path}.{key}[]", sub["items"], None, f"Each item of `{key}`: {_prose(sub.get('description'))}")
-        extra = node.get("additionalProperties")
-        if isinstance(extra, dict) and _is_section(_resolve(extra, schema)[0]):
-            add(f"{path}.{MAP_KEY_NAMES.get(path, '<name>')}", extra, None)
-        rows = table(node, def_name)
-        if not rows and len(children) == 1 and path:  # a map of sections: one section for its entries
-            title, sub, name, notes = children[0]
-            walk(title, sub, name, sentences(description, *notes))
-            return
-        sections.append((path, description, rows))
-        for title, sub, name, notes in children:
-            walk(title, sub, name, sentences(*notes))
-
-    walk("", schema, None)
-    out = ["# Configuration reference", "",
-           "Every key of `config/config.yaml`, section by section. The file is validated against",
-           "`andrea/schemas/config.schema.yaml` when the workflow starts and by every `andrea` command: an",
-           "unknown key or a wrong type fails before any job runs, naming the key. A key left out takes",
-           "the default shown.", "",
-           "This page is generated from the schema's descriptions: edit those, then run",
-           "`andrea config docs --output config/README.md` (tests/test_config_docs.py fails while the two differ).",
-           ""]
-    for title, description, rows in sections:
-        out += [f"## {'`' + title + '`' if title else 'Top level'}", ""]
-        if description:
-            out += [description, ""]
-        if rows:
-            out += rows + [""]
-    return "\n".join(out)
-
-
-# ---------------------------------------------------------------------------- andrea config show
-# The effective configuration as YAML, each value that the file does not set marked with where it
-# came from: "# default" (the schema's default) or, in a model's view, the section of the file that
-# set it ("# train.defaults", "# curriculum"). PyYAML writes no comments, so the lines are built here;
-# every value is written by yaml.safe_dump (or as a JSON string), so the output reads back as YAML.
-
-
-def _yaml_value(v) -> str:
-    if isinstance(v, str):
-        text = yaml.safe_dump(v, default_flow_style=True, width=1 << 30, allow_unicode=True)
-        text = text.removesuffix("\n").removesuffix("\n...")
-        return text if "\n" not in text else json.dumps(v, ensure_ascii=False)
-    if isinstance(v, list) and any(isinstance(x, str) and "\n" in x for x in v):
-        return "[" + ", ".join(_yaml_value(x) for x in v) + "]"
-    text = yaml.safe_dump(v, default_flow_style=True, width=1 << 30, allow_unicode=True, sort_keys=False)
-    return text.strip().removesuffix("\n...").removesuffix("...").strip()
-
-
-def _yaml_lines(node: dict, origin, indent: int = 0, path: tuple = ()) -> list[str]:
-    """`node` as block YAML, a comment on each leaf from origin(path) (None: no comment); a list
-    of mappings one item a line."""
-    pad = "  " * indent
-    out = []
-    for key, v in node.items():
-        here = (*path, key)
-        if isinstance(v, dict) and v:
-            out.append(f"{pad}{key}:")
-            out += _yaml_lines(v, origin, indent + 1, here)
-            continue
-        note = origin(here)
-        comment = f"  # {note}" if note else ""
-        if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
-            out.append(f"{pad}{key}:{comment}")
-            out += [f"{pad}  - {_yaml_value(x)}" for x in v]
-        else:
-            out.append(f"{pad}{key}: {_yaml_value(v)}{comment}")
-    return out
-
-
-def _lookup(node, path: tuple):
-    """(True, value) at `path` in nested mappings, or (False, None) where a key is absent."""
-    for key in path:
-        if not isinstance(node, dict) or key not in node:
-            return False, None
-        node = node[key]
-    return True, node
-
-
-def show_config(path: str | Path, model: str | None = None) -> str:
-    """`andrea config show`: the effective configuration of the file at `path` as YAML, values the
-    file leaves out marked "# default"; with `model`, that model's architecture and effective
-    training settings (train.defaults < train.<model>, curriculum < its overrides), each value the
-    model's own entry does not set marked with where it came from."""
-    from andrea.settings import TrainSettings
-
-    raw = read_config_file(path)
-    config = validate_config(raw, source=str(path))
-    filled = apply_defaults(raw)  # without validate_config's rewrites: a rewritten value is not a default
-
-    if model is None:
-        def origin(p):
-            was_set, _ = _lookup(raw, p)
-            return None if was_set or _lookup(filled, p) != _lookup(config, p) else "default"
-
-        head = [f"# The effective configuration of {path}: \"# default\" marks a value the file leaves out",
-                "# (the schema's default; config/README.md describes every key)."]
-        return "\n".join(head + _yaml_lines(config, origin)) + "\n"
-
-    if model not in config["models"]:
-        raise ConfigError(f"unknown model {model!r}; models in {path}: {', '.join(config['models'])}")
-    from andrea.versions import train_run_key
-
-    def model_origin(p):
-        return None if _lookup(raw, ("models", model, *p[1:]))[0] else "default"
-
-    # where a training setting comes from, most specific first
-    train_places = [(("train", model), None), (("train", "defaults"), "train.defaults")]
-    curriculum_places = [(("train", model, "curriculum"), None), (("train", "defaults", "curriculum"), "train.defaults.curriculum"),
-                         (("curriculum",), "curriculum")]
-
-    def train_origin(p):
-        places, key = (curriculum_places, p[-1]) if p[:-1] == ("train", "curriculum") else (train_places, p[-1])
-        for where, note in places:
-            if _lookup(raw, (*where, key))[0]:
-                return note
-        return "default"
-
-    settings = TrainSettings.from_config(config, model).as_dict()
-    head = [f"# {model}'s effective settings in {path}. A value without a comment is set in models.{model}",
-            f"# or train.{model}; a comment says where any other comes from (\"default\": the schema's default).",
-            f"# Its run directory: {config['results_dir']}/{model}/runs/{train_run_key(config, model)}"]
-    return "\n".join(head + _yaml_lines({"model": config["models"][model]}, model_origin)
-                     + _yaml_lines({"train": settings}, train_origin)) + "\n"

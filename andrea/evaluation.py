@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from andrea.curriculum import is_heldout
+from andrea.engine import Engine, resolve_backend
+from andrea.sampling import InferenceModel
 
 LN2 = math.log(2.0)
 
@@ -160,9 +162,6 @@ def heldout_report(cfg, weights: np.ndarray, token_bytes: np.ndarray, shards: di
     GPU when there is one: in the precision the model was trained in, or bf16 if that was fp32 on
     the CPU or fp8; on the CPU in fp32); a source whose held-out text is shorter than one window is scored
     whole by the generation model (andrea/sampling.py) on the same backend."""
-    from andrea.engine import Engine, resolve_backend
-    from andrea.sampling import InferenceModel
-
     es = build_eval_set(shards, heldout_every, seq_len, tokens_per_source, token_bytes)
     per: dict[str, dict] = {}
     sums = {}  # source -> (nats, tokens, bytes)

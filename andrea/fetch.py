@@ -29,6 +29,7 @@ embedded corpus instead.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import logging
 import os
@@ -39,13 +40,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from andrea.hub import FULL_COMMIT, HUB_TIMEOUT_S, MIRROR_ENV, HubLocation, HubUnreachable, mirror_commit, parse_hub_location, probe_hub
+from andrea.hub import (FULL_COMMIT, HUB_TIMEOUT_S, MANIFEST, MIRROR_ENV, HubLocation, HubUnreachable, mirror_commit,
+                        parse_hub_location, probe_hub)
 from andrea.io import atomic_path, sha256_file, write_json_atomic
+from andrea.profiles import hub_inputs, profile_config, profile_entries
 
 log = logging.getLogger("andrea.fetch")
-
-MANIFEST = "manifest.json"
-
 
 class FetchError(RuntimeError):
     """A fetch that cannot go on; the message says why and what to do."""
@@ -86,8 +86,6 @@ def wanted(pconfig: dict, entries: dict[str, dict] | None = None) -> list[Want]:
     """The dataset repositories of a profile's config, one per dataset (sources sharing one share
     it: their file patterns are merged; they must ask for the same revision). `entries`: the
     profile's entries, for the licences."""
-    from andrea.profiles import hub_inputs
-
     out: dict[str, Want] = {}
     for key, location, cfg in hub_inputs(pconfig):
         loc = parse_hub_location(location)
@@ -311,18 +309,6 @@ def is_complete(dest: Path, w: Want, entry: dict | None) -> bool:
     return True
 
 
-def fetched_commit(root: str | os.PathLike, dataset: str) -> str | None:
-    """The commit of a dataset in a fetch folder, as its manifest records it (None: not fetched)."""
-    path = Path(root) / MANIFEST
-    if not path.exists():
-        return None
-    try:
-        entry = json.loads(path.read_text(encoding="utf-8")).get("datasets", {}).get(dataset)
-    except (OSError, ValueError):
-        return None
-    return entry.get("commit") if entry and entry.get("complete") else None
-
-
 # ---------------------------------------------------------------- the fetch
 
 
@@ -384,8 +370,6 @@ class Plan:
 
 
 def _setup(config: dict, profile: str, dest, timeout):
-    from andrea.profiles import profile_config, profile_entries
-
     pconfig = profile_config({**config, "data_profile": None}, profile)
     dest = Path(dest if dest is not None else config["fetch_dir"])
     timeout = float(timeout if timeout is not None else config["hermes3"]["hub_timeout_s"])
@@ -591,8 +575,6 @@ def _fetch_one(transport, dest: Path, manifest: dict, plan: Plan) -> None:
 
 def git_blob_sha1(path: Path) -> str:
     """The id git (and the hub, as a regular file's blobId) gives a file's content."""
-    import hashlib
-
     h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):

@@ -15,14 +15,15 @@ from typing import Iterator
 
 import pyarrow as pa
 
-from andrea.config import HERMES3_PARTS
+from andrea.config_schema import HERMES3_PARTS
+from andrea.hermes3_parts import part_of_conversation
+from andrea.hermes3_parts import quality as part_rule_quality
 from andrea.hub import RECORD_DIR_READS, HubLocation, HubUnreachable, iter_hub_rows  # noqa: F401 (HubUnreachable: re-exported)
 from andrea.io import AtomicParquetWriter, Manifest, progress
 from andrea.records import RawRow, Tally, embedded_location, iter_rows
+from andrea.sources import validate_sharegpt
 
 log = logging.getLogger("andrea.hermes3")
-
-SHAREGPT_ROLES = ("system", "human", "gpt")
 
 PULL_SCHEMA = pa.schema(
     [
@@ -34,38 +35,6 @@ PULL_SCHEMA = pa.schema(
         ),
     ]
 )
-
-
-def validate_sharegpt(row) -> tuple[list[dict] | None, str | None, str]:
-    """Check one ShareGPT row. Returns (conversations, None, "") when usable, else
-    (None, reason, detail). Turns keep only `from` and `value` (e.g. Hermes' `weight` is dropped)."""
-    if not isinstance(row, dict):
-        return None, "not_an_object", type(row).__name__
-    if "conversations" not in row or row["conversations"] is None:
-        return None, "missing_conversations", ""
-    conv = row["conversations"]
-    if not isinstance(conv, list):
-        return None, "conversations_not_a_list", type(conv).__name__
-    if not conv:
-        return None, "empty_conversations", ""
-    out = []
-    for i, turn in enumerate(conv):
-        if not isinstance(turn, dict):
-            return None, "turn_not_an_object", f"turn {i}"
-        if "from" not in turn or turn["from"] is None:
-            return None, "missing_from", f"turn {i}"
-        if "value" not in turn or turn["value"] is None:
-            return None, "missing_value", f"turn {i}"
-        if turn["from"] not in SHAREGPT_ROLES:
-            return None, "unknown_role", f"turn {i}: {str(turn['from'])[:40]!r}"
-        if not isinstance(turn["value"], str):
-            return None, "non_string_value", f"turn {i}: {type(turn['value']).__name__}"
-        if not turn["value"].strip():
-            return None, "empty_value", f"turn {i}"
-        out.append({"from": turn["from"], "value": turn["value"]})
-    if not any(t["from"] == "human" for t in out) or not any(t["from"] == "gpt" for t in out):
-        return None, "no_dialogue", "needs at least one human and one gpt turn"
-    return out, None, ""
 
 
 def part_of(category: str, categories: dict[str, list[str]]) -> str:
@@ -98,10 +67,6 @@ def source_rows(hcfg: dict, read: dict | None = None, hub_dir: str | Path | None
 def pull_hermes3(hcfg: dict, out_dir: str | Path, version: str, strict: bool = False, hub_dir: str | Path | None = None) -> dict:
     """Run the stage: write <out_dir>/<part>.parquet for the three parts and manifest.json.
     Returns the manifest's counts. `hub_dir`: the fetch folder (andrea.fetch), read before the hub."""
-    # imported here: andrea.hermes3_parts needs andrea.tokenizer, whose imports come back to this module
-    from andrea.hermes3_parts import part_of_conversation
-    from andrea.hermes3_parts import quality as part_rule_quality
-
     out_dir = Path(out_dir)
     hub_read = hub_location(hcfg).as_input() if hcfg["location"] == "hub" else None
     rows, local = source_rows(hcfg, hub_read, hub_dir)

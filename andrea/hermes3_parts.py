@@ -40,7 +40,8 @@ from importlib import resources
 from operator import mul
 from pathlib import Path
 
-from andrea.config import HERMES3_PARTS
+from andrea.config_schema import HERMES3_PARTS
+from andrea.shape import _fit_logistic, _folds
 from andrea.tokenizer import trie_pattern
 
 GENERAL, CREATIVE, ROLEPLAY = HERMES3_PARTS
@@ -468,8 +469,6 @@ def _design(items):
 
 def _fit_design(X, y) -> dict:
     """The two cascade models fitted on (X, y): roleplay against the rest, creative against the rest."""
-    from andrea.shape import _fit_logistic
-
     rw, rb = _fit_logistic(X, (y == HERMES3_PARTS.index(ROLEPLAY)).astype(float), L2)
     cw, cb = _fit_logistic(X, (y == HERMES3_PARTS.index(CREATIVE)).astype(float), L2)
     return {"roleplay": ([float(v) for v in rw], float(rb)), "creative": ([float(v) for v in cw], float(cb))}
@@ -514,8 +513,6 @@ def cross_validate(items=None, k: int = CV_FOLDS, repeats: int = CV_REPEATS, see
     stratified by part and kind, seeded; in each fold both models are fitted on the other k-1
     folds only and the held-out fold is scored with them. Figures are pooled over all rounds."""
     import numpy as np
-
-    from andrea.shape import _folds
 
     items = labelled_set() if items is None else items
     X, y = _design(items)

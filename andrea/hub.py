@@ -15,6 +15,7 @@ profile does not fetch).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -31,15 +32,10 @@ HUB_PREFIX = "hub:"
 HUB_TIMEOUT_S = 20.0  # an unreachable hub fails within about this (the sources' deadline)
 MIRROR_ENV = "ANDREA_HUB_MIRROR"
 RECORD_DIR_READS = "every Parquet/JSON/JSONL file under it is read"  # what `location: DIR` does for record adapters
+# The fetch folder's record of what `andrea data fetch` downloaded (andrea.fetch writes it): read here
+# too, for the commit of a dataset read from that folder.
+MANIFEST = "manifest.json"
 HUB_FORM = "hub:<owner>/<name>[@<revision>][:<split>] or hub:<owner>/<name>[@<revision>]:<subset>:<split>"
-
-# Adapters that read files or repositories, not records: a hub location is refused for them.
-NOT_FROM_HUB = {
-    "hermes3": "the hermes3 parts come from the pull_hermes3 stage (set hermes3.location: hub:<id> instead)",
-    "docstrings": "the docstrings adapter parses Python source trees with `ast`; download the package or "
-    "repository and set the location to its folder",
-    "git_log": "the git_log adapter reads a git repository's history; clone it and set the location to the clone",
-}
 
 # Repository ids as the hub spells them; git refs cannot hold ':' or '@{', so ':' ends a revision.
 DATASET_ID = re.compile(r"^[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?(?:/[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?)?$")
@@ -305,6 +301,18 @@ def local_split(path: Path, loc: HubLocation, key: str) -> LocalSplit:
     return LocalSplit(builder, list(files), kwargs)
 
 
+def fetched_commit(root: str | os.PathLike, dataset: str) -> str | None:
+    """The commit of a dataset in a fetch folder, as its manifest records it (None: not fetched)."""
+    path = Path(root) / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        entry = json.loads(path.read_text(encoding="utf-8")).get("datasets", {}).get(dataset)
+    except (OSError, ValueError):
+        return None
+    return entry.get("commit") if entry and entry.get("complete") else None
+
+
 def iter_hub_rows(
     loc: HubLocation,
     key: str,
@@ -325,8 +333,6 @@ def iter_hub_rows(
         except HubDatasetError as e:
             raise HubDatasetError(f"{key}: {e}") from None
         if commit is None and mirror_root and mirror.is_relative_to(Path(mirror_root)):
-            from andrea.fetch import fetched_commit
-
             commit = fetched_commit(mirror_root, loc.dataset)
         path, revision = str(mirror), None
         log.info("%s: reading the mirror copy %s%s", loc, mirror, f" (commit {commit})" if commit else "")

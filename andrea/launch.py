@@ -28,6 +28,8 @@ import sys
 from pathlib import Path
 
 from andrea.comm import launch_environment, launch_info, mpirun_command
+from andrea.config import train_settings
+from andrea.engine import resolve_backend
 from andrea.io import write_json_atomic
 
 
@@ -52,9 +54,6 @@ def train_as_ranks(config: dict, model: str, shards: str | Path, run_dir: str | 
                    force: bool = False) -> tuple[int, dict | None] | None:
     """With train.<model>.ranks > 1 and this process not yet a rank: train as that many ranks
     (train_ranks) and return (exit status, rank 0's result); else None: train here."""
-    from andrea.config import train_settings
-    from andrea.engine import resolve_backend
-
     settings = train_settings(config, model)
     if settings["ranks"] == 1 or under_launcher():
         return None

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from andrea.hub import HubUnreachable, is_hub_location, parse_hub_location
 from andrea.io import AtomicParquetWriter, Manifest, progress, write_text_atomic
+from andrea.profiles import EMBEDDED
 from andrea.records import MalformedRecord, Tally
 from andrea.sources import ADAPTERS, Context, Skip, resolve_location
 
@@ -83,8 +84,6 @@ def iter_megachat(path: str | Path, batch_rows: int = 4096, source: str | None =
 def source_key(config: dict, name: str) -> str:
     """Where a user changes a source of the config's data profile: its entry in that profile, or
     its own `sources.<name>` for the embedded profile (the sources' own locations)."""
-    from andrea.profiles import EMBEDDED
-
     profile = config.get("data_profile")
     return f"profiles.{profile}.sources.{name}" if profile not in (None, EMBEDDED) else f"sources.{name}"
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import copy
 
-from andrea.config import HERMES3_PARTS, ConfigError
+from andrea.config_schema import HERMES3_PARTS, ConfigError
+from andrea.hub import HUB_PREFIX, HubLocation, is_hub_location, parse_hub_location
 
 EMBEDDED = "embedded"
 HERMES3_KEY = "hermes3"  # a profile's entry for the pull_hermes3 stage
@@ -88,10 +89,28 @@ def profile_config(config: dict, name: str) -> dict:
                 h.update(hub_revision=None, hub_split="train")
             continue
         out["sources"][key].update(copy.deepcopy(entry))
-    from andrea.config import _check_hermes3_location
-
-    _check_hermes3_location(out, f"data profile {name}")  # hub:<id>@<rev>:<split> -> hub_id, hub_revision, hub_split
+    check_hermes3_location(out, f"data profile {name}")  # hub:<id>@<rev>:<split> -> hub_id, hub_revision, hub_split
     return out
+
+
+def check_hermes3_location(config: dict, source: str) -> None:
+    """`hermes3.location: hub:ID[@REV][:SPLIT]` is the short form of `location: hub` with hub_id,
+    hub_revision and hub_split; it is rewritten to that form (which pull_hermes3 and its version
+    read). With `location: hub`, those three keys must make a valid hub location."""
+    h = config["hermes3"]
+    try:
+        if is_hub_location(h["location"]):
+            key = "hermes3.location"
+            loc = parse_hub_location(h["location"])
+            if loc.subset is not None:
+                raise ValueError(f"{h['location']!r} names a subset; pull_hermes3 reads a dataset's default subset (hub:<id>[@<revision>][:<split>])")
+            h.update(location="hub", hub_id=loc.dataset, hub_revision=loc.revision, hub_split=loc.split)
+        elif h["location"] == "hub":
+            key = "hermes3.hub_id, hub_revision, hub_split"
+            rev = f"@{h['hub_revision']}" if h["hub_revision"] is not None else ""
+            parse_hub_location(f"hub:{h['hub_id']}{rev}:{h['hub_split']}")
+    except ValueError as e:
+        raise ConfigError(f"{source} is invalid:\n  {key}: {e}") from None
 
 
 def check_profiles(config: dict, source: str) -> None:
@@ -114,8 +133,6 @@ def check_profiles(config: dict, source: str) -> None:
                                   f"(it takes {', '.join(HERMES3_ENTRY_KEYS + DOC_KEYS)})")
             loc = entry.get("location")
             if isinstance(loc, str) and loc.startswith("hub:") and entry.get("enabled", True):
-                from andrea.hub import parse_hub_location
-
                 try:
                     parsed = parse_hub_location(loc)
                 except ValueError as e:
@@ -138,8 +155,6 @@ def check_profiles(config: dict, source: str) -> None:
 def hub_inputs(pconfig: dict) -> list[tuple[str, str, dict]]:
     """(source key, hub location, its config) of every enabled hub dataset a profile's config reads:
     `hermes3` for the pull_hermes3 stage, then the sources. What `andrea data fetch` downloads."""
-    from andrea.hub import HUB_PREFIX, HubLocation, is_hub_location
-
     out = []
     h = pconfig["hermes3"]
     if h["location"] == "hub":

@@ -25,12 +25,12 @@ from typing import Callable, Iterator
 
 import pyarrow.parquet as pq
 
-from andrea.hermes3 import validate_sharegpt
-from andrea.hub import NOT_FROM_HUB, RECORD_DIR_READS, is_hub_location, iter_hub_rows, parse_hub_location
+from andrea.hub import RECORD_DIR_READS, is_hub_location, iter_hub_rows, parse_hub_location
 from andrea.records import BAD_ENCODING, ESCAPED_BYTE, RawRow, embedded_location, escaped_byte_lines, iter_rows, undecodable
 
 log = logging.getLogger("andrea.sources")
 
+SHAREGPT_ROLES = ("system", "human", "gpt")
 SHAREGPT_TO_ROLE = {"system": "system", "human": "user", "gpt": "assistant"}
 
 
@@ -58,25 +58,41 @@ class Context:
 
 
 Adapter = Callable[[str, dict, Context], Iterator["Doc | Skip"]]
-ADAPTERS: dict[str, Adapter] = {}
 
 
-def adapter(name: str):
+@dataclass(frozen=True)
+class AdapterSpec:
+    """A registered adapter and what it takes as a location: the one place that says so (the config
+    validation, the hub reader's advice and tests/test_profiles.py read it; the schema's adapter enum
+    is checked against it)."""
+
+    name: str
+    read: Adapter
+    from_hub: bool  # a `hub:` location is accepted: the adapter reads records
+    not_from_hub: str = ""  # why not, and what to do instead (the config error says it)
+    # what `location: DIR` reads after `hf download ... --local-dir DIR`; None: the adapter reads other
+    # files from a folder, so a downloaded dataset is read through ANDREA_HUB_MIRROR instead
+    local_dir_reads: str | None = None
+
+    def __call__(self, name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
+        return self.read(name, cfg, ctx)
+
+
+ADAPTERS: dict[str, AdapterSpec] = {}
+
+
+def adapter(name: str, *, from_hub: bool, not_from_hub: str = "", local_dir_reads: str | None = None):
+    """Register an adapter under `name` (the config's `adapter:`). One that takes no hub location
+    says why in `not_from_hub`."""
+    if from_hub == bool(not_from_hub) or (local_dir_reads and not from_hub):
+        raise ValueError(f"adapter {name!r}: not_from_hub (the reason) is given exactly when from_hub is false, "
+                         "and local_dir_reads only with from_hub")
+
     def register(fn: Adapter) -> Adapter:
-        ADAPTERS[name] = fn
+        ADAPTERS[name] = AdapterSpec(name, fn, from_hub, not_from_hub, local_dir_reads)
         return fn
 
     return register
-
-
-# What `location: DIR` reads after `hf download ... --local-dir DIR` (None: the adapter reads other
-# files from a folder, so a downloaded dataset is read through ANDREA_HUB_MIRROR instead)
-LOCAL_DIR_READS = {
-    "sharegpt": RECORD_DIR_READS,
-    "messages": RECORD_DIR_READS,
-    "oasst": RECORD_DIR_READS,
-    "dictionary": "its .tsv/.txt lines and Parquet/JSON/JSONL records are read",
-}
 
 
 def resolve_location(source: str, cfg: dict) -> Path | None:
@@ -85,7 +101,9 @@ def resolve_location(source: str, cfg: dict) -> Path | None:
     if loc == "pull":
         return None
     if is_hub_location(loc):
-        raise ValueError(f"sources.{source}.location: {loc} is a hub dataset, not a path; {NOT_FROM_HUB.get(cfg['adapter'], 'this adapter reads local files')}")
+        spec = ADAPTERS.get(cfg["adapter"])
+        why = spec.not_from_hub if spec and spec.not_from_hub else "this adapter reads local files"
+        raise ValueError(f"sources.{source}.location: {loc} is a hub dataset, not a path; {why}")
     if loc == "embedded":
         return embedded_location(source)
     if loc == "stdlib":
@@ -97,7 +115,7 @@ def hub_rows(source: str, cfg: dict, ctx: Context) -> Iterator[RawRow]:
     """Rows of the source's hub dataset (its location is `hub:...`)."""
     loc = parse_hub_location(cfg["location"])
     return iter_hub_rows(
-        loc, f"sources.{source}.location", local_dir_reads=LOCAL_DIR_READS.get(cfg["adapter"]), read=ctx.hub_reads.get(source),
+        loc, f"sources.{source}.location", local_dir_reads=ADAPTERS[cfg["adapter"]].local_dir_reads, read=ctx.hub_reads.get(source),
         mirror_root=ctx.hub_dir,
     )
 
@@ -143,7 +161,8 @@ def _text_lines(path: Path) -> Iterator[tuple[int, str | UnicodeDecodeError]]:
 # ---------------------------------------------------------------- conversations
 
 
-@adapter("hermes3")
+@adapter("hermes3", from_hub=False,
+         not_from_hub="the hermes3 parts come from the pull_hermes3 stage (set hermes3.location: hub:<id> instead)")
 def hermes3_parts(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     """A part written by pull_hermes3 (already validated there)."""
     path = ctx.pull_dir / f"{name}.parquet"
@@ -168,6 +187,38 @@ def _conversations(name: str, cfg: dict, ctx: Context, to_turns) -> Iterator[Doc
         yield Doc(doc_id=str(doc_id) if doc_id not in (None, "") else raw.key, turns=turns)
 
 
+def validate_sharegpt(row) -> tuple[list[dict] | None, str | None, str]:
+    """Check one ShareGPT row. Returns (conversations, None, "") when usable, else
+    (None, reason, detail). Turns keep only `from` and `value` (e.g. Hermes' `weight` is dropped)."""
+    if not isinstance(row, dict):
+        return None, "not_an_object", type(row).__name__
+    if "conversations" not in row or row["conversations"] is None:
+        return None, "missing_conversations", ""
+    conv = row["conversations"]
+    if not isinstance(conv, list):
+        return None, "conversations_not_a_list", type(conv).__name__
+    if not conv:
+        return None, "empty_conversations", ""
+    out = []
+    for i, turn in enumerate(conv):
+        if not isinstance(turn, dict):
+            return None, "turn_not_an_object", f"turn {i}"
+        if "from" not in turn or turn["from"] is None:
+            return None, "missing_from", f"turn {i}"
+        if "value" not in turn or turn["value"] is None:
+            return None, "missing_value", f"turn {i}"
+        if turn["from"] not in SHAREGPT_ROLES:
+            return None, "unknown_role", f"turn {i}: {str(turn['from'])[:40]!r}"
+        if not isinstance(turn["value"], str):
+            return None, "non_string_value", f"turn {i}: {type(turn['value']).__name__}"
+        if not turn["value"].strip():
+            return None, "empty_value", f"turn {i}"
+        out.append({"from": turn["from"], "value": turn["value"]})
+    if not any(t["from"] == "human" for t in out) or not any(t["from"] == "gpt" for t in out):
+        return None, "no_dialogue", "needs at least one human and one gpt turn"
+    return out, None, ""
+
+
 def _sharegpt_turns(row) -> tuple[list[dict] | None, str | None, str]:
     conv, reason, detail = validate_sharegpt(row)
     if conv is None:
@@ -175,7 +226,7 @@ def _sharegpt_turns(row) -> tuple[list[dict] | None, str | None, str]:
     return [{"role": SHAREGPT_TO_ROLE[t["from"]], "text": t["value"]} for t in conv], None, ""
 
 
-@adapter("sharegpt")
+@adapter("sharegpt", from_hub=True, local_dir_reads=RECORD_DIR_READS)
 def sharegpt(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     """`conversations`: list of {from: system|human|gpt, value} (chat, synthetic-chat, ...)."""
     return _conversations(name, cfg, ctx, _sharegpt_turns)
@@ -200,7 +251,7 @@ def _message_turns(row) -> tuple[list[dict] | None, str | None, str]:
     return turns, None, ""
 
 
-@adapter("messages")
+@adapter("messages", from_hub=True, local_dir_reads=RECORD_DIR_READS)
 def messages(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     """`messages`: list of {role: system|user|assistant, content} (smoltalk and the OpenAI layout)."""
     return _conversations(name, cfg, ctx, _message_turns)
@@ -230,7 +281,7 @@ def _oasst_tree_from_flat(messages: list[dict]) -> list[dict]:
     return roots
 
 
-@adapter("oasst")
+@adapter("oasst", from_hub=True, local_dir_reads=RECORD_DIR_READS)
 def oasst(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     """OpenAssistant: message trees (`prompt` with nested `replies`, as in *.trees.jsonl) or flat
     messages (`message_id`, `parent_id`, `role`, `text`), turned into threads. Flat messages are
@@ -271,7 +322,7 @@ def _oasst_docs(tree_id: str, root: dict, cfg: dict, where: str) -> Iterator[Doc
             yield Doc(doc_id=f"{tree_id}#{k}", turns=thread)
 
 
-@adapter("dictionary")
+@adapter("dictionary", from_hub=True, local_dir_reads="its .tsv/.txt lines and Parquet/JSON/JSONL records are read")
 def dictionary(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     """Word definitions as `> define X` / `< X is ...` exchanges. Input: records with `word` and
     `definition`, or `.tsv`/`.txt` lines `word<TAB>definition`."""
@@ -397,14 +448,14 @@ def _hub_text_chunks(name: str, cfg: dict, ctx: Context, clean) -> Iterator[Doc 
                 yield Doc(doc_id=f"{key}#{k}", text=chunk)
 
 
-@adapter("plaintext")
+@adapter("plaintext", from_hub=True)
 def plaintext(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     """Books and other prose: `.txt` files (from the hub: records' `text`), Gutenberg boilerplate
     removed, cut into chunks."""
     yield from _text_chunks(name, cfg, ctx, (".txt",), strip_gutenberg)
 
 
-@adapter("markdown")
+@adapter("markdown", from_hub=True)
 def markdown(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     """Repository documentation: Markdown / reStructuredText files of a directory (from the hub:
     records' `text`), in chunks."""
@@ -416,7 +467,7 @@ IRC_ACTION = re.compile(r"^\[?(?:\d{4}-\d\d-\d\d[ T])?\d{1,2}:\d{2}(?::\d{2})?\]
 IRC_EVENT = re.compile(r"^\[?(?:\d{4}-\d\d-\d\d[ T])?\d{1,2}:\d{2}(?::\d{2})?\]?\s+(?:-!-|\*\*\*|--[>< ]|<--|-->)")
 
 
-@adapter("irc")
+@adapter("irc", from_hub=True)
 def irc(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     """IRC logs (irssi/weechat-like `[HH:MM] <nick> text` lines; from the hub: one log per record's
     `text`). Joins, parts and mode changes are dropped; consecutive messages are grouped into
@@ -472,7 +523,9 @@ def _irc_docs(rel: str, where: str, lines, cfg: dict) -> Iterator[Doc | Skip]:
 SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test", "lib2to3"}
 
 
-@adapter("docstrings")
+@adapter("docstrings", from_hub=False,
+         not_from_hub="the docstrings adapter parses Python source trees with `ast`; download the package or "
+         "repository and set the location to its folder")
 def docstrings(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     """Python docstrings (modules, classes, functions) extracted with `ast` from a source tree;
     by default the running Python's standard library, which is real text available offline."""
@@ -524,7 +577,8 @@ def _docstring_nodes(tree: ast.Module, module: str):
                 stack.extend((q, n) for n in reversed(node.body))
 
 
-@adapter("git_log")
+@adapter("git_log", from_hub=False,
+         not_from_hub="the git_log adapter reads a git repository's history; clone it and set the location to the clone")
 def git_log(name: str, cfg: dict, ctx: Context) -> Iterator[Doc | Skip]:
     """Commit messages of a git repository (merges excluded), newest first."""
     loc = resolve_location(name, cfg)

@@ -16,6 +16,12 @@ import hashlib
 import json
 from pathlib import Path
 
+from andrea.config import train_settings
+from andrea.io import write_json_atomic
+from andrea.model import ModelConfig, flops_per_token
+from andrea.profiles import default_profile, model_profile, profile_config
+from andrea.settings import TrainSettings
+
 POLICY_KEYS = ("floor", "cap", "weight")
 STAGES = ("pull_hermes3", "prep_megachat", "filter_shape", "train_tokenizer", "encode")
 
@@ -28,8 +34,6 @@ def _digest(obj) -> str:
 def as_profile(config: dict) -> dict:
     """The config of the data profile it names (`data_profile`, else embedded); a profile's config
     is returned as it is."""
-    from andrea.profiles import default_profile, profile_config
-
     return profile_config(config, default_profile(config))
 
 
@@ -86,8 +90,6 @@ def train_run_key(config: dict, model: str) -> str:
     covers the sources, filter and tokenizer), the training and curriculum settings and the seed —
     except `max_steps` and the bandit's floors and caps, so that raising max_steps, or changing the
     policy between a stop and a resume (the "polish pivot"), continues the same run."""
-    from andrea.config import train_settings
-
     s = train_settings(config, model)
     for k in WATCH_KEYS + CONTINUE_KEYS:
         s.pop(k, None)
@@ -96,8 +98,6 @@ def train_run_key(config: dict, model: str) -> str:
 
 def model_config(config: dict, model: str) -> dict:
     """The config of the data profile a model trains on (andrea.profiles.model_profile)."""
-    from andrea.profiles import model_profile, profile_config
-
     if model not in config["models"]:
         raise KeyError(f"unknown model {model!r}; models in the config: {', '.join(config['models'])}")
     return profile_config(config, model_profile(config, model))
@@ -107,8 +107,6 @@ def train_version(config: dict, model: str) -> str:
     """What Snakemake compares to decide whether `train` must run again: the run key plus the
     settings a run may change on resume (max_steps, floors, caps, how it is watched). Any change
     re-runs the rule; the trainer then continues or starts the run its key names."""
-    from andrea.config import train_settings
-
     s = train_settings(config, model)
     sources = model_config(config, model)["sources"]
     policy = {k: {f: v.get(f) for f in ("floor", "cap")} for k, v in sources.items() if v["enabled"]}
@@ -124,9 +122,6 @@ def train_needs_gpu(config: dict, model: str) -> bool:
     `numpy` never; `auto` does when the whole run would take longer than max_cpu_hours on a CPU at
     a nominal rate (ANDREA-tiny: seconds, so the quickstart stays on the CPU partition; ANDREA-12M
     and up: days)."""
-    from andrea.config import train_settings
-    from andrea.model import ModelConfig, flops_per_token
-
     s = train_settings(config, model)
     if s["backend"] != "auto":
         return s["backend"] == "cupy"
@@ -165,8 +160,6 @@ def train_params(config: dict, model: str) -> dict:
     """What a model's train version depends on, as settings a user recognises: the architecture,
     the data version (encode), the effective training settings but the output-neutral ones, and
     the sources' floors and caps."""
-    from andrea.config import train_settings
-
     s = {k: v for k, v in train_settings(config, model).items() if k not in OUTPUT_NEUTRAL_KEYS}
     sources = model_config(config, model)["sources"]
     policy = {k: {f: v.get(f) for f in ("floor", "cap")} for k, v in sources.items() if v["enabled"]}
@@ -177,8 +170,6 @@ def train_params(config: dict, model: str) -> dict:
 def version_records(config: dict, profiles: list[str]) -> dict[str, dict]:
     """Each version's record by its path under <results_dir>/versions: every data stage of each
     profile, and each model's train version."""
-    from andrea.profiles import profile_config
-
     out: dict[str, dict] = {}
     for profile in profiles:
         pc = profile_config(config, profile)
@@ -197,8 +188,6 @@ def version_records(config: dict, profiles: list[str]) -> dict[str, dict]:
 def record_versions(config: dict, profiles: list[str]) -> None:
     """Write the records of this config's versions that are not written yet (a record is named by
     its version, a hash of its content, so one written is never out of date)."""
-    from andrea.io import write_json_atomic
-
     root = Path(config["results_dir"]) / RECORDS_DIR
     for rel, record in version_records(config, profiles).items():
         if not (root / rel).is_file():
@@ -240,8 +229,6 @@ def version_changes(config: dict, profiles: list[str]) -> list[str]:
     embedded): filter_shape.threshold 0.5 → 0.7"), and per model whose checkpoint was trained with
     other settings ("train (ANDREA-tiny): max_steps 400 → 600"). A stage that changed only because
     a stage before it did is not listed: the earlier stage's line says why."""
-    from andrea.profiles import profile_config
-
     results = Path(config["results_dir"])
     records = results / RECORDS_DIR
     lines = []
@@ -282,8 +269,6 @@ def version_changes(config: dict, profiles: list[str]) -> list[str]:
                 head = next(h for h in (*names, "") if d.startswith(h))
                 diff.append(names.get(head, "") + d.removeprefix(head))
         else:  # a checkpoint from before records were kept: its run.json holds the training settings
-            from andrea.settings import TrainSettings
-
             diff = params_diff({k: v for k, v in run.get("train", {}).items() if k not in OUTPUT_NEUTRAL_KEYS},
                                {k: v for k, v in TrainSettings.from_config(config, model).as_dict().items()
                                 if k not in OUTPUT_NEUTRAL_KEYS})

@@ -4,10 +4,12 @@ import dataclasses
 import pytest
 import yaml
 
-from andrea.config import SCHEMA_PATH, ConfigError, load_config, load_schema, show_config, train_settings, validate_config
+from andrea.config import SCHEMA_PATH, ConfigError, load_config, load_schema, train_settings, validate_config
+from andrea.config_docs import show_config
 from andrea.model import vocab_size
 from andrea.optim import OptimConfig
 from andrea.settings import CurriculumSettings, TrainSettings
+from andrea.sources import ADAPTERS
 from conftest import REPO, snakemake
 
 
@@ -67,6 +69,28 @@ def test_semantic_checks_name_the_key():
     cfg["sources"]["chat"]["adapter"] = "hermes3"
     with pytest.raises(ConfigError, match=r"sources\.chat\.adapter"):
         validate_config(cfg)
+
+
+def test_the_schema_names_exactly_the_registered_adapters():
+    """sources.<source>.adapter's enum is the @adapter registry (andrea.sources): a new adapter is
+    registered and added to the schema together, or a config could name one the stage cannot run."""
+    enum = load_schema()["properties"]["sources"]["additionalProperties"]["properties"]["adapter"]["enum"]
+    assert sorted(enum) == sorted(ADAPTERS)
+    assert len(enum) == len(set(enum))
+
+
+@pytest.mark.parametrize("adapter", sorted(ADAPTERS))
+def test_a_hub_location_is_refused_exactly_for_the_adapters_registered_without_one(adapter):
+    cfg = shipped()
+    name = "hermes3-general" if adapter == "hermes3" else "chat"  # only the hermes3 parts take that adapter
+    cfg["sources"][name].update(adapter=adapter, location="hub:someone/data@main")
+    spec = ADAPTERS[adapter]
+    if spec.from_hub:
+        validate_config(cfg)
+    else:
+        with pytest.raises(ConfigError) as e:
+            validate_config(cfg)
+        assert str(e.value).endswith(f"sources.{name}.location: hub datasets are not supported here: {spec.not_from_hub}")
 
 
 def test_missing_and_unparsable_config_files(tmp_path):

@@ -4,7 +4,8 @@ must match it; every key of the schema is described."""
 import re
 
 from andrea.cli import main
-from andrea.config import config_docs, load_schema
+from andrea.config import load_schema
+from andrea.config_docs import config_docs
 from conftest import REPO
 
 

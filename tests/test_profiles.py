@@ -13,7 +13,7 @@ import pytest
 
 from andrea.config import ConfigError, validate_config
 from andrea.fetch import MANIFEST, DataNotFetched, FetchError, MirrorTransport, fetch_profile
-from andrea.hub import MIRROR_ENV, NOT_FROM_HUB, parse_hub_location
+from andrea.hub import MIRROR_ENV, parse_hub_location
 from andrea.io import sha256_file
 from andrea.profiles import model_profile, profile_config
 from andrea.sources import ADAPTERS
@@ -37,7 +37,7 @@ def test_the_shipped_real_profile_names_every_source_with_revision_and_licence(c
         assert adapter in ADAPTERS
         loc = entry["location"]
         if loc.startswith("hub:"):
-            assert adapter not in NOT_FROM_HUB or adapter == "hermes3"
+            assert ADAPTERS[adapter].from_hub or adapter == "hermes3"
             assert parse_hub_location(loc).revision, f"{key}: no revision"
             assert entry.get("size"), f"{key}: no size"
         else:

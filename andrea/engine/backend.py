@@ -311,19 +311,15 @@ class Backend(abc.ABC):
         f32 = xp.float32  # copy=False: fp32 weights (the head) are not copied per generated token
         return xp.matmul(x.reshape(-1, x.shape[-1]).astype(f32, copy=False), w.T.astype(f32, copy=False))
 
+    @abc.abstractmethod
     def sample_tokens(self, logits, seeds, draws, tokens, ring, temperature: float, top_k: int,
                       top_p: float | None) -> None:
         """Generation: each row's next token, chosen where the logits are (numpy_backend.sample_tokens
         is the definition): tokens[b] (the next step's input, [B] or [B, 1]) = the pick (0 for −1:
         non-finite logits), ring[b, draws[b] % R] = the pick (ring: a host_buffer, or None),
         draws[b] += 1; seeds [B] uint64, draws [B] int32. Greedy at temperature ≤ 0, else
-        1 ≤ top_k ≤ SAMPLE_CANDIDATES. This version brings the arrays to the host and back."""
-        from andrea.engine import numpy_backend as nb
-
-        tok, d = self.to_host(tokens).copy(), self.to_host(draws).copy()
-        nb.sample_tokens(self.to_host(logits), self.to_host(seeds), d, tok, ring, temperature, top_k, top_p)
-        tokens[...] = self.xp.asarray(tok)
-        draws[...] = self.xp.asarray(d)
+        1 ≤ top_k ≤ SAMPLE_CANDIDATES. Abstract: this interface sits below the NumPy reference, so it
+        has no host version to fall back on (the GPU backend runs kernels/sampling.cu)."""
 
     # ------------------------------------------------------------------ optimizer
     @abc.abstractmethod

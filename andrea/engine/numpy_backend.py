@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from andrea.engine.backend import CTRL_APPLIED, CTRL_GSCALE, CTRL_T, Backend
+from andrea.fp8 import FP8Sites
 
 GELU_C = math.sqrt(2.0 / math.pi)
 
@@ -417,8 +418,6 @@ class NumpyBackend(Backend):
         super().__init__(precision)
         self.fp8 = None
         if precision == "fp8":
-            from andrea.fp8 import FP8Sites
-
             self.fp8 = FP8Sites()
             # the product ops of this object run the fp8 versions below
             self.attn_qkv_fwd, self.attn_qkv_bwd = self._fp8_attn_qkv_fwd, self._fp8_attn_qkv_bwd
