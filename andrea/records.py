@@ -23,6 +23,7 @@ log = logging.getLogger("andrea.records")
 
 RECORD_SUFFIXES = (".parquet", ".jsonl", ".json")
 BAD_ENCODING = "bad_encoding"
+FILTERED = {"too_short", "other_language"}  # records fine as such, left out by a setting: logged as info, not warnings
 LOGGED_PER_REASON = 5  # skips of each reason logged one by one (and kept in the manifest), then only counted
 KEPT_LOCATIONS = 100  # bad_encoding locations listed in the counts (the manifest)
 
@@ -57,9 +58,11 @@ class Tally:
         # reason are logged with their file, line and the whole message, not only counted.
         if n <= LOGGED_PER_REASON:
             self.examples.setdefault(reason, []).append(f"{where}{': ' + detail if detail else ''}")
-            log.warning("skipped %s: %s%s", where, reason, f": {detail}" if detail else "")
+            level = logging.INFO if reason in FILTERED else logging.WARNING
+            log.log(level, "skipped %s: %s%s", where, reason, f": {detail}" if detail else "")
         elif n == LOGGED_PER_REASON + 1:
-            log.warning("further %s records are counted, not logged (the first %d are above)", reason, LOGGED_PER_REASON)
+            log.log(logging.INFO if reason in FILTERED else logging.WARNING,
+                    "further %s records are counted, not logged (the first %d are above)", reason, LOGGED_PER_REASON)
 
     def as_dict(self) -> dict:
         out = {
