@@ -32,6 +32,8 @@ BATCH_CHARS = 8_000_000  # characters of documents searched at once
 EXCERPT_CHARS = 60  # of a document, either side of the first match, for the report
 
 WORD = re.compile(r"\w+")
+_NON_WORD = re.compile(r"[^\w\0]+")
+_DOC_MARK = re.compile("\0")
 
 
 def words(text: str) -> list[str]:
@@ -87,11 +89,12 @@ def check_prompts(prompts: list[str], documents: Iterable[tuple[str, int, str]],
     checks = [PromptCheck(p, ngrams(words(p), n)) for p in prompts]
     whole = [" ".join(words(p)) for p in prompts]
     for batch in _batches(documents):
-        raw = "\0".join(t for _, _, t in batch)
+        raw = "\0".join(t.replace("\0", " ") for _, _, t in batch)
         raw_starts = _starts(len(t) for _, _, t in batch)
-        norm_docs = [" " + " ".join(words(t)) + " " for _, _, t in batch]
-        norm = "\n".join(norm_docs)
-        norm_starts = _starts(len(t) for t in norm_docs)
+        # the batch's words lower-cased, one space between them, a document's words between " \0 "
+        # marks: what words() gives each document, made for the whole batch at once
+        norm = " " + _NON_WORD.sub(" ", raw.lower()).replace("\0", " \0 ") + " "
+        norm_starts = [0] + [m.start() + 1 for m in _DOC_MARK.finditer(norm)]
         for c, w in zip(checks, whole):
             hits: dict[int, tuple[str, str]] = {}  # batch document -> (kind, what was found) of its strongest hit
             for i, _ in _find_all(raw, c.prompt, raw_starts, whole_words=True):
@@ -163,13 +166,15 @@ def _excerpt(text: str, found: str) -> str:
 
 
 def shard_documents(shards: dict, token_bytes_table: list[bytes], heldout_every: int,
-                    chunk_tokens: int = 1 << 22) -> Iterator[tuple[str, int, str]]:
+                    chunk_tokens: int = 1 << 20) -> Iterator[tuple[str, int, str]]:
     """(source, document index, text) of every training document of the shards (the held-out
     documents, which the model never trained on, left out), decoded a chunk of documents at a time.
     `token_bytes_table`: the bytes each token ID stands for (a BOS stands for none)."""
     from andrea.curriculum import is_heldout
 
     lengths = np.array([len(b) for b in token_bytes_table], dtype=np.int64)
+    flat = np.frombuffer(b"".join(token_bytes_table), dtype=np.uint8)  # every ID's bytes end to end
+    first = np.cumsum(lengths) - lengths  # where each ID's bytes start in `flat`
     for name in sorted(shards):
         sh = shards[name]
         offsets = np.asarray(sh.offsets, dtype=np.int64)
@@ -177,9 +182,12 @@ def shard_documents(shards: dict, token_bytes_table: list[bytes], heldout_every:
         while d < sh.n_docs:
             e = int(np.searchsorted(offsets, offsets[d] + chunk_tokens, side="right")) - 1
             e = min(max(e, d + 1), sh.n_docs)  # at least one document, however long
-            ids = np.asarray(sh.tokens[offsets[d] : offsets[e]])
-            data = b"".join([token_bytes_table[i] for i in ids.tolist()])
-            ends = np.concatenate([[0], np.cumsum(lengths[ids])])[offsets[d : e + 1] - offsets[d]]
+            ids = np.asarray(sh.tokens[offsets[d] : offsets[e]]).astype(np.int64)
+            n = lengths[ids]
+            at = np.cumsum(n) - n  # where each token's bytes go in the chunk's text
+            # decoded by one gather: byte j of the chunk is flat[first[id] + j - at[token]]
+            data = flat[np.arange(int(n.sum())) + np.repeat(first[ids] - at, n)].tobytes()
+            ends = np.concatenate([[0], np.cumsum(n)])[offsets[d : e + 1] - offsets[d]]
             for k in range(d, e):
                 if not is_heldout(k, heldout_every):
                     yield name, k, data[ends[k - d] : ends[k - d + 1]].decode("utf-8", "replace")
