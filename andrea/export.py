@@ -234,6 +234,8 @@ AUDIT_ROWS = [  # summary.json key, label, digits
     ("heldout_loss", "held-out loss (nats/token)", 4), ("heldout_bits_per_byte", "held-out bits per byte", 4),
     ("perplexity", "held-out perplexity", 2), ("mean_coherence", "mean coherence (0–100)", 2),
     ("external_judge", "external judge", 0), ("mean_judge_score", "mean external judge score (0–10)", 2),
+    ("contaminated_prompts", "prompts found in the training documents", 0),
+    ("heldout_sources", "held-out figures cover", 0),
 ]
 
 
