@@ -217,7 +217,7 @@ def _audit(lm, judge, shards_json, acfg: dict, heldout_every: int, tmp: Path, mc
         "samples": len(rows),
         "contaminated_prompts": (f"{len(bad)} of {len(by_prompt)}: " + "; ".join(f"{c['prompt']!r} ({c['source']} document {c['doc']})"
                                                                         for c in bad)) if bad else
-                                f"none of the {len(by_prompt)} prompts is in the {contamination['documents']:,} training documents",
+                                f"none: no prompt ({len(by_prompt)} checked) is in the {contamination['documents']:,} training documents",
         "heldout_loss": ppl["overall"]["loss"],
         "heldout_bits_per_byte": ppl["overall"]["bpb"],
         "heldout_bits_per_byte_mean_of_sources": ppl["overall"]["bpb_mean_of_sources"],
@@ -255,8 +255,8 @@ def _contamination(prompts: list[dict], shards: dict, tokenizer, heldout_every: 
     for p, c in zip(prompts, checks):
         out.append({"domain": p["domain"], **c.as_dict(), "described": c.describe()})
         if c.contaminated:
-            log.warning("contamination: prompt %r is in the training documents (%s): %s document %d of %d holding it: %s",
-                        c.prompt, c.kind, c.source, c.doc, c.documents, c.excerpt)
+            log.warning("contamination: prompt %r is in the training documents (%s), %d of them, first %s document %d: %s",
+                        c.prompt, c.kind, c.documents, c.source, c.doc, c.excerpt)
     log.info("contamination: %d of %d prompts found in %d training documents", sum(c.contaminated for c in checks),
              len(checks), counted["documents"])
     return {"ngram_words": NGRAM, "documents": counted["documents"], "heldout_every": heldout_every,
@@ -271,8 +271,16 @@ def _heldout_sources(ppl: dict) -> str:
         text += " (" + ", ".join(f"{s}: {v['tokens']:,} tokens" for s, v in per.items()) + ")"
     if ppl.get("largest_source") and len(per) > 1 and per[ppl["largest_source"]]["share"] >= 0.5:
         text += f"; {ppl['largest_source']} is {100 * per[ppl['largest_source']]['share']:.0f}% of the overall figure's tokens"
-    if ppl["without_heldout"]:
-        text += f"; none for {', '.join(ppl['without_heldout'])} (why: Held-out documents below)"
+    groups: dict[str, list[str]] = {}  # why -> sources
+    every = ppl["heldout_every"]
+    for s, why in ppl["without_heldout"].items():
+        if every <= 0:
+            why = "no document is held out: curriculum.heldout_every is 0"
+        elif cov[s]["heldout_documents"] == 0:
+            why = f"fewer than {every} documents, so none is held out (curriculum.heldout_every)"
+        groups.setdefault(why, []).append(s)
+    for why, sources in groups.items():
+        text += f"; none for {', '.join(sources)}: {why}"
     return text
 
 
@@ -288,14 +296,16 @@ def _coverage_rows(ppl: dict) -> list[list[str]]:
 
 
 COVERAGE_COLUMNS = ["source", "documents", "held-out documents", "held-out tokens", "training's validation", "audit figure",
-                    "why not"]
+                    "note"]
 
 
 def _heldout_note(ppl: dict) -> list[str]:
     per = ppl["per_source"]
-    notes = [f"Document i of a source is held out (never trained on) when i % {ppl['heldout_every']} == "
-             f"{ppl['heldout_every'] - 1} (curriculum.heldout_every): a source of fewer documents has none, and "
-             f"no figure. {len(per)} of {len(ppl['coverage'])} sources have a figure here."]
+    every = ppl["heldout_every"]
+    rule = (f"Document i of a source is held out (never trained on) when i % {every} == {every - 1} "
+            "(curriculum.heldout_every): a source of fewer documents has none, and no figure." if every > 0 else
+            "No document is held out (curriculum.heldout_every is 0): every document is trained on.")
+    notes = [f"{rule} {len(per)} of {len(ppl['coverage'])} sources have a figure here."]
     big = ppl.get("largest_source")
     if big and len(per) > 1:
         notes.append(f"The overall figure is weighted by tokens: {big} is {100 * per[big]['share']:.0f}% of them. "

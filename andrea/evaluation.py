@@ -63,11 +63,11 @@ def heldout_coverage(shards: dict, heldout_every: int, seq_len: int) -> dict[str
         if heldout_every <= 0:
             row["why"] = "no document is held out (curriculum.heldout_every is 0)"
         elif not docs:
-            row["why"] = (f"no held-out document: only {sh.n_docs} documents, and every {heldout_every}th is held out "
+            row["why"] = (f"no held-out document: only {sh.n_docs} document{'s' if sh.n_docs != 1 else ''}, and every {heldout_every}th is held out "
                           f"(curriculum.heldout_every)")
         elif tokens < seq_len + 1:
             row["audit"] = "whole"
-            row["why"] = (f"its held-out text ({len(docs)} documents, {tokens} tokens) is shorter than one validation "
+            row["why"] = (f"its held-out text ({len(docs)} document{'s' if len(docs) != 1 else ''}, {tokens} tokens) is shorter than one validation "
                           f"window of {seq_len + 1} tokens; the audit scores it whole")
         else:
             row["validation"], row["audit"] = True, "windows"

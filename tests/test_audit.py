@@ -81,7 +81,7 @@ def test_audit_without_an_endpoint_runs_the_builtin_judges_and_says_so(trained, 
     # the shipped prompts are not in the training documents; the report says so
     contamination = json.loads((out / "contamination.json").read_text())
     assert [p["contaminated"] for p in contamination["prompts"]] == [False] * 3
-    assert summary["contaminated_prompts"].startswith("none of the 3 prompts")
+    assert summary["contaminated_prompts"].startswith("none: no prompt (3 checked) is in the ")
     assert "## Prompts and the training data" in md and "## All samples" in md
     assert sorted(p.name for p in (out / "plots").glob("*.png")) == [
         "coherence_training.png", "loss.png", "scores_by_domain.png", "validation.png"]
@@ -303,4 +303,4 @@ def test_trainer_and_audit_agree_on_a_source_too_short_for_a_window(trained):
     assert rep["per_source"]["short"]["method"] == "whole" and rep["per_source"]["short"]["tokens"] == 19  # 2 docs of 10 end to end
     assert rep["without_heldout"] == {}
     none = heldout_coverage({"tiny": shard([5])}, 2, T)["tiny"]
-    assert not none["validation"] and none["audit"] is None and "only 1 documents" in none["why"]
+    assert not none["validation"] and none["audit"] is None and "only 1 document," in none["why"]
