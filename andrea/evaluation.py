@@ -49,16 +49,46 @@ def heldout_documents(n_docs: int, heldout_every: int) -> list[int]:
     return [d for d in range(heldout_every - 1, n_docs, max(1, heldout_every)) if is_heldout(d, heldout_every)]
 
 
-def build_eval_set(shards: dict, heldout_every: int, seq_len: int, tokens_per_source: int, token_bytes: np.ndarray) -> EvalSet:
-    """The fixed held-out windows of every source (see the module docstring)."""
-    T = seq_len
-    want = max(1, tokens_per_source // T)  # windows per source
-    windows, index, nbytes, names, skipped = [], [], [], [], {}
+def heldout_coverage(shards: dict, heldout_every: int, seq_len: int) -> dict[str, dict]:
+    """Per source, what held-out text it has and who scores it, in the words training's validation
+    and the audit both use: `documents`, `heldout_documents`, `heldout_tokens` (BOS included),
+    `validation` (training's windows of seq_len + 1 tokens score it), `audit` ("windows", "whole"
+    or None) and `why` (for a source without a validation figure; None otherwise)."""
+    out = {}
     for name in sorted(shards):
         sh = shards[name]
         docs = heldout_documents(sh.n_docs, heldout_every)
-        if not len(docs):
-            skipped[name] = f"no held-out documents ({sh.n_docs} documents, every {heldout_every}th held out)"
+        offsets = np.asarray(sh.offsets, dtype=np.int64)
+        tokens = int((offsets[np.add(docs, 1)] - offsets[docs]).sum()) if docs else 0
+        row = {"documents": int(sh.n_docs), "heldout_documents": len(docs), "heldout_tokens": tokens,
+               "validation": False, "audit": None, "why": None}
+        if heldout_every <= 0:
+            row["why"] = "no document is held out (curriculum.heldout_every is 0)"
+        elif not docs:
+            row["why"] = (f"no held-out document: only {sh.n_docs} document{'s' if sh.n_docs != 1 else ''}, and every {heldout_every}th is held out "
+                          f"(curriculum.heldout_every)")
+        elif tokens < seq_len + 1:
+            row["audit"] = "whole"
+            row["why"] = (f"its held-out text ({len(docs)} document{'s' if len(docs) != 1 else ''}, {tokens} tokens) is shorter than one validation "
+                          f"window of {seq_len + 1} tokens; the audit scores it whole")
+        else:
+            row["validation"], row["audit"] = True, "windows"
+        out[name] = row
+    return out
+
+
+def build_eval_set(shards: dict, heldout_every: int, seq_len: int, tokens_per_source: int, token_bytes: np.ndarray) -> EvalSet:
+    """The fixed held-out windows of every source (see the module docstring); the sources without
+    one in `skipped`, with heldout_coverage's reason."""
+    T = seq_len
+    want = max(1, tokens_per_source // T)  # windows per source
+    windows, index, nbytes, names, skipped = [], [], [], [], {}
+    coverage = heldout_coverage(shards, heldout_every, seq_len)
+    for name in sorted(shards):
+        sh = shards[name]
+        docs = heldout_documents(sh.n_docs, heldout_every)
+        if not coverage[name]["validation"]:
+            skipped[name] = coverage[name]["why"]
             continue
         need = want * T + 1
         parts, have = [], 0
@@ -70,9 +100,6 @@ def build_eval_set(shards: dict, heldout_every: int, seq_len: int, tokens_per_so
                 break
         stream = np.concatenate(parts) if parts else np.zeros(0, np.uint16)
         n = min(want, (len(stream) - 1) // T)
-        if n < 1:
-            skipped[name] = f"held-out text of {len(stream)} tokens is shorter than one window of {T + 1}"
-            continue
         names.append(name)
         for i in range(n):
             w = stream[i * T : i * T + T + 1]
@@ -163,6 +190,7 @@ def heldout_report(cfg, weights: np.ndarray, token_bytes: np.ndarray, shards: di
     the CPU or fp8; on the CPU in fp32); a source whose held-out text is shorter than one window is scored
     whole by the generation model (andrea/sampling.py) on the same backend."""
     es = build_eval_set(shards, heldout_every, seq_len, tokens_per_source, token_bytes)
+    coverage = heldout_coverage(shards, heldout_every, seq_len)
     per: dict[str, dict] = {}
     sums = {}  # source -> (nats, tokens, bytes)
     info = {"seq_len": seq_len, "backend": None}
@@ -178,11 +206,11 @@ def heldout_report(cfg, weights: np.ndarray, token_bytes: np.ndarray, shards: di
             i = es.sources.index(src)
             sums[src] = (v["loss"] * v["tokens"], v["tokens"], int(es.target_bytes[es.source_index == i].sum()), "windows")
     whole = None  # the generation model, on the resolved backend in fp32
-    for src in es.skipped:
-        docs = heldout_documents(shards[src].n_docs, heldout_every)
-        if not len(docs):
+    for src, c in coverage.items():
+        if c["audit"] != "whole":
             continue
         sh = shards[src]
+        docs = heldout_documents(sh.n_docs, heldout_every)
         stream = np.concatenate([np.asarray(sh.tokens[int(sh.offsets[d]) : int(sh.offsets[d + 1])]) for d in docs])
         whole = whole or InferenceModel(cfg, weights, backend=info["backend"] or resolve_backend(backend, "auto")[0],
                                         precision="fp32")
@@ -199,5 +227,13 @@ def heldout_report(cfg, weights: np.ndarray, token_bytes: np.ndarray, shards: di
     overall = {"loss": round(total_nats / total_tok, 5) if total_tok else None,
                "bpb": round(total_nats / LN2 / total_bytes, 5) if total_bytes else None,
                "perplexity": round(math.exp(total_nats / total_tok), 3) if total_tok else None, "tokens": total_tok}
-    no_heldout = {s: why for s, why in es.skipped.items() if s not in per}
-    return {**info, "overall": overall, "per_source": per, "without_heldout": no_heldout}
+    for src, v in per.items():
+        v["share"] = round(v["tokens"] / total_tok, 4)  # of the overall figure's tokens
+    # each source counted once, however much held-out text it has: the overall figure above is
+    # weighted by tokens, so one large source can stand for nearly all of it
+    bpbs = [v["bpb"] for v in per.values() if v["bpb"] is not None]
+    overall["bpb_mean_of_sources"] = round(float(np.mean(bpbs)), 5) if bpbs else None
+    largest = max(per, key=lambda s: per[s]["tokens"]) if per else None
+    no_heldout = {s: c["why"] for s, c in coverage.items() if s not in per}
+    return {**info, "overall": overall, "per_source": per, "without_heldout": no_heldout, "coverage": coverage,
+            "largest_source": largest, "heldout_every": heldout_every}

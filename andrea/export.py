@@ -45,12 +45,13 @@ import importlib
 import json
 import logging
 import os
+import stat
 from pathlib import Path
 
 import numpy as np
 
 from andrea.checkpoint import read_weights
-from andrea.io import Manifest, atomic_dir, read_document, sha256_file
+from andrea.io import Manifest, atomic_dir, atomic_path, read_document, sha256_file
 from andrea.model import LN_EPS, ModelConfig, n_params, param_layout, views
 from andrea.tokenizer import BOS, FIRST_SEGMENT, N_BYTES, HarrisTokenizer, trie_pattern
 
@@ -233,6 +234,8 @@ AUDIT_ROWS = [  # summary.json key, label, digits
     ("heldout_loss", "held-out loss (nats/token)", 4), ("heldout_bits_per_byte", "held-out bits per byte", 4),
     ("perplexity", "held-out perplexity", 2), ("mean_coherence", "mean coherence (0–100)", 2),
     ("external_judge", "external judge", 0), ("mean_judge_score", "mean external judge score (0–10)", 2),
+    ("contaminated_prompts", "prompts found in the training documents", 0),
+    ("heldout_sources", "held-out figures cover", 0),
 ]
 
 
@@ -379,7 +382,10 @@ def export_hf(ckpt_dir: str | Path, out_dir: str | Path, which: str = "final", s
     check_tokenizer(t, tok)
     with atomic_dir(out) as tmp:  # into a temporary directory, renamed when complete
         tensors = gpt2_tensors(cfg, ck.weights)
-        safetensors_numpy.save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+        with atomic_path(tmp / "model.safetensors") as st:
+            mode = stat.S_IMODE(st.stat().st_mode)  # what a plain open() gives here: 0o666 less the umask
+            safetensors_numpy.save_file(tensors, st, metadata={"format": "pt"})
+            os.chmod(st, mode)  # save_file leaves its file 0o600, private among 0o644 neighbours
         t.save(str(tmp / "tokenizer.json"))
         special = {"bos_token": bos, "eos_token": bos, "pad_token": bos}
         files = {

@@ -23,7 +23,8 @@ log = logging.getLogger("andrea.records")
 
 RECORD_SUFFIXES = (".parquet", ".jsonl", ".json")
 BAD_ENCODING = "bad_encoding"
-LOGGED_PER_REASON = 20  # bad_encoding skips logged one by one, then only counted
+FILTERED = {"too_short", "other_language"}  # records fine as such, left out by a setting: logged as info, not warnings
+LOGGED_PER_REASON = 5  # skips of each reason logged one by one (and kept in the manifest), then only counted
 KEPT_LOCATIONS = 100  # bad_encoding locations listed in the counts (the manifest)
 
 # Undecodable bytes read with errors="surrogateescape" become U+DC80..U+DCFF.
@@ -43,23 +44,25 @@ class Tally:
     read: int = 0
     kept: int = 0
     skipped: Counter = field(default_factory=Counter)
-    examples: dict = field(default_factory=dict)
+    examples: dict = field(default_factory=dict)  # reason -> the first LOGGED_PER_REASON "where: detail"
     bad_encoding_at: list = field(default_factory=list)
 
     def skip(self, reason: str, where: str, strict: bool, detail: str = "") -> None:
         if strict:
             raise MalformedRecord(f"{where}: {reason}{': ' + detail if detail else ''} (strict mode)")
         self.skipped[reason] += 1
-        self.examples.setdefault(reason, f"{where}{': ' + detail if detail else ''}")
-        if reason == BAD_ENCODING:
-            # Bytes that are not UTF-8 are a problem of the input file the user can fix: say where.
-            n = self.skipped[reason]
-            if n <= KEPT_LOCATIONS:
-                self.bad_encoding_at.append(where)
-            if n <= LOGGED_PER_REASON:
-                log.warning("skipped %s: %s%s", where, reason, f": {detail}" if detail else "")
-            elif n == LOGGED_PER_REASON + 1:
-                log.warning("further %s records are counted, not logged", reason)
+        n = self.skipped[reason]
+        if reason == BAD_ENCODING and n <= KEPT_LOCATIONS:
+            self.bad_encoding_at.append(where)
+        # A skipped record is a problem of the input file the user can fix: the first few of every
+        # reason are logged with their file, line and the whole message, not only counted.
+        if n <= LOGGED_PER_REASON:
+            self.examples.setdefault(reason, []).append(f"{where}{': ' + detail if detail else ''}")
+            level = logging.INFO if reason in FILTERED else logging.WARNING
+            log.log(level, "skipped %s: %s%s", where, reason, f": {detail}" if detail else "")
+        elif n == LOGGED_PER_REASON + 1:
+            log.log(logging.INFO if reason in FILTERED else logging.WARNING,
+                    "further %s records are counted, not logged (the first %d are above)", reason, LOGGED_PER_REASON)
 
     def as_dict(self) -> dict:
         out = {
@@ -67,7 +70,8 @@ class Tally:
             "kept": self.kept,
             "skipped": dict(sorted(self.skipped.items())),
             "skipped_total": sum(self.skipped.values()),
-            "first_skipped_example": dict(sorted(self.examples.items())),
+            "first_skipped_example": {r: ex[0] for r, ex in sorted(self.examples.items())},
+            "skipped_examples": dict(sorted(self.examples.items())),  # the first LOGGED_PER_REASON of each reason
         }
         if self.bad_encoding_at:
             out["bad_encoding_at"] = list(self.bad_encoding_at)  # the first KEPT_LOCATIONS
@@ -88,6 +92,15 @@ class RawRow:
 def undecodable(err: UnicodeDecodeError) -> str:
     """What a failed UTF-8 decode of one line found: the byte and its column (1-based, in bytes)."""
     return f"byte 0x{err.object[err.start]:02x} at column {err.start + 1} is not valid UTF-8"
+
+
+def json_error(err: json.JSONDecodeError, line: str) -> str:
+    """The whole message of a JSON line that does not parse, with its column: `err.msg` alone
+    reads cut off ("Unterminated string starting at"), and the line's length shows a truncation."""
+    msg, n = err.msg.removesuffix(" at"), len(line.rstrip("\r\n"))
+    if err.pos >= n:  # the JSON is cut off: the newline (or the end) comes inside a string or object
+        return f"the line ends unfinished after {n} characters ({msg} at column {err.colno})"
+    return f"{msg} at column {err.colno} of a line of {n} characters"
 
 
 def _escaped_bytes(value: Any) -> list[int]:
@@ -207,7 +220,7 @@ def _jsonl_rows(path: Path, name: str) -> Iterator[RawRow]:
             try:
                 value = json.loads(text)
             except json.JSONDecodeError as e:
-                yield RawRow(where=where, key=key, broken="broken_json", detail=e.msg)
+                yield RawRow(where=where, key=key, broken="broken_json", detail=json_error(e, text))
                 continue
             if SURROGATE_ESCAPE.search(line) and holds_lone_surrogate(value):
                 yield RawRow(where=where, key=key, broken=BAD_ENCODING, detail="a \\u escape encodes half a UTF-16 surrogate pair")

@@ -18,6 +18,28 @@ from andrea.io import read_jsonl, write_text_atomic
 STYLE = ("body{font-family:system-ui,sans-serif;max-width:980px;margin:1.5em auto;color:#222}"
          "table{border-collapse:collapse;margin-bottom:1em}td,th{border:1px solid #ddd;padding:.3em .6em;text-align:right}"
          "th:first-child,td:first-child{text-align:left;max-width:40em}pre{white-space:pre-wrap;background:#f6f6f6;padding:.6em}")
+# What each column of the pages' tables means, shown under the table
+CAPTIONS = {
+    "read": "documents read from the source",
+    "kept": "documents kept",
+    "dropped_shape": "documents dropped: a user or assistant turn scored as system-prompt shaped",
+    "dropped_empty": "documents dropped: no user and assistant turn left once system turns were removed",
+    "system_turns_removed": "system turns removed from the documents",
+    "kept %": "kept / read",
+    "n": "labelled turns scored",
+    "precision": "of the turns the scorer flags, the share that are system-prompt shaped (tp / (tp + fp))",
+    "recall": "of the system-prompt shaped turns, the share the scorer flags (tp / (tp + fn))",
+    "tp": "shaped turns flagged", "fp": "other turns flagged", "fn": "shaped turns missed", "tn": "other turns passed",
+    "bytes": "UTF-8 bytes of the text",
+    "tokens": "tokens the text encodes to",
+    "bytes_per_token": "bytes / tokens: higher is a more compact encoding",
+    "segment_coverage": "share of the bytes inside segments (multi-byte tokens)",
+    "byte_fallback_share": "share of the bytes left to single-byte tokens (1 − segment_coverage)",
+    "weight": "the source's curriculum weight (sources.<name>.weight)",
+    "available_chars": "characters of the source's documents",
+    "sampled_chars": "characters of them in the tokenizer's sample",
+    "share": "the source's part of the sample's characters",
+}
 EXAMPLES_SHOWN = 20  # removed turns quoted on the filter page; the stage keeps more in its jsonl
 EXAMPLE_CHARS = 400
 
@@ -35,9 +57,11 @@ def _read_json(path: str | Path, required: tuple[str, ...]) -> dict:
 
 
 def _table(rows: dict[str, dict], index_name: str) -> str:
+    """The rows as a table, with the caption of each of its columns below it."""
     df = pd.DataFrame.from_dict(rows, orient="index")
     df.index.name = index_name
-    return df.reset_index().to_html(border=0, index=False, na_rep="—")
+    notes = "".join(f"<li><b>{html.escape(str(c))}</b>: {html.escape(CAPTIONS[c])}</li>" for c in df.columns if c in CAPTIONS)
+    return df.reset_index().to_html(border=0, index=False, na_rep="—") + (f"<ul class='captions'>{notes}</ul>" if notes else "")
 
 
 def _fields(pairs: dict) -> str:

@@ -686,7 +686,7 @@ class Trainer:
             if s.eval_every > 0:
                 self.eval_set = build_eval_set(self.shards, s.curriculum.heldout_every, self.T, s.eval_tokens, self.tok.token_bytes)
                 for src, why in self.eval_set.skipped.items():
-                    log.info("validation: %s left out: %s", src, why)
+                    log.info("validation: %s not scored during training: %s", src, why)  # the reason says what the audit does
                 if not len(self.eval_set):
                     log.warning("validation: no source has held-out text for a window; no validation loss (best.bin by smoothed loss)")
                     self.eval_set = None

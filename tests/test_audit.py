@@ -63,11 +63,26 @@ def test_audit_without_an_endpoint_runs_the_builtin_judges_and_says_so(trained, 
     with_heldout = {s for s, c in shard_meta.items() if c["n_docs"] >= every}
     assert set(held["per_source"]) == with_heldout
     assert set(held["without_heldout"]) == {s for s, c in shard_meta.items() if 0 < c["n_docs"] < every}
+    # every source's coverage is in the report, the ones without a figure with the reason
+    assert set(held["coverage"]) == {s for s, c in shard_meta.items() if c["n_docs"]}
+    assert sum(v["tokens"] for v in held["per_source"].values()) == held["overall"]["tokens"]
     for v in held["per_source"].values():  # bits per byte and perplexity agree with the loss
         assert v["perplexity"] == pytest.approx(math.exp(v["loss"]), rel=1e-3)
         assert 0 < v["bpb"] < 20
     md = (out / "report.md").read_text()
     assert "external judge | not run" in md and "![Training loss](plots/loss.png)" in md
+    assert "| mean judge score | not scored: no external judge configured |" in md and "None" not in md
+    assert summary["mean_judge_score"] == "not scored: no external judge configured"
+    for column in ("coh_gate", "coh_bigram", "coh_trigram", "coh_chars", "english_rate", "distinct_2", "repetition"):
+        assert f"- **{column}**: " in md, column  # every column has its caption
+    assert f"{len(held['per_source'])} of {len(held['coverage'])} sources have a held-out figure" in summary["heldout_sources"]
+    for s in held["without_heldout"]:
+        assert f"| {s} | " in md and s in summary["heldout_sources"]
+    # the shipped prompts are not in the training documents; the report says so
+    contamination = json.loads((out / "contamination.json").read_text())
+    assert [p["contaminated"] for p in contamination["prompts"]] == [False] * 3
+    assert summary["contaminated_prompts"].startswith("none: no prompt (3 checked) is in the ")
+    assert "## Prompts and the training data" in md and "## All samples" in md
     assert sorted(p.name for p in (out / "plots").glob("*.png")) == [
         "coherence_training.png", "loss.png", "scores_by_domain.png", "validation.png"]
     assert "| **all** |" in md and "![Validation bits per byte](plots/validation.png)" in md
@@ -160,3 +175,132 @@ def test_sample_command_prints_several_continuations_decoded_together(trained):
     assert one.stdout == lm.tokenizer.decode(generate(lm.model, ids, 12, np.random.default_rng(5)), errors="replace") + "\n"
     bad = subprocess.run([*cmd, "--samples", "0"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert bad.returncode != 0 and "--samples 0: at least 1" in bad.stderr
+
+
+# ---------------------------------------------------------------- contamination
+
+
+def test_contamination_finds_verbatim_whole_and_long_ngram_overlap(monkeypatch):
+    from andrea import contamination
+    from andrea.contamination import check_prompts
+
+    long_prompt = "Please explain in plain words how the tides of the ocean follow the moon"  # 14 words
+    docs = [
+        ("a", 0, "Nothing to see here."),
+        ("a", 1, "> What does the Nyquist rate mean?\n\n< Twice the highest frequency."),
+        ("b", 0, "we say: WHAT does the nyquist-rate mean... nobody knows"),  # whole, by words
+        ("b", 3, "Teacher: in plain words how the tides of a sea"),  # 7 words in a row: no 8-gram
+        ("c", 5, "so, how the tides of the ocean follow the moon, is the question"),  # 9 words in a row: two 8-grams
+        ("c", 6, "define resonances and more"),  # a longer word is not the prompt's word
+    ]
+    prompts = ["What does the Nyquist rate mean?", long_prompt, "define resonance", "Why is the sky blue?"]
+    for batch_chars in (10**6, 1):  # one batch, and a batch per document: the same findings
+        monkeypatch.setattr(contamination, "BATCH_CHARS", batch_chars)
+        nyquist, tides, define, sky = check_prompts(prompts, iter(docs))
+        assert (nyquist.kind, nyquist.source, nyquist.doc, nyquist.documents) == ("verbatim", "a", 1, 2)
+        assert "What does the Nyquist rate mean?" in nyquist.excerpt
+        assert nyquist.describe() == "IN TRAINING DATA (verbatim): a document 1 and 1 more"
+        assert (tides.kind, tides.source, tides.doc, tides.documents) == ("8-gram", "c", 5, 1)
+        assert tides.describe() == "IN TRAINING DATA (2 of its 7 8-grams): c document 5"
+        assert "how the tides of the ocean follow the moon" in tides.excerpt
+        assert not define.contaminated and not sky.contaminated and sky.describe() == "not in the training documents"
+
+
+def test_contamination_reads_the_training_documents_of_the_shards():
+    """The documents as trained on, decoded from the token shards, the held-out ones left out."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from andrea.contamination import shard_documents
+    from andrea.tokenizer import HarrisTokenizer
+
+    tok = HarrisTokenizer(["the ", "ing", "é!"])
+    texts = [f"document {i}: the thing é! {'x' * i}" for i in range(7)]
+    tokens = tok.encode_documents(texts)
+    starts = [0] + list(np.cumsum([1 + len(tok.encode(t)) for t in texts]))
+    shard = SimpleNamespace(n_docs=len(texts), tokens=tokens, offsets=np.array(starts, dtype=np.uint64))
+    table = [tok.decode_bytes([i]) for i in range(tok.vocab_size)]
+    for chunk in (1, 5, 10**6):  # a document longer than a chunk is read whole
+        got = list(shard_documents({"s": shard}, table, heldout_every=3, chunk_tokens=chunk))
+        assert got == [("s", i, t) for i, t in enumerate(texts) if i % 3 != 2]
+
+
+def test_the_shipped_prompts_are_not_in_the_shipped_corpus(config, tmp_path):
+    """The audit's prompts, word for word or by a run of 8 words, are in no document of the
+    embedded corpus as the quickstart trains on it (rendered as training text), nor in its files."""
+    from andrea.contamination import check_prompts
+    from andrea.hermes3 import pull_hermes3
+    from andrea.megachat import iter_megachat, prep_megachat, render_document
+
+    pull_hermes3(config["hermes3"], tmp_path / "pull", "v")
+    prep_megachat(config, tmp_path / "prep", "v", pull_dir=tmp_path / "pull")
+    docs = [(r["source"], i, render_document(r["turns"], r["text"], config["megachat"]))
+            for i, r in enumerate(iter_megachat(tmp_path / "prep" / "megachat.parquet"))]
+    corpus = REPO / "andrea" / "corpus"
+    docs += [(p.name, 0, p.read_text(encoding="utf-8")) for p in sorted(corpus.rglob("*")) if p.is_file()]
+    assert len(docs) > 1000
+    prompts = [p["prompt"] for p in config["audit"]["prompts"]]
+    found = [c.describe() + f" {c.prompt!r}" for c in check_prompts(prompts, docs) if c.contaminated]
+    assert found == []
+    # the check does find a prompt that is there: one of the corpus's own questions
+    (hit,) = check_prompts(["What does the Nyquist rate mean?"], docs)
+    assert hit.contaminated and hit.source == "hermes3-general"
+
+
+def test_a_prompt_in_the_training_documents_is_marked_in_the_report(trained, tmp_path, monkeypatch):
+    cfg, ckpt, shards = trained  # noqa: F811
+    for var in ("ANDREA_JUDGE_BASE_URL", "ANDREA_JUDGE_MODEL"):
+        monkeypatch.delenv(var, raising=False)
+    a = audit_cfg(cfg)
+    a["prompts"] = [{"domain": "general", "prompt": "What causes the seasons on Earth?"}, a["prompts"][0]]
+    a["samples_per_prompt"], a["max_new_tokens"] = 1, 8
+    summary = run_audit(ckpt, shards, a, cfg["curriculum"]["heldout_every"], tmp_path / "audit")
+    out = tmp_path / "audit"
+    assert summary["contaminated_prompts"].startswith("1 of 2: 'What causes the seasons on Earth?' (hermes3-general document ")
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [r["contaminated"] for r in rows] == [True, False]
+    assert rows[0]["contamination"].startswith("IN TRAINING DATA (verbatim): hermes3-general document ")
+    md = (out / "report.md").read_text()
+    assert "| general | What causes the seasons on Earth? | IN TRAINING DATA (verbatim): hermes3-general document" in md
+    assert "| YES |" in md  # the samples table
+    assert "IN TRAINING DATA" in (out / "report.html").read_text()
+    assert summary["mean_coherence_uncontaminated"] == rows[1]["coherence"]
+
+
+# ---------------------------------------------------------------- held-out coverage
+
+
+def test_trainer_and_audit_agree_on_a_source_too_short_for_a_window(trained):
+    """A source whose held-out text is shorter than a validation window: training's validation
+    leaves it out and says the audit scores it whole; the audit does, and says which have none."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from andrea.evaluation import build_eval_set, heldout_coverage, heldout_report
+    from andrea.sampling import load_model
+
+    _, ckpt, _ = trained
+    lm = load_model(ckpt, backend="numpy")
+
+    def shard(doc_lengths):
+        offsets = np.concatenate([[0], np.cumsum(doc_lengths)]).astype(np.uint64)
+        tokens = np.random.default_rng(0).integers(1, 256, int(offsets[-1])).astype(np.uint16)
+        tokens[offsets[:-1].astype(np.int64)] = 256  # each document led by BOS
+        return SimpleNamespace(n_docs=len(doc_lengths), tokens=tokens, offsets=offsets)
+
+    shards = {"big": shard([40] * 8), "short": shard([10] * 4), "few": shard([50] * 2)}  # heldout_every 2 below
+    T = 48
+    cov = heldout_coverage(shards, 2, T)
+    es = build_eval_set(shards, 2, T, 256, lm.tokenizer.token_bytes)
+    assert es.sources == ["big", "few"] and set(es.skipped) == {"short"} and es.skipped["short"] == cov["short"]["why"]
+    assert cov["short"]["heldout_tokens"] == 20 and cov["short"]["audit"] == "whole"
+    assert "the audit scores it whole" in es.skipped["short"]
+    assert cov["few"]["heldout_documents"] == 1 and cov["few"]["validation"]  # 50 tokens: one window of 49
+    rep = heldout_report(lm.cfg, lm.weights, lm.tokenizer.token_bytes, {"big": shards["big"], "short": shards["short"]},
+                         2, T, 256, backend="numpy")
+    assert rep["per_source"]["short"]["method"] == "whole" and rep["per_source"]["short"]["tokens"] == 19  # 2 docs of 10 end to end
+    assert rep["without_heldout"] == {}
+    none = heldout_coverage({"tiny": shard([5])}, 2, T)["tiny"]
+    assert not none["validation"] and none["audit"] is None and "only 1 document," in none["why"]

@@ -230,3 +230,31 @@ def test_strict_prep_names_the_source_file_and_line(config, tmp_path):
     with pytest.raises(MalformedRecord, match=r"source dictionary: .*dict\.tsv:line 2: bad_encoding: byte 0xe9"):
         prep_megachat(cfg, tmp_path / "prep", "v1")
     assert not (tmp_path / "prep" / "megachat.parquet").exists()
+
+
+# ---------------------------------------------------------------- every reason, named in the log
+
+
+def test_truncated_json_and_bad_encoding_logged_whole_with_file_and_line(config, tmp_path, caplog):
+    """The first records skipped for each reason are logged with their file, line and whole
+    message (not only counted), and the manifest keeps the whole message too."""
+    src = tmp_path / "chat.jsonl"
+    truncated = json.dumps(sharegpt(("human", "Where does the line end"), ("gpt", "nowhere")))[:40].encode()
+    bad_lines = [with_bad_byte(BAD)] * 7  # more than the logged few: the rest are counted
+    src.write_bytes(jsonl_bytes(GOOD, truncated, *bad_lines, GOOD))
+    with caplog.at_level(logging.WARNING, logger="andrea"):
+        per_source, rows, manifest = prep(with_sources(config, {"chat": {"adapter": "sharegpt", "location": str(src)}}), tmp_path)
+    counts = per_source["chat"]
+    assert counts["skipped"] == {"bad_encoding": 7, "broken_json": 1}
+    whole = "the line ends unfinished after 40 characters (Invalid control character at column 41)"
+    message = f"{src}:line 2: {whole}"
+    assert counts["first_skipped_example"]["broken_json"] == message
+    assert manifest["counts"]["per_source"]["chat"]["skipped_examples"]["broken_json"] == [message]
+    logged = [r.getMessage() for r in caplog.records]
+    assert f"skipped {src}:line 2: broken_json: {whole}" in logged, logged
+    column = with_bad_byte(BAD).index(b"\xe9") + 1
+    bad_logged = [m for m in logged if m.startswith(f"skipped {src}:line ") and "bad_encoding" in m]
+    assert bad_logged == [f"skipped {src}:line {n}: bad_encoding: byte 0xe9 at column {column} is not valid UTF-8"
+                          for n in range(3, 8)]  # the first five of the seven
+    assert len(manifest["counts"]["per_source"]["chat"]["skipped_examples"]["bad_encoding"]) == 5
+    assert any("further bad_encoding records are counted" in m for m in logged)

@@ -2,8 +2,10 @@
 tokenizer that gives our IDs for any text, a pipeline that writes text, and a model card."""
 
 import json
+import os
 import random
 import shutil
+import stat
 import time
 
 import numpy as np
@@ -266,12 +268,29 @@ def test_export_directory_card_and_manifest(trained):
         assert f"| {source} | {c['n_docs']:,} | {c['n_tokens']:,} |" in card
     summary = json.loads((trained / "audit" / "summary.json").read_text())
     assert f"| mean coherence (0–100) | {summary['mean_coherence']:.2f} |" in card
+    if isinstance(summary["mean_judge_score"], str):  # no judge configured where the tests run
+        assert f"| mean external judge score (0–10) | {summary['mean_judge_score']} |" in card
+    assert f"| prompts found in the training documents | {summary['contaminated_prompts']} |" in card
+    assert "| held-out figures cover | " in card and " sources have a held-out figure" in card
     assert f"N = {MODEL['n_segments']} segments" in card and "bytes/token on held-out text" in card
     assert f"| steps | {run['step']} |" in card and f"{run['last_eval']['loss']:.4f} nats/token" in card
     assert "| backend | numpy (fp32)" in card and "licence" in card.lower()
     manifest = json.loads((out / "manifest.json").read_text())
     assert {p["path"].rsplit("/", 1)[-1] for p in manifest["inputs"]} >= {"final.bin", "run.json", "harris_segments.json", "shards.json", "summary.json"}
     assert {p["path"] for p in manifest["outputs"]} == {p.name for p in out.iterdir()} - {"manifest.json"}
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_export_files_get_the_modes_a_plain_open_gives(untied, tmp_path, umask):
+    """model.safetensors is readable where its neighbours are (safetensors itself writes 0o600)."""
+    old = os.umask(umask)
+    try:
+        out = export(untied.parent / "ckpt", tmp_path / "hf")
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert modes == {name: 0o666 & ~umask for name in modes}, {k: oct(v) for k, v in modes.items()}
+    assert "model.safetensors" in modes
 
 
 def test_export_best_weights(trained, tmp_path):

@@ -35,6 +35,8 @@ def test_filter_page_shows_counts_scores_and_removed_turns(tmp_path):
     assert "<td>0.9851</td>" in page and "<td>0.9763</td>" in page
     assert "You are &lt;Helper&gt;. Never reveal" in page and "score 0.93" in page  # escaped, not markup
     assert "1 of the 1 examples kept" in page
+    for column in (*COUNTS, "kept %", "precision", "recall", "tp", "fp", "fn", "tn"):  # every column captioned
+        assert f"<li><b>{column}</b>: " in page, column
 
 
 def test_saturation_page_says_whether_the_tokenizer_saturated(tmp_path):
@@ -48,6 +50,8 @@ def test_saturation_page_says_whether_the_tokenizer_saturated(tmp_path):
     assert "Tokenizer: N=1024, 2.6266 bytes per token" in page and "SATURATED" in page
     assert "<td>124</td>" in page and "held-out documents" not in page  # no held-out text: no row for it
     assert re.search(r"<td>chat</td>\s*<td>0.8</td>\s*<td>3544</td>", page)
+    for column in (*sat["sample"], *sat["per_source"]["chat"]):  # every column captioned
+        assert f"<li><b>{column}</b>: " in page, column
 
 
 def test_a_page_from_a_foreign_json_names_the_file(tmp_path):
