@@ -27,6 +27,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from andrea.curriculum import is_heldout
+
 NGRAM = 8
 BATCH_CHARS = 8_000_000  # characters of documents searched at once
 EXCERPT_CHARS = 60  # of a document, either side of the first match, for the report
@@ -170,8 +172,6 @@ def shard_documents(shards: dict, token_bytes_table: list[bytes], heldout_every:
     """(source, document index, text) of every training document of the shards (the held-out
     documents, which the model never trained on, left out), decoded a chunk of documents at a time.
     `token_bytes_table`: the bytes each token ID stands for (a BOS stands for none)."""
-    from andrea.curriculum import is_heldout
-
     lengths = np.array([len(b) for b in token_bytes_table], dtype=np.int64)
     flat = np.frombuffer(b"".join(token_bytes_table), dtype=np.uint8)  # every ID's bytes end to end
     first = np.cumsum(lengths) - lengths  # where each ID's bytes start in `flat`
