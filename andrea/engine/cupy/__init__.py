@@ -41,9 +41,10 @@ so backends of different precisions work side by side in one process.
 
 # the names the package defined before its split into modules, for those who import them from here
 from andrea.engine.cupy.backend import (  # noqa: F401
-    FP8_LN_BWD_SMEM, FP8_LN_OUTPUTS, GELU_KEEP_SHARE, GELU_KEEP_TOKENS, H16_BUFFERS, H16_LN_SIDES, LN_FEW_ROWS, LN_MAXV,
-    LN_R16_ROWS, LN_ROWS, CupyBackend, Readback, Snapshot, _ln_fused, gelu_policy_from_env, ln_fused_rows, ln_fused_smem,
-    residual_from_env, smem_optin)
+    FP8_LN_BWD_SMEM, FP8_LN_OUTPUTS, GELU_KEEP_SHARE, GELU_KEEP_TOKENS, H16_BUFFERS, H16_LN_SIDES, CupyBackend, Readback,
+    Snapshot, gelu_policy_from_env, residual_from_env)
+from andrea.engine.cupy.layernorm import (  # noqa: F401
+    LN_FEW_ROWS, LN_MAXV, LN_R16_ROWS, LN_ROWS, _ln_fused, ln_fused_rows, ln_fused_smem, smem_optin)
 from andrea.engine.cupy.weights import BF16, FP16, VOCAB_PAD  # noqa: F401
 
 __all__ = ["BF16", "FP16", "VOCAB_PAD", "CupyBackend", "Snapshot"]
