@@ -11,7 +11,7 @@ import numpy as np
 
 from andrea.engine.backend import Backend
 from andrea.engine.numpy_backend import SAMPLE_CANDIDATES
-from andrea.engine.cupy import attention, decode, layernorm
+from andrea.engine.cupy import attention, decode, elementwise, layernorm
 from andrea.engine.cupy.cudnn_attention import CudnnAttention, deterministic_from_env, implementation_from_env, workspace_cap
 from andrea.engine.cupy.cudnn_attention import takes as cudnn_takes
 from andrea.engine.cupy.cublaslt import EPILOGUE_DGELU, EPILOGUE_GELU_AUX, Lt, tune_from_env
@@ -309,7 +309,7 @@ class CupyBackend(Backend):
         if name in FP8_LN_OUTPUTS and self._fp8(FP8_LN_OUTPUTS[name]) and _ln_vec(shape[-1]):
             return shape, np.dtype(np.uint8)  # the fp8 product's operand, transposed (Fp8.layernorm_fwd)
         if name == "d_branch" and self._fp8_ln_bwd(shape[-1], int(np.prod(shape[:-1]))):
-            return (2, *shape), np.dtype(np.uint8)  # e5m2: the operand, then its transpose (_layernorm_bwd_fp8)
+            return (2, *shape), np.dtype(np.uint8)  # e5m2: the operand, then its transpose (Fp8.layernorm_bwd)
         if name in ("qkv", "d_qkv"):  # [..., 3, B, H, T, D] -> [..., B, T, 3, H, D]
             *lead, three, B, H, T, D = shape
             return (*lead, B, T, three, H, D), self.half
@@ -769,12 +769,7 @@ class CupyBackend(Backend):
 
     # ------------------------------------------------------------------ MLP
     def gelu(self, h, out) -> None:
-        """out = gelu(h) (tanh approximation)."""
-        if is_16bit(out) and out.size % 8 == 0:  # 8 elements per thread, tanh on the SFU
-            self.kernel("elementwise", "gelu_fwd_h16x8")((blocks(h.size // 8),), (256,), (h, out, np.int64(h.size // 8)))
-            return
-        self.kernel("elementwise", "gelu_fwd_h16" if is_16bit(out) else "gelu_fwd")((blocks(h.size),), (256,),
-                                                                                   (h, out, np.int64(h.size)))
+        elementwise.gelu(self, h, out)
 
     def _gelu_epilogue(self, h) -> bool:
         """The 16-bit MLP's GELU as the epilogue of its first product, which writes h and a = gelu(h)
@@ -803,7 +798,7 @@ class CupyBackend(Backend):
         M = h.shape[-1]
         m = x.size // d
         fast = is_16bit(h)
-        # fp8: dout may be the e5m2 operand and its transpose already (_layernorm_bwd_fp8)
+        # fp8: dout may be the e5m2 operand and its transpose already (Fp8.layernorm_bwd)
         g = dout.reshape(-1, d) if dout.dtype == np.uint8 else self._operand(dout.reshape(-1, d))
         da_dtype = h.dtype if fast else cp.float32
         da = self._from_arena((m, M), da_dtype, avoid=a)
@@ -819,30 +814,14 @@ class CupyBackend(Backend):
         else:
             # a's gradient, then one pass applies gelu'(h), recomputing a for dW2 where it was not saved
             self.gemm(g, w2p, da, tb=True)
-            n8 = (blocks(da.size // 8),), (256,)
-            if fast and da.size % 8 == 0 and self.recomputes_gelu:
-                self.kernel("elementwise", "gelu_bwd_recompute_h16x8")(*n8, (h, da, a, np.int64(da.size // 8)))
-            elif fast and da.size % 8 == 0:
-                self.kernel("elementwise", "gelu_bwd_h16x8")(*n8, (h, da, np.int64(da.size // 8)))
-            else:
-                if fast and self.recomputes_gelu:
-                    self.gelu(h, a)
-                self.kernel("elementwise", "gelu_bwd_h16" if fast else "gelu_bwd")((blocks(da.size),), (256,),
-                                                                                  (h, da, np.int64(da.size)))
+            elementwise.gelu_bwd(self, h, da, a)
         self.gemm(self._operand(a.reshape(-1, M)), g, dw2, ta=True, accumulate=True)
         dap = self._operand(da)
         self.gemm(self._operand(x.reshape(-1, d)), dap, dw1, ta=True, accumulate=True)
         self.gemm(dap, self._operand(w1, weight=True), dx.reshape(-1, d), tb=True)
 
     def residual_add_bwd(self, dout, df) -> None:
-        """df = dout: the residual branch's gradient, cast to 16 bits when df is (the operand of its
-        matrix products). The engine gets this fused into layernorm_bwd(branch=...)."""
-        if df.dtype == np.uint8:
-            raise ValueError("an fp8 branch gradient (bytes) is written by layernorm_bwd(branch=..., feeds=...)")
-        if is_16bit(df) and not is_16bit(dout):
-            self.kernel("elementwise", "cast_h16")((blocks(df.size),), (256,), (dout, df, np.int64(df.size)))
-        else:
-            df[...] = dout
+        elementwise.residual_add_bwd(self, dout, df)
 
     # ------------------------------------------------------------------ loss
     def loss_fwd(self, x, w, targets, probs, losses):
@@ -901,47 +880,19 @@ class CupyBackend(Backend):
 
     # ------------------------------------------------------------------ optimizer
     def grad_norm_partial(self, grads, partial, block=1 << 16) -> None:
-        self.kernel("elementwise", "grad_norm_partial")((partial.size,), (256,), (grads, partial, np.int64(grads.size),
-                                                                                 np.int64(block)))
+        elementwise.grad_norm_partial(self, grads, partial, block)
 
     def grad_norm_final(self, partial) -> float:
-        out = self.scratch("norm_out", (1,), cp.float64)
-        self.kernel("elementwise", "grad_norm_final")((1,), (1,), (partial, np.int32(partial.size), out))
-        return float(out[0])
+        return elementwise.grad_norm_final(self, partial)
 
     def grad_scale(self, grads, scale) -> None:
-        self.kernel("elementwise", "grad_scale")((blocks(grads.size),), (256,), (grads, np.float32(scale), np.int64(grads.size)))
+        elementwise.grad_scale(self, grads, scale)
 
     def step_control(self, partial, ctrl, clip, scale, beta1, beta2) -> None:
-        """Backend.step_control in one thread on the device (the same sum as grad_norm_final)."""
-        f = np.float64
-        self.kernel("elementwise", "step_control")((1,), (1,), (partial, np.int32(partial.size), ctrl, f(clip), f(scale),
-                                                                 f(beta1), f(beta2)))
+        elementwise.step_control(self, partial, ctrl, clip, scale, beta1, beta2)
 
     def readback(self, arrays) -> "Readback":
         return Readback(arrays)
 
     def adamw(self, w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale=1.0, ctrl=None) -> None:
-        self.weights.copies.clear()  # the weights change: copies not kept by the kernel below are stale
-        if decay.dtype != np.uint8:
-            decay = (decay != 0).astype(np.uint8)
-        shift = 0  # decay: one byte per 2^shift parameters (decay_buffer), or per parameter
-        while (w.size + (1 << shift) - 1) >> shift > decay.size:
-            shift += 1
-        if (w.size + (1 << shift) - 1) >> shift != decay.size:
-            raise ValueError(f"a weight-decay mask of {decay.size} entries fits no granule of {w.size} parameters")
-        bc1 = 1 - beta1**step
-        bc2 = 1 - beta2**step
-        f = np.float32
-        hyper = (f(lr), f(beta1), f(beta2), f(eps), f(weight_decay), f(bc1), f(bc2), np.int64(w.size),
-                 np.uint64(0) if ctrl is None else ctrl,  # ctrl: the kernels take gscale, bc1, bc2 from it
-                 np.int32(shift))
-        mirror = self.weights.mirror_of(w)
-        if mirror is not None:  # update and refresh the 16-bit copy in one pass
-            mirror.stale = False
-            self.kernel("elementwise", "adamw_h16")((blocks(w.size),), (256,), (w, g, m, v, decay, mirror.copy,
-                                                                               np.int64(mirror.gap_at), np.int64(mirror.gap),
-                                                                               np.int64(mirror.lo), np.int64(mirror.hi),
-                                                                               f(gscale), *hyper))
-        else:
-            self.kernel("elementwise", "adamw")((blocks(w.size),), (256,), (w, g, m, v, decay, f(gscale), *hyper))
+        elementwise.adamw(self, w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale, ctrl)
