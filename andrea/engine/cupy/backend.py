@@ -11,14 +11,14 @@ import numpy as np
 
 from andrea.engine.backend import Backend
 from andrea.engine.numpy_backend import SAMPLE_CANDIDATES
-from andrea.engine.cupy import attention, decode, elementwise, layernorm
+from andrea.engine.cupy import attention, decode, elementwise, embedding, layernorm
 from andrea.engine.cupy.cudnn_attention import CudnnAttention, deterministic_from_env, implementation_from_env, workspace_cap
 from andrea.engine.cupy.cudnn_attention import takes as cudnn_takes
 from andrea.engine.cupy.cublaslt import EPILOGUE_DGELU, EPILOGUE_GELU_AUX, Lt, tune_from_env
 from andrea.engine.cupy.fp8 import ALL_PRODUCTS, Fp8, check_shapes
 from andrea.engine.cupy.gemm import Cublas
 from andrea.engine.cupy.graphs import CapturedPass
-from andrea.engine.cupy.kernels import XENT_NV, blocks, kernel, xent_threads
+from andrea.engine.cupy.kernels import XENT_NV, kernel, xent_threads
 from andrea.engine.cupy.layernorm import _ln_vec, ln_fused_rows, ln_fused_smem, smem_optin
 from andrea.engine.cupy.weights import BF16, VOCAB_PAD, Weights, defines, half_dtype, is_16bit
 from andrea.model import coarse_decay_mask
@@ -562,26 +562,10 @@ class CupyBackend(Backend):
 
     # ------------------------------------------------------------------ embedding
     def embed_fwd(self, tokens, wte, wpe, out) -> None:
-        B, T = tokens.shape
-        C = wte.shape[1]
-        n = B * T * C
-        self.kernel("elementwise", "embed_fwd_h16" if is_16bit(out) else "embed_fwd")(
-            (blocks(n),), (256,), (tokens, wte, wpe, out, np.int32(B * T), np.int32(T), np.int32(C)))
+        embedding.embed_fwd(self, tokens, wte, wpe, out)
 
     def embed_bwd(self, dout, tokens, dwte, dwpe) -> None:
-        B, T, C = dout.shape
-        h16 = "_h16" if is_16bit(dout) else ""  # the residual stream's gradient in 16 bits
-        self.kernel("elementwise", "embed_bwd_wpe" + h16)((blocks(T * C),), (256,),
-                                                          (dout, dwpe, np.int32(B), np.int32(T), np.int32(C)))
-        plan = self._embed_plans.get((tokens.data.ptr, tokens.size))
-        if plan is None:  # tokens not uploaded through upload_tokens: plan on the host now
-            host = cp.asnumpy(tokens)
-            self.upload_tokens(host, tokens, plan=self.plan_tokens(host))
-            plan = self._embed_plans[(tokens.data.ptr, tokens.size)]
-        n = tokens.size
-        self.kernel("elementwise", "embed_bwd_planned" + h16)((n,), (256,), (dout, plan[:n], plan[n:2 * n + 1],
-                                                                            plan[2 * n + 1:3 * n + 1], plan[3 * n + 1:],
-                                                                            dwte, np.int32(C)))
+        embedding.embed_bwd(self, dout, tokens, dwte, dwpe)
 
     # ------------------------------------------------------------------ layernorm
     def layernorm_fwd(self, x, g, b, out, mean, rstd, eps=1e-5, feeds=None) -> None:
