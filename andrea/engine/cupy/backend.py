@@ -11,14 +11,14 @@ import numpy as np
 
 from andrea.engine.backend import Backend
 from andrea.engine.numpy_backend import SAMPLE_CANDIDATES
-from andrea.engine.cupy import attention, decode, elementwise, embedding, layernorm
+from andrea.engine.cupy import attention, classifier, decode, elementwise, embedding, layernorm
 from andrea.engine.cupy.cudnn_attention import CudnnAttention, deterministic_from_env, implementation_from_env, workspace_cap
 from andrea.engine.cupy.cudnn_attention import takes as cudnn_takes
 from andrea.engine.cupy.cublaslt import EPILOGUE_DGELU, EPILOGUE_GELU_AUX, Lt, tune_from_env
 from andrea.engine.cupy.fp8 import ALL_PRODUCTS, Fp8, check_shapes
 from andrea.engine.cupy.gemm import Cublas
 from andrea.engine.cupy.graphs import CapturedPass
-from andrea.engine.cupy.kernels import XENT_NV, kernel, xent_threads
+from andrea.engine.cupy.kernels import kernel
 from andrea.engine.cupy.layernorm import _ln_vec, ln_fused_rows, ln_fused_smem, smem_optin
 from andrea.engine.cupy.weights import BF16, VOCAB_PAD, Weights, defines, half_dtype, is_16bit
 from andrea.model import coarse_decay_mask
@@ -809,58 +809,10 @@ class CupyBackend(Backend):
 
     # ------------------------------------------------------------------ loss
     def loss_fwd(self, x, w, targets, probs, losses):
-        d = x.shape[-1]
-        V = w.shape[0]
-        N = x.size // d
-        if is_16bit(probs):  # 16-bit logits, then loss and (softmax - onehot) · loss scale in place, one kernel
-            logits = probs.reshape(N, -1)
-            wp = self.weights.view(w, padded=True)
-            if wp is not None and wp.shape[0] == logits.shape[1]:  # padded head: zero logits past V
-                self.gemm(self._operand(x.reshape(-1, d)), wp, logits, tb=True)
-            else:
-                self.gemm(self._operand(x.reshape(-1, d)), self._operand(w, weight=True), logits[:, :V], tb=True)
-            ld = logits.shape[1]
-            # the row in registers, 16 bytes a load; rows too long for a block of them (its registers
-            # allow fewer threads than xent_threads asks: ld past ~57,000 in bf16) take 2-byte loads, three reads
-            threads = xent_threads(ld)
-            fn = None if threads is None else self._classifier("softmax_xent_h16_rows")
-            if fn is None or threads > fn.max_threads_per_block:
-                fn, threads = self._classifier("softmax_xent_h16"), 256
-            fn((N,), (threads,), (logits, targets, losses, self._loss_scale_buffer(), np.int32(V), np.int32(ld)))
-            return None if cp.cuda.get_current_stream().is_capturing() else float(losses.mean())
-        self.gemm(self._operand(x.reshape(-1, d)), self._operand(w, weight=True), probs.reshape(-1, V), tb=True)
-        self._classifier("softmax_xent_fwd")((N,), (256,), (probs, targets, losses, np.int32(V)))
-        return float(losses.mean())
-
-    def _classifier(self, function: str):
-        """A loss kernel of classifier.cu, one module for all of them: built with XENT_NV, the vectors a
-        thread of softmax_xent_h16_rows holds (kernels.py sizes its blocks by the same number)."""
-        return self.kernel("classifier", function, extra_defines=(f"XENT_NV={XENT_NV}",))
+        return classifier.loss_fwd(self, x, w, targets, probs, losses)
 
     def loss_bwd(self, x, w, targets, probs, dx, dw, dloss=1.0) -> None:
-        d = x.shape[-1]
-        V = w.shape[0]
-        N = x.size // d
-        if is_16bit(probs):  # probs holds softmax - onehot (loss_fwd); the 1/N and dloss go into alpha
-            dl = probs.reshape(N, -1)
-            wp = self.weights.view(w, padded=True)
-            if wp is not None and wp.shape[0] == dl.shape[1]:  # aligned K; the padded columns hold zeros
-                self.gemm(dl, wp, dx.reshape(-1, d), alpha=dloss / N)
-            else:
-                self.gemm(dl[:, :V], self._operand(w, weight=True), dx.reshape(-1, d), alpha=dloss / N)
-            # dW = dlᵀ · x. The vocabulary (256 bytes + segments + BOS) is one past a multiple of 64, and cuBLASLt takes
-            # such a row count to an sm80 kernel at half the speed (ANDREA-120M B=32: 1.01 ms): the
-            # rows up to a multiple of 64 as one product, the rest as another
-            x2 = self._operand(x.reshape(-1, d))
-            main = V // 64 * 64 if V > 64 else V
-            self.gemm(dl[:, :main], x2, dw[:main], ta=True, accumulate=True, alpha=dloss / N)
-            if main < V:
-                self.gemm(dl[:, main:V], x2, dw[main:], ta=True, accumulate=True, alpha=dloss / N)
-            return
-        self._classifier("softmax_xent_bwd")((N,), (256,), (probs, targets, np.float32(dloss / N), np.int32(V)))
-        dl = self._operand(probs.reshape(-1, V))
-        self.gemm(dl, self._operand(w, weight=True), dx.reshape(-1, d))
-        self.gemm(dl, self._operand(x.reshape(-1, d)), dw, ta=True, accumulate=True)
+        classifier.loss_bwd(self, x, w, targets, probs, dx, dw, dloss)
 
     # ------------------------------------------------------------------ optimizer
     def grad_norm_partial(self, grads, partial, block=1 << 16) -> None:
