@@ -10,8 +10,7 @@ import cupyx
 import numpy as np
 
 from andrea.engine.backend import Backend
-from andrea.engine.numpy_backend import SAMPLE_CANDIDATES
-from andrea.engine.cupy import attention, classifier, decode, elementwise, embedding, layernorm
+from andrea.engine.cupy import attention, classifier, decode, elementwise, embedding, layernorm, sampling
 from andrea.engine.cupy.cudnn_attention import CudnnAttention, deterministic_from_env, implementation_from_env, workspace_cap
 from andrea.engine.cupy.cudnn_attention import takes as cudnn_takes
 from andrea.engine.cupy.cublaslt import EPILOGUE_DGELU, EPILOGUE_GELU_AUX, Lt, tune_from_env
@@ -705,31 +704,7 @@ class CupyBackend(Backend):
         return out[:, :V]
 
     def sample_tokens(self, logits, seeds, draws, tokens, ring, temperature, top_k, top_p) -> None:
-        """kernels/sampling.cu, one block per row: no host wait, so a captured step can sample and
-        feed its own next token. `ring` (pinned host memory, device-addressable under unified
-        addressing) receives each pick directly."""
-        B, V = logits.shape
-        greedy = temperature <= 0
-        if logits.dtype != cp.float32 or logits.strides[1] != 4 or tokens.dtype != np.int32 or tokens.size != B:
-            raise ValueError(f"sample_tokens: fp32 logits with unit column stride and {B} int32 tokens, got "
-                             f"{logits.dtype} {logits.strides}, {tokens.dtype} {tokens.shape}")
-        if not greedy and not 1 <= top_k <= SAMPLE_CANDIDATES:
-            raise ValueError(f"sample_tokens: top_k {top_k} outside 1..{SAMPLE_CANDIDATES}")
-        if ring is not None and (not isinstance(ring, np.ndarray) or ring.dtype != np.int32 or ring.ndim != 2
-                                 or ring.shape[0] != B or not ring.flags.c_contiguous):
-            raise ValueError(f"sample_tokens: the ring is a contiguous int32 host_buffer of {B} rows, got {type(ring).__name__} "
-                             f"{getattr(ring, 'dtype', '')} {getattr(ring, 'shape', '')}")
-        for name, a, dtype in (("seeds", seeds, np.uint64), ("draws", draws, np.int32)):
-            if a.dtype != dtype or a.size < B or not a.flags.c_contiguous:
-                raise ValueError(f"sample_tokens: {name} is {B} contiguous {np.dtype(dtype)} on the device, got {a.dtype} {a.shape}")
-        if not tokens.flags.c_contiguous:
-            raise ValueError("sample_tokens: tokens must be contiguous")
-        f32 = np.float32
-        self.kernel("sampling", "sample_rows")((B,), (decode.SAMPLE_THREADS,), (
-            logits, np.int64(logits.strides[0] // 4), np.int32(V), seeds, draws, tokens,
-            np.uint64(0 if ring is None else ring.ctypes.data), np.int32(0 if ring is None else ring.shape[1]),
-            np.int32(greedy), f32(0.0 if greedy else 1.0 / temperature), np.int32(top_k if not greedy else 1),
-            f32(1.0 if top_p is None else top_p)))
+        sampling.sample_tokens(self, logits, seeds, draws, tokens, ring, temperature, top_k, top_p)
 
     def qkv_heads(self, qkv):
         """q, k, v as [B, H, T, D] views: of the 16-bit [B, T, 3, H, D] buffer, or of fp32's [3, B, H, T, D]."""
