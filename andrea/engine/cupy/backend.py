@@ -10,7 +10,7 @@ import cupyx
 import numpy as np
 
 from andrea.engine.backend import Backend
-from andrea.engine.cupy import attention, classifier, decode, elementwise, embedding, layernorm, sampling
+from andrea.engine.cupy import attention, attention_mma, classifier, decode, elementwise, embedding, layernorm, sampling
 from andrea.engine.cupy.cudnn_attention import CudnnAttention, deterministic_from_env, implementation_from_env, workspace_cap
 from andrea.engine.cupy.cudnn_attention import takes as cudnn_takes
 from andrea.engine.cupy.cublaslt import EPILOGUE_DGELU, EPILOGUE_GELU_AUX, Lt, tune_from_env
@@ -672,7 +672,7 @@ class CupyBackend(Backend):
         array-module version."""
         B, n, D = qkv.shape[0], qkv.shape[1], qkv.shape[-1]
         one = n == 1 and decode.fits(D, k_cache.shape[2])
-        prompt = n > 1 and pos == 0 and attention.flash_takes(D)
+        prompt = n > 1 and pos == 0 and attention_mma.flash_takes(D)
         if not is_16bit(qkv) or pos_dev is None or not (one or prompt):
             super().attn_cached_fwd(qkv, k_cache, v_cache, pos, y)
             return
