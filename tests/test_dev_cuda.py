@@ -1,9 +1,8 @@
 """dev/cuda (one check-and-time script per CUDA kernel family, llm.c style) on the CPU: every script
 imports without CuPy, declares a NumPy reference for each op and versions whose kernels exist in
 their sources, every production kernel is covered by some script, each kernel family has its source,
-launchers and script under one name, and run_all lists them all. The
-kernels themselves run only on a GPU (`python3 dev/cuda/run_all.py` on the device); that part is
-skipped here."""
+launchers and script under one name, and run_all lists them all. The kernels themselves run only on
+a GPU (`python3 dev/cuda/run_all.py` on the device); that part is skipped here."""
 
 import importlib.util
 import subprocess

@@ -32,11 +32,16 @@ deterministic backward (unless ANDREA_ATTENTION_DETERMINISTIC=0), so results are
 amaxes and counts are the exception that proves it: atomic maxima and integer sums, whose results
 do not depend on the order.
 
-Modules: kernels (compiling and caching the CUDA sources), gemm (cuBLAS on the backend's own
-handle), cublaslt (cuBLASLt: timed algorithms, the GELU epilogue, fp8 products), weights (dtypes,
-the 16-bit weight copy, operand casting), attention (our two flash implementations),
-cudnn_attention (cuDNN's), fp8, decode (generation), graphs (CUDA-graph capture). All mutable state lives on the CupyBackend object,
-so backends of different precisions work side by side in one process.
+Modules: backend (CupyBackend: buffers, transfers, the matrix products' wiring, and a method per
+kernel pair that calls the family's launchers). A family of kernels has one name in three places:
+andrea/kernels/X.cu, its launchers here in X.py, and its check and timing in dev/cuda/X.py: embedding,
+layernorm, attention (fp32's flash kernels; it dispatches the 16-bit modes to attention_mma, the
+tensor-core ones), classifier (the loss), elementwise (GELU, AdamW, the gradient norm), fp8, decode
+(generation) and sampling. Besides: kernels (compiling and caching the CUDA sources), gemm (cuBLAS on
+the backend's own handle), cublaslt (cuBLASLt: timed algorithms, the GELU epilogue, fp8 products),
+weights (dtypes, the 16-bit weight copy, operand casting), cudnn_attention (cuDNN's attention),
+graphs (CUDA-graph capture). All mutable state lives on the CupyBackend object (the family modules'
+functions take it as `be`), so backends of different precisions work side by side in one process.
 """
 
 # the names the package defined before its split into modules, for those who import them from here
