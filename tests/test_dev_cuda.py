@@ -1,8 +1,8 @@
 """dev/cuda (one check-and-time script per CUDA kernel family, llm.c style) on the CPU: every script
 imports without CuPy, declares a NumPy reference for each op and versions whose kernels exist in
-their sources, every production kernel is covered by some script, and run_all lists them all. The
-kernels themselves run only on a GPU (`python3 dev/cuda/run_all.py` on the device); that part is
-skipped here."""
+their sources, every production kernel is covered by some script, each kernel family has its source,
+launchers and script under one name, and run_all lists them all. The kernels themselves run only on
+a GPU (`python3 dev/cuda/run_all.py` on the device); that part is skipped here."""
 
 import importlib.util
 import subprocess
@@ -87,6 +87,20 @@ def test_every_production_kernel_is_covered(modules):
     for cu in sorted(common.KERNELS.glob("*.cu")):
         missing = set(common.kernel_names(cu)) - declared
         assert not missing, f"{cu.name}: kernels {sorted(missing)} are checked by no dev/cuda script"
+
+
+def test_each_kernel_family_has_one_name_in_three_places(modules):
+    """A family of kernels is andrea/kernels/X.cu, its launchers andrea/engine/cupy/X.py and its check
+    and timing dev/cuda/X.py: a kernel added to a source is found by the one name everywhere."""
+    families = sorted(p.stem for p in common.KERNELS.glob("*.cu"))
+    assert families == SCRIPTS, f"kernel sources {families} != dev/cuda scripts {SCRIPTS}"
+    launchers = REPO / "andrea" / "engine" / "cupy"
+    for name in families:
+        path = launchers / f"{name}.py"
+        assert path.exists(), f"{name}.cu: no launcher module {path.relative_to(REPO)}"
+        assert f'kernel("{name}"' in path.read_text(encoding="utf-8"), f"{path.name} launches no kernel of {name}.cu"
+        sources = {v.source for v in modules[name].VERSIONS if not v.source.startswith("dev/")}
+        assert sources == {f"{name}.cu"}, f"dev/cuda/{name}.py checks kernels of {sorted(sources)}, not only {name}.cu"
 
 
 def test_run_all_lists_every_script():

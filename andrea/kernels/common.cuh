@@ -70,7 +70,7 @@ __device__ __forceinline__ float as_float(float v) { return v; }
 __device__ __forceinline__ float as_float(h16 v) { return from_h16(v); }
 
 // out[row] = wte[tok[row]] + wpe[pos0 + row % T] for N rows of C: the residual stream's start, fp32 or
-// 16-bit (elementwise.cu embed_fwd*, decode.cu embed_at*: pos0 the cache's position)
+// 16-bit (embedding.cu embed_fwd*, decode.cu embed_at*: pos0 the cache's position)
 template <typename Out>
 __device__ __forceinline__ void embed_rows(const int* __restrict__ tok, const float* __restrict__ wte,
                                            const float* __restrict__ wpe, int pos0, Out* __restrict__ out, int N, int T,

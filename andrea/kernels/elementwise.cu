@@ -1,4 +1,4 @@
-// Embedding, GELU, optimizer and gradient-norm kernels.
+// GELU, optimizer and gradient-norm kernels (the embedding's: embedding.cu).
 #include "common.cuh"
 
 #define GELU_C 0.7978845608028654f
@@ -10,15 +10,6 @@ __device__ __forceinline__ float gelu_grad(float x) {
     float u = x * x;
     float t = tanhf(GELU_C * x * (1.f + 0.044715f * u));
     return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * GELU_C * (1.f + 3.f * 0.044715f * u);
-}
-
-// the residual stream's start: fp32, or 16-bit (embed_fwd_h16)
-extern "C" __global__ void embed_fwd(const int* tok, const float* wte, const float* wpe, float* out, int N, int T, int C) {
-    embed_rows(tok, wte, wpe, 0, out, N, T, C);
-}
-
-extern "C" __global__ void embed_fwd_h16(const int* tok, const float* wte, const float* wpe, h16* out, int N, int T, int C) {
-    embed_rows(tok, wte, wpe, 0, out, N, T, C);
 }
 
 extern "C" __global__ void gelu_fwd(const float* __restrict__ h, float* __restrict__ a, long n) {
@@ -168,54 +159,6 @@ extern "C" __global__ void adamw_h16(float* __restrict__ w, const float* __restr
         float nw = adamw_update(i, w, g, m, v, decay, decay_shift, gscale, lr, beta1, beta2, eps, wd, bc1, bc2);
         if (i >= lo && i < hi) wb[gapped(i - lo, gap_at, gap)] = to_h16(nw);
     }
-}
-
-// Embedding backward planned on the host (andrea/engine/cupy: plan_tokens, upload_tokens): positions
-// sorted (stably) by token, seg[k]..seg[k+1] the positions of the k-th distinct token uniq[k],
-// count[0] distinct tokens. One block per distinct token sums its rows in position order:
-// deterministic, no atomics, no device sort and no host sync (a CUDA graph can hold it).
-// (dout: the residual stream's gradient, fp32, or 16-bit in the _h16 kernels)
-template <typename DOut>
-__device__ void embed_bwd_rows(const DOut* __restrict__ dout, const int* __restrict__ order, const int* __restrict__ seg,
-                               const int* __restrict__ uniq, const int* __restrict__ count, float* __restrict__ dwte,
-                               int C) {
-    int k = blockIdx.x;
-    if (k >= count[0]) return;
-    int p0 = seg[k], p1 = seg[k + 1];
-    float* dst = dwte + (long)uniq[k] * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float s = 0.f;
-        for (int p = p0; p < p1; p++) s += as_float(dout[(long)order[p] * C + c]);
-        dst[c] += s;
-    }
-}
-
-extern "C" __global__ void embed_bwd_planned(const float* dout, const int* order, const int* seg, const int* uniq,
-                                             const int* count, float* dwte, int C) {
-    embed_bwd_rows(dout, order, seg, uniq, count, dwte, C);
-}
-
-extern "C" __global__ void embed_bwd_planned_h16(const h16* dout, const int* order, const int* seg, const int* uniq,
-                                                 const int* count, float* dwte, int C) {
-    embed_bwd_rows(dout, order, seg, uniq, count, dwte, C);
-}
-
-// dwpe[t] += sum over the batch of dout[b, t], b in order
-template <typename DOut>
-__device__ void embed_bwd_pos(const DOut* __restrict__ dout, float* __restrict__ dwpe, int B, int T, int C) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long)T * C) return;
-    float s = 0.f;
-    for (int b = 0; b < B; b++) s += as_float(dout[(long)b * T * C + i]);
-    dwpe[i] += s;
-}
-
-extern "C" __global__ void embed_bwd_wpe(const float* dout, float* dwpe, int B, int T, int C) {
-    embed_bwd_pos(dout, dwpe, B, T, C);
-}
-
-extern "C" __global__ void embed_bwd_wpe_h16(const h16* dout, float* dwpe, int B, int T, int C) {
-    embed_bwd_pos(dout, dwpe, B, T, C);
 }
 
 // ---- vectorised 16-bit GELU (8 elements per thread; n a multiple of 8), tanh on the SFU: the

@@ -70,7 +70,7 @@ VERSIONS = [
     V("flash_bwd", "async split2", ("flash_delta", "flash_bwd_dq", "flash_bwd_dkdv"), SRC, H16, SPLIT2, production=False),
 ]
 TILE = 64
-FWD_WARPS = 4  # attention_mma.cu's default (andrea.engine.cupy.attention.FWD_WARPS)
+FWD_WARPS = 4  # attention_mma.cu's default (andrea.engine.cupy.attention_mma.FWD_WARPS)
 EDGE = [common.Shape("edge B=2 T=200 D=64", 2, 200, 192, 3, 301),  # T not a multiple of the tiles
         common.Shape("edge B=2 T=200 D=32", 2, 200, 96, 3, 301),
         common.Shape("edge B=1 T=37 D=16", 1, 37, 16, 1, 301)]  # the smallest head and a partial tile

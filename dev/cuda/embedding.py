@@ -1,4 +1,4 @@
-"""Embedding kernels (andrea/kernels/elementwise.cu): the token + position lookup and its two
+"""Embedding kernels (andrea/kernels/embedding.cu): the token + position lookup and its two
 backward kernels, checked against andrea/engine/numpy_backend.embed_fwd / embed_bwd and timed.
 
     python3 dev/cuda/embedding.py [--quick]
@@ -25,13 +25,13 @@ REFERENCES = {"embed_fwd": nb.embed_fwd, "embed_bwd_wpe": nb.embed_bwd, "embed_b
 V = common.Version
 BF = ("bf16",)
 VERSIONS = [
-    V("embed_fwd", "embed_fwd", ("embed_fwd",), "elementwise.cu"),
-    V("embed_bwd_wpe", "embed_bwd_wpe", ("embed_bwd_wpe",), "elementwise.cu"),
-    V("embed_bwd_planned", "embed_bwd_planned", ("embed_bwd_planned",), "elementwise.cu"),
+    V("embed_fwd", "embed_fwd", ("embed_fwd",), "embedding.cu"),
+    V("embed_bwd_wpe", "embed_bwd_wpe", ("embed_bwd_wpe",), "embedding.cu"),
+    V("embed_bwd_planned", "embed_bwd_planned", ("embed_bwd_planned",), "embedding.cu"),
     # the 16-bit residual stream (andrea/engine/cupy residual_from_env: the bf16 and fp8 modes)
-    V("embed_fwd", "embed_fwd_h16", ("embed_fwd_h16",), "elementwise.cu", BF),
-    V("embed_bwd_wpe", "embed_bwd_wpe_h16", ("embed_bwd_wpe_h16",), "elementwise.cu", BF),
-    V("embed_bwd_planned", "embed_bwd_planned_h16", ("embed_bwd_planned_h16",), "elementwise.cu", BF),
+    V("embed_fwd", "embed_fwd_h16", ("embed_fwd_h16",), "embedding.cu", BF),
+    V("embed_bwd_wpe", "embed_bwd_wpe_h16", ("embed_bwd_wpe_h16",), "embedding.cu", BF),
+    V("embed_bwd_planned", "embed_bwd_planned_h16", ("embed_bwd_planned_h16",), "embedding.cu", BF),
 ]
 EDGE = [common.Shape("edge B=3 T=37 C=130", 3, 37, 130, 2, 301)]  # C not a multiple of 4 or of the block
 

@@ -311,7 +311,7 @@ def _bwd_fp8_launch(cp, fn, args, part, s_d, N, C, rows, sums):
 def _layernorm_bwd(cp, report, shape, rng, reps, N, C, nv, x, mean, rstd, g):
     ver = VERSIONS[9]
     k = common.build(cp, ver, "bf16")
-    rows = max(8, min(64, N // 256 // 8 * 8))  # andrea/engine/cupy ln_fused_rows
+    rows = max(8, min(64, N // 256 // 8 * 8))  # andrea/engine/cupy/layernorm.py ln_fused_rows
     chunks = -(-N // rows)
     sums = 8 * 2 * C * 4  # ln_fused_smem
     dout = cp.asarray(common.to_h16(rng.standard_normal((N, C)) * 1e-3, "bf16"))
@@ -417,7 +417,7 @@ def _layernorm_bwd_r16(cp, report, shape, rng, reps, N, C, nv, x16, x_h, mean, r
     ver = VERSIONS[11]
     k = common.build(cp, ver, "bf16")
     u16, tiny16 = common.u("bf16"), common.tiny("bf16")
-    rows = max(8, min(64, N // 256 // 8 * 8))  # andrea/engine/cupy ln_fused_rows
+    rows = max(8, min(64, N // 256 // 8 * 8))  # andrea/engine/cupy/layernorm.py ln_fused_rows
     chunks = -(-N // rows)
     sums = 8 * 2 * C * 4  # ln_fused_smem
     dout = cp.asarray(common.to_h16(rng.standard_normal((N, C)) * 1e-3, "bf16"))

@@ -87,7 +87,7 @@ VERSIONS = [
 ]
 FUSED_NV = (1, 2, 3, 4, 6, 8, 12)  # layernorm.cu's layernorm_bwd_fused_<NV> (float4s per lane)
 LN_MAXV = 12  # layernorm.cu: float4s per lane in the vec kernels, so C <= 4 * 32 * 12
-LN_ROWS = 64  # rows per partial sum of dγ, dβ (as andrea.engine.cupy.LN_ROWS)
+LN_ROWS = 64  # rows per partial sum of dγ, dβ (as andrea.engine.cupy.layernorm.LN_ROWS)
 EPS = 1e-5
 EDGE = [common.Shape("edge B=3 T=37 C=130", 3, 37, 130, 2, 301),  # C % 4 != 0: the plain kernels only
         common.Shape("edge B=2 T=50 C=1536", 2, 50, 1536, 24, 301),  # the largest C the vec kernels hold
@@ -226,7 +226,7 @@ def run_shape(cp, report, shape, rng, reps):
 
     if not vec_ok(C):
         return
-    rows = max(8, min(64, N // 256 // 8 * 8))  # andrea.engine.cupy.ln_fused_rows
+    rows = max(8, min(64, N // 256 // 8 * 8))  # andrea.engine.cupy.layernorm.ln_fused_rows
     chunks = (N + rows - 1) // rows
     partial = cp.zeros((chunks, 2 * C), cp.float32)
     n_sum = rows + chunks + 1  # each column: at most `rows` terms per block, then the blocks and the old value
@@ -249,7 +249,7 @@ def run_shape(cp, report, shape, rng, reps):
             dx, dg, db = cp.asarray(dx0), cp.asarray(dg0), cp.asarray(db0)
             copy = cp.zeros((N, C), cp.uint16) if prec != "fp32" else None
 
-            smem = 0 if in_registers else 8 * 2 * C * 4  # andrea.engine.cupy.ln_fused_smem: each warp's dγ, dβ sums
+            smem = 0 if in_registers else 8 * 2 * C * 4  # andrea.engine.cupy.layernorm.ln_fused_smem: each warp's dγ, dβ sums
             if kf[name].max_dynamic_shared_size_bytes < smem:
                 kf[name].max_dynamic_shared_size_bytes = smem
 

@@ -61,7 +61,7 @@ SETTINGS = [(0.0, 1, None), (0.8, 40, 0.95), (1.0, 5, None), (1.3, 1024, 0.9)]
 def run_shape(cp, report, shape, rng, reps):
     import cupyx
 
-    from andrea.engine.cupy.decode import SAMPLE_THREADS
+    from andrea.engine.cupy.sampling import SAMPLE_THREADS
 
     k = common.build(cp, VERSIONS[0])["sample_rows"]
     V = shape.V

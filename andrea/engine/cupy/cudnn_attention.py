@@ -32,7 +32,7 @@ import warnings
 import cupy as cp
 import numpy as np
 
-from andrea.engine.cupy import attention
+from andrea.engine.cupy import attention_mma
 from andrea.engine.cupy.weights import BF16
 
 IMPLEMENTATIONS = ("cudnn", "flash")
@@ -215,7 +215,7 @@ class CudnnAttention:
         arena = be.backward_arena
         arena_bytes = 0 if arena is None else arena.size
         rows = self.rows_per_backward(B, H, T, D, qkv.dtype, arena_bytes)
-        if D <= OURS_OVER_SLICES_HEAD_DIM and attention.flash_takes(D):
+        if D <= OURS_OVER_SLICES_HEAD_DIM and attention_mma.flash_takes(D):
             whole = None if rows < B else self._graph(("bwd", B, H, T, D, qkv.dtype))
             if rows < B or (whole is not None and whole[2] > arena_bytes):
                 self.ours_instead.add((B, H, T, D))  # slices, or a workspace of its own: ours needs neither

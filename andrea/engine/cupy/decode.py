@@ -16,7 +16,6 @@ from andrea.engine.cupy.weights import is_16bit
 THREADS = 256  # attn_decode: threads per (row, head) block
 DEC_WARPS = 16  # kernels/decode.cu: attn_decode_store's warps per (row, head) block
 WARPS_E = {32: 1, 64: 2, 128: 4}  # head size -> elements per lane of attn_decode_store_e<E>
-SAMPLE_THREADS = 512  # kernels/sampling.cu: threads per row (its SAMPLE_THREADS)
 
 
 def embed_at(be, tokens, wte, wpe, pos_dev, out) -> None:

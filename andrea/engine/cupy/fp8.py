@@ -18,7 +18,7 @@ Where a LayerNorm makes the operand, it casts it itself: the LayerNorms before t
 MLP products write x as cast and xᵀ (kept for the weight gradient in place of the 16-bit output,
 which is never stored: a byte a value instead of two), and the LayerNorm backward writes the
 residual branch's gradient, the dy of the attention-output and second MLP products, as cast and
-transposed (layernorm_fwd, CupyBackend._layernorm_bwd_fp8; the same bytes as the 16-bit value's
+transposed (layernorm_fwd, layernorm_bwd; the same bytes as the 16-bit value's
 cast). The attention output, which attention's backward needs in 16 bits, is cast again at the
 scale the forward used, which gives the forward's 8-bit values bit for bit (the reference's
 `requantize`). The MLP's GELU never makes a 16-bit a: the first product's cuBLASLt epilogue writes
@@ -47,6 +47,7 @@ import numpy as np
 
 from andrea.engine.cupy.cublaslt import Lt, NoAlgorithm
 from andrea.engine.cupy.kernels import ln_nv
+from andrea.engine.cupy.layernorm import layernorm_bwd_one_pass, ln_fused_rows
 from andrea.engine.cupy.weights import is_16bit
 
 HISTORY = 16  # as kernels/fp8.cu FP8_HISTORY and andrea/fp8.py's default
@@ -287,6 +288,33 @@ class Fp8:
             launch(0, 0, 1, 0)
             self._scale_from_own_amax(site)
         launch(xq, out.reshape(C, N), 1, 1)
+
+    def layernorm_bwd(self, dout, x, mean, rstd, g, dx, dg, db, branch, feeds) -> None:
+        """CupyBackend.layernorm_bwd whose branch is the e5m2 gradient of the product `feeds` ((role, its weight)):
+        branch [2, N, C] bytes holds the operand [N, C], then its transpose [C, N]
+        (layernorm_bwd_fused_fp8: the 16-bit copy's cast, as fp8_cast_h16_e5m2 casts it). The site's
+        first cast (eager) runs the 16-bit path and casts its copy, which sets the site's scale."""
+        C = x.shape[-1]
+        N = x.size // C
+        site = self.branch_site = self.layernorm_site(feeds, N, ".dy", "e5m2")
+        flat = branch.reshape(-1)
+        q, qt = flat[:N * C].reshape(N, C), flat[N * C:].reshape(C, N)
+        if site not in self.primed:
+            if is_16bit(dx):  # a 16-bit residual gradient is the branch's 16-bit gradient itself
+                self.be.layernorm_bwd(dout, x, mean, rstd, g, dx, dg, db)
+                self.cast(dx.reshape(N, C), site, "e5m2", q=q, qt=qt)
+                return
+            copy = cp.empty((N, C), self.be.half)
+            self.be.layernorm_bwd(dout, x, mean, rstd, g, dx, dg, db, branch=copy)
+            self.cast(copy, site, "e5m2", q=q, qt=qt)
+            return
+        if is_16bit(x) != is_16bit(dx):
+            raise ValueError("the residual stream and its gradient must have one type (16-bit or fp32)")
+        kern = self.be.kernel("fp8", f"layernorm_bwd_fused_fp8_{'r16_' if is_16bit(x) else ''}{ln_nv(C)}")
+        # its transposing tile: a block's rows of the 16-bit gradient (kernels/fp8.cu)
+        layernorm_bwd_one_pass(self.be, kern, (dout, x, mean, rstd, g, dx), (q, qt),
+                               (np.int32(site), self.scale, self.amax_now, self.counts, np.int32(1), np.int32(1)), dg, db,
+                               extra_smem=ln_fused_rows(N) * (C + 4))
 
     # ------------------------------------------------------------------ the products
     def _operand(self, x2, ws, role: str, gelu: bool = False) -> tuple:
