@@ -13,16 +13,14 @@ job) must become one consistent checkpoint, not dead ranks. mpirun kills its ran
 SIGTERM but forwards SIGUSR1 and SIGUSR2, so it is sent SIGUSR2, which the trainer treats as a
 stop; srun forwards SIGTERM to every task itself.
 
-The outcome: rank 0 writes the run's result (finished or stopped, the step) to a file the launcher
-reads, so a stopped run exits 0 on every rank (a non-zero exit makes MPI abort the whole job,
-loudly) and the launcher still reports it as stopped. Every outcome the ranks agree on (finished,
-stopped, halted, refused) goes that way; a rank that exits non-zero failed.
+The outcome: rank 0 writes the run's result (finished, stopped, halted or refused, the step) to a
+file the launcher reads, and every rank exits 0 (a non-zero exit makes MPI abort the whole job,
+loudly): the launcher exits with the status the outcome has. A rank that exits non-zero failed.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import signal
@@ -37,8 +35,6 @@ from andrea.engine import resolve_backend
 from andrea.io import write_json_atomic
 from andrea.optim import NonFiniteHalt
 from andrea.trainer import CoherenceHalt, Trainer, TrainingRefused
-
-log = logging.getLogger("andrea.train")
 
 
 class Exit(IntEnum):
@@ -55,10 +51,10 @@ class Exit(IntEnum):
 
 
 # the runs that did not finish, by the `reason` their result gives
-STOPPED_BY = {"signal": Exit.STOPPED, "refused": Exit.REFUSED, "coherence halt": Exit.COHERENCE_HALT,
+UNFINISHED = {"signal": Exit.STOPPED, "refused": Exit.REFUSED, "coherence halt": Exit.COHERENCE_HALT,
               "non-finite halt": Exit.NONFINITE_HALT}
 # the trainer's exceptions for them, with their reason
-NOT_STARTED_OR_HALTED = ((TrainingRefused, "refused"), (CoherenceHalt, "coherence halt"), (NonFiniteHalt, "non-finite halt"))
+RAISED = ((TrainingRefused, "refused"), (CoherenceHalt, "coherence halt"), (NonFiniteHalt, "non-finite halt"))
 
 
 def train(config: dict, model: str, shards: str | Path, run_dir: str | Path, out: str | Path | None = None,
@@ -85,7 +81,7 @@ def train(config: dict, model: str, shards: str | Path, run_dir: str | Path, out
     try:
         result = trainer.run(out_dir=out)
     except (TrainingRefused, CoherenceHalt, NonFiniteHalt) as e:
-        reason = next(r for cls, r in NOT_STARTED_OR_HALTED if isinstance(e, cls))
+        reason = next(r for cls, r in RAISED if isinstance(e, cls))
         result = {"finished": False, "step": trainer.step, "reason": reason, "message": str(e)}
     if result_file is not None:
         if trainer.root:
@@ -98,7 +94,7 @@ def outcome(result: dict, run_dir: str | Path, again: str = "run again") -> tupl
     """(exit status, result, message) of a run's result."""
     if result["finished"]:
         return Exit.FINISHED, result, None
-    status = STOPPED_BY[result["reason"]]
+    status = UNFINISHED[result["reason"]]
     if status == Exit.STOPPED:
         return status, result, f"stopped at step {result['step']}, checkpoint written in {run_dir}; {again} to resume"
     prefix = "refusing to train" if status == Exit.REFUSED else "halted"
