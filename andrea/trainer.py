@@ -783,7 +783,7 @@ class Trainer:
         total = sum(parts.values())
         self._speed["periodic_s"] += total
         self.runlog.record({"kind": "periodic", "step": self.step, "seconds": round(total, 6),
-                          **{k: round(v, 6) for k, v in sorted(parts.items())}})
+                            **{k: round(v, 6) for k, v in sorted(parts.items())}})
 
     def _must_settle(self, step: int) -> bool:
         """Whether the steps launched so far must be read before step `step` is launched: where
