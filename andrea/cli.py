@@ -25,7 +25,8 @@
                                       a ckpt directory: its final.bin and best.bin)
 
 Errors the user can fix print one paragraph and exit non-zero (2: configuration or a refusal to
-train); `andrea --debug COMMAND ...` shows the traceback.
+train); `andrea --debug COMMAND ...` shows the traceback. `andrea train` exits with the statuses of
+andrea.launch.Exit (the README's table: 3 and 4 halts, 5 stopped by a signal).
 """
 
 from __future__ import annotations
@@ -293,10 +294,8 @@ def cmd_encode(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from andrea.io import write_json_atomic
-    from andrea.launch import train_as_ranks
-    from andrea.optim import NonFiniteHalt
-    from andrea.trainer import CoherenceHalt, Trainer, TrainingRefused, run_key
+    from andrea.launch import Exit, train
+    from andrea.trainer import run_key
 
     cfg = _config(args)
     _model_n(cfg, args.model)
@@ -313,30 +312,14 @@ def cmd_train(args) -> int:
         cfg["train"][args.model] = {**cfg["train"].get(args.model, {}), **overrides}
     shards = args.shards or results / args.model / "shards.json"
     run_dir = args.run_dir or results / args.model / "runs" / run_key(cfg, args.model)
-    launched = train_as_ranks(cfg, args.model, shards, run_dir, out=args.out, force=args.force)
-    if launched is not None:  # the ranks ran this command, rank 0 wrote the outcome
-        status, result = launched
-        if result is not None:
-            print(json.dumps(result))
-        return status  # a run stopped by a signal exits 0, as one process does (it resumes when run again)
-    trainer = Trainer(cfg, args.model, shards, run_dir, force=args.force)
-    try:
-        result = trainer.run(out_dir=args.out)
-    except TrainingRefused as e:
-        print(f"andrea: refusing to train: {e}", file=sys.stderr)
-        return 2
-    except CoherenceHalt as e:
-        print(f"andrea: halted: {e}", file=sys.stderr)
-        return 3
-    except NonFiniteHalt as e:
-        print(f"andrea: halted: {e}", file=sys.stderr)
-        return 4
-    if args.result is not None:  # a launched rank: the launcher reads the outcome here
-        if trainer.root:
-            write_json_atomic(args.result, result)
-        return 0
-    print(json.dumps(result))
-    return 0
+    # the exit status is andrea.launch.Exit's (the README's table)
+    status, result, message = train(cfg, args.model, shards, run_dir, out=args.out, force=args.force,
+                                    result_file=args.result, again="run the same command again")
+    if message:
+        print(f"andrea: {message}", file=sys.stderr)
+    if status in (Exit.FINISHED, Exit.STOPPED) and args.result is None:  # not a launched rank: the run's result
+        print(json.dumps(result))
+    return int(status)
 
 
 def cmd_dashboard(args) -> int:

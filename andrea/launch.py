@@ -1,5 +1,6 @@
-"""Starting a training run as several ranks (data parallelism, andrea/comm.py), for `andrea train`
-and the Snakemake train rule alike.
+"""Starting a training run, for `andrea train` and the Snakemake train rule alike: `train` runs it
+in this process or as several ranks (data parallelism, andrea/comm.py) and gives the exit status
+(`Exit`, the README's table): the two entry points differ only in where they say it.
 
 The ranks are started by the standard launchers: `srun` inside a SLURM job (the job asked for the
 tasks and GPUs; NCCL's id then meets through a file in the run directory), `mpirun` everywhere
@@ -12,9 +13,9 @@ job) must become one consistent checkpoint, not dead ranks. mpirun kills its ran
 SIGTERM but forwards SIGUSR1 and SIGUSR2, so it is sent SIGUSR2, which the trainer treats as a
 stop; srun forwards SIGTERM to every task itself.
 
-The outcome: rank 0 writes the run's result (finished or stopped, the step) to a file the launcher
-reads, so a stopped run exits 0 on every rank (a non-zero exit makes MPI abort the whole job,
-loudly) and the launcher still reports it as stopped.
+The outcome: rank 0 writes the run's result (finished, stopped, halted or refused, the step) to a
+file the launcher reads, and every rank exits 0 (a non-zero exit makes MPI abort the whole job,
+loudly): the launcher exits with the status the outcome has. A rank that exits non-zero failed.
 """
 
 from __future__ import annotations
@@ -25,12 +26,79 @@ import shutil
 import signal
 import subprocess
 import sys
+from enum import IntEnum
 from pathlib import Path
 
 from andrea.comm import launch_environment, launch_info, mpirun_command
 from andrea.config import train_settings
 from andrea.engine import resolve_backend
 from andrea.io import write_json_atomic
+from andrea.optim import NonFiniteHalt
+from andrea.trainer import CoherenceHalt, Trainer, TrainingRefused
+
+
+class Exit(IntEnum):
+    """The exit status of a training run, from `andrea train` and the workflow's train job alike
+    (the README's table). Refusals share 2 with the CLI's configuration errors: both are fixed
+    in the configuration (or with --force)."""
+
+    FINISHED = 0  # trained to max_steps; the weights exported (--out, the workflow's ckpt directory)
+    ERROR = 1  # anything else: a missing or malformed input, a rank that failed, ... (the message says)
+    REFUSED = 2  # the configuration is invalid, or the run would take too long on the CPU (max_cpu_hours)
+    COHERENCE_HALT = 3  # the coherence gate stopped the run (checkpoint written)
+    NONFINITE_HALT = 4  # max_nonfinite non-finite steps in a row (checkpoint written)
+    STOPPED = 5  # stopped by a signal (SIGTERM, SIGINT) at a checkpoint: run again to resume
+
+
+# the runs that did not finish, by the `reason` their result gives
+UNFINISHED = {"signal": Exit.STOPPED, "refused": Exit.REFUSED, "coherence halt": Exit.COHERENCE_HALT,
+              "non-finite halt": Exit.NONFINITE_HALT}
+# the trainer's exceptions for them, with their reason
+RAISED = ((TrainingRefused, "refused"), (CoherenceHalt, "coherence halt"), (NonFiniteHalt, "non-finite halt"))
+
+
+def train(config: dict, model: str, shards: str | Path, run_dir: str | Path, out: str | Path | None = None,
+          force: bool = False, result_file: str | Path | None = None,
+          again: str = "run again") -> tuple[Exit, dict | None, str | None]:
+    """Train `model`: here, or as train.<model>.ranks ranks (train_as_ranks). Returns the exit
+    status, the run's result (Trainer.run's, or for a run that did not finish {"finished": False,
+    "step", "reason", "message"}) and a message for the user (one paragraph; None when it
+    finished). `again` says how to resume, in the message of a stopped run.
+
+    A launched rank (`result_file`: what train_ranks passes) writes the result there (rank 0) and
+    exits 0 whatever the outcome the ranks agree on: a rank's non-zero exit makes MPI abort the
+    job. Errors (a missing input, another trainer in the run directory...) are raised, for the
+    caller to show: the CLI's one paragraph, the workflow's log."""
+    launched = train_as_ranks(config, model, shards, run_dir, out=out, force=force)
+    if launched is not None:
+        status, result = launched
+        if status:
+            return Exit.ERROR, result, f"the ranks failed (exit status {status}): see {Path(run_dir) / 'train.log'}"
+        if result is None:
+            return Exit.ERROR, None, f"the ranks wrote no outcome: see {Path(run_dir) / 'train.log'}"
+        return outcome(result, run_dir, again)
+    trainer = Trainer(config, model, shards, run_dir, force=force)
+    try:
+        result = trainer.run(out_dir=out)
+    except (TrainingRefused, CoherenceHalt, NonFiniteHalt) as e:
+        reason = next(r for cls, r in RAISED if isinstance(e, cls))
+        result = {"finished": False, "step": trainer.step, "reason": reason, "message": str(e)}
+    if result_file is not None:
+        if trainer.root:
+            write_json_atomic(result_file, result)
+        return Exit.FINISHED, result, None
+    return outcome(result, run_dir, again)
+
+
+def outcome(result: dict, run_dir: str | Path, again: str = "run again") -> tuple[Exit, dict, str | None]:
+    """(exit status, result, message) of a run's result."""
+    if result["finished"]:
+        return Exit.FINISHED, result, None
+    status = UNFINISHED[result["reason"]]
+    if status == Exit.STOPPED:
+        return status, result, f"stopped at step {result['step']}, checkpoint written in {run_dir}; {again} to resume"
+    prefix = "refusing to train" if status == Exit.REFUSED else "halted"
+    return status, result, f"{prefix}: {result['message']}"
 
 
 def under_launcher() -> bool:

@@ -1,8 +1,9 @@
-"""A run's loss.jsonl: its record format, a reader that rebuilds the full picture, an incremental
-tail with a bounded series and a step index (the dashboard, the audit's plots) and the cut a
-resume makes.
+"""A run's loss.jsonl: its record format, the trainer's writer (RunLogWriter), a reader that
+rebuilds the full picture, an incremental tail with a bounded series and a step index (the
+dashboard, the audit's plots) and the cut a resume makes (cut_run_records).
 
-The format (2026-11-30, "compact"; andrea/trainer.py writes it): one training record per step,
+The format (2026-11-30, "compact"; andrea/trainer.py writes it through RunLogWriter): one training
+record per step,
 
     {"step", "loss", "ema", "smma", "lr", "grad_norm", "clipped", "skipped", "tokens_per_s",
      "step_s", "rows": rows in the batch, "mix": {source: rows drawn from it}, "weights": {...},
@@ -30,6 +31,7 @@ import logging
 import math
 import os
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -175,6 +177,90 @@ def truncate_log(path: str | os.PathLike, keep: Callable[[dict], bool]) -> int:
         cut += 1 if cut else 0
         fh.truncate(cut)
         return max(0, size - cut)
+
+
+def cut_run_records(run_dir: str | os.PathLike, step: int, parity_bytes: int | None = None) -> None:
+    """A resume at `step`: the records written after its checkpoint belong to steps that will run
+    again and go. A step's training record comes before its checkpoint (the one of step N saw
+    the weights before step N's update: records of steps below N stay), its samples, validation
+    and the work between steps at step N just before or after it (they stay). One truncate each,
+    reading only the logs' tails: a 200,000-step log is neither read whole nor copied. With
+    `parity_bytes`, parity/batches.bin is cut to that many bytes (the batches recorded so far)."""
+    run_dir = Path(run_dir)
+    truncate_log(run_dir / "loss.jsonl",
+                 lambda r: r["step"] < step if r.get("kind", "train") == "train" else r["step"] <= step)
+    truncate_log(run_dir / "samples.jsonl", lambda r: r["step"] <= step)
+    batches = run_dir / "parity" / "batches.bin"
+    if parity_bytes is not None and batches.exists():
+        with open(batches, "r+b") as fh:
+            fh.truncate(parity_bytes)
+
+
+class RunLogWriter:
+    """The writer of a run's loss.jsonl: records appended in order by a background thread, so the
+    step loop never waits on the disk; training records compacted (RecordCompactor, one per open
+    file: a new trainer process starts with a full record). Other appends (parity batches) share
+    the thread and its order. A write that failed (a full disk) is raised at the next record, not
+    lost, and the queue never holds more than a few steps. A writer made with `enabled=False`
+    (a rank other than 0) writes nothing."""
+
+    MAX_QUEUED = 64
+
+    def __init__(self, path: str | os.PathLike, enabled: bool = True):
+        self.path, self.enabled = Path(path), enabled
+        self._pool: ThreadPoolExecutor | None = None
+        self._fh = None
+        self._compactor = RecordCompactor()
+        self._writes: list[Future] = []
+
+    def open(self) -> None:
+        """Start appending (after a resume has cut the file: cut_run_records)."""
+        if self.enabled:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="andrea-log")
+            self._fh = open(self.path, "a", encoding="utf-8")
+            self._compactor = RecordCompactor()  # a new file position: its first record is whole
+
+    def record(self, rec: dict) -> None:
+        """Append a record to loss.jsonl (in order, in the background)."""
+        self.submit(self._write_line, rec)
+
+    def append_bytes(self, path: str | os.PathLike, data: bytes) -> None:
+        """Append `data` to another file, in order with the records (parity/batches.bin)."""
+        self.submit(_append, Path(path), data)
+
+    def submit(self, fn: Callable, *args) -> None:
+        """Queue a write on the log thread."""
+        if not self.enabled:
+            return
+        while self._writes and (self._writes[0].done() or len(self._writes) > self.MAX_QUEUED):
+            self._writes.pop(0).result()
+        self._writes.append(self._pool.submit(fn, *args))
+
+    def flush(self) -> None:
+        """Until every queued write is done (a failed one is raised here)."""
+        while self._writes:
+            self._writes.pop(0).result()
+
+    def close(self) -> None:
+        """Every queued write done, the file closed, the thread ended."""
+        try:
+            self.flush()
+        finally:
+            if self._fh is not None:
+                self._fh.close()
+                self._fh = None
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    def _write_line(self, rec: dict) -> None:
+        self._fh.write(self._compactor.dumps(rec))  # weights and focus only where they change
+        self._fh.flush()
+
+
+def _append(path: Path, data: bytes) -> None:
+    with open(path, "ab") as fh:
+        fh.write(data)
 
 
 # ----------------------------------------------------------------------------- decoding

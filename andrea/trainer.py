@@ -29,11 +29,15 @@ the state the steps leave (a sample, validation, a checkpoint, the bandit's re-p
 fp16; loss records and checkpoints are written by background threads too (a checkpoint's host copy
 is taken at its step, so what is written is exactly that step).
 
-Signals: SIGTERM (and SIGINT, Ctrl-C) finishes the current step, writes a checkpoint and exits 0;
-SIGUSR1 writes a checkpoint and carries on. A run started again resumes from the newest intact
-checkpoint and its state (a damaged newest one is reported and skipped) and follows the same
-trajectory bit for bit (same backend and precision; fp8's delayed scales and cast counts travel
-in the state file too).
+Checkpoints are written and found again by andrea/checkpoint.py (RunCheckpoints), loss.jsonl by
+andrea/runlog.py (RunLogWriter); andrea/launch.py starts a run (here or as ranks) and gives its
+exit status.
+
+Signals: SIGTERM (and SIGINT, Ctrl-C) finishes the current step, writes a checkpoint and stops
+(exit status 5: andrea.launch.Exit); SIGUSR1 writes a checkpoint and carries on. A run started
+again resumes from the newest intact checkpoint and its state (a damaged newest one is reported
+and skipped) and follows the same trajectory bit for bit (same backend and precision; fp8's
+delayed scales and cast counts travel in the state file too).
 """
 
 from __future__ import annotations
@@ -42,32 +46,29 @@ import contextlib
 import copy
 import fcntl
 import gc
-import hashlib
 import json
 import logging
 import math
 import signal
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from andrea.batches import BatchStream
-from andrea.checkpoint import HEADER, CheckpointError, read_checkpoint, write_checkpoint
+from andrea.checkpoint import RunCheckpoints, write_checkpoint
 from andrea.coherence import coherence_score
-from andrea.comm import from_environment
+from andrea.comm import from_environment, launch_info
 from andrea.config import (
     train_settings,  # noqa: F401  (re-exported: callers import it from here)
 )
 from andrea.curriculum import Bandit
 from andrea.engine import Engine, load_backend, materialise, resolve_backend
 from andrea.evaluation import build_eval_set, evaluate, prepare_batches
-from andrea.io import atomic_dir, link_or_copy, sha256_file, write_json_atomic
-from andrea.launch import under_launcher
+from andrea.io import atomic_dir, link_or_copy, write_json_atomic
 from andrea.model import ModelConfig, flops_per_token, n_params
 from andrea.optim import NonFiniteCounter, NonFiniteHalt, OptimConfig, launch_step, reads_ahead
-from andrea.runlog import RecordCompactor, truncate_log
+from andrea.runlog import RunLogWriter, cut_run_records
 from andrea.sampling import InferenceModel, generate
 from andrea.settings import TrainSettings
 from andrea.shards import Shard
@@ -116,14 +117,6 @@ def human_duration(seconds: float) -> str:
     return f"{seconds / 86400:.0f} days"
 
 
-def _checkpoint_sha256(step: int, arrays) -> str:
-    """SHA-256 of a checkpoint file's bytes, from the arrays it is written from."""
-    h = hashlib.sha256(np.array([(step, arrays[0].size)], dtype=HEADER).tobytes())
-    for a in arrays:
-        h.update(memoryview(np.ascontiguousarray(a, dtype="<f4")).cast("B"))
-    return h.hexdigest()
-
-
 class Trainer:
     """One model's training run. With several ranks (data parallelism: andrea/comm.py) every rank
     runs a Trainer over the same run directory: each trains on its share of the global batch, and
@@ -146,11 +139,15 @@ class Trainer:
         self.oc = OptimConfig.of(self.s)
         self.run_dir = Path(run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
-        if comm is None and under_launcher():
+        if comm is None and launch_info()["size"] > 1:  # one of several ranks
             self.run_dir.mkdir(parents=True, exist_ok=True)  # NCCL's id may pass through a file there
         # before anything is allocated on a GPU: NCCL picks this rank's GPU
         self.comm = comm if comm is not None else from_environment(self.backend, rendezvous_dir=self.run_dir)
         self.root = self.comm.is_root
+        # rank 0 alone writes checkpoints and loss.jsonl (the others' calls do nothing)
+        self.checkpoints = RunCheckpoints(self.run_dir, n_params(self.cfg), self.s.keep_checkpoints, writer=self.root,
+                                          materialise=materialise)
+        self.runlog = RunLogWriter(self.run_dir / "loss.jsonl", enabled=self.root)
         meta = json.loads(Path(shards_json).read_text())
         self.shards_meta = meta
         self.tok = HarrisTokenizer.load(meta["segments"])
@@ -184,11 +181,6 @@ class Trainer:
         self.batches: BatchStream | None = None
         self.eval_set = None
         self.eval_batches: list = []
-        self._log_pool: ThreadPoolExecutor | None = None
-        self._log_fh = None
-        self._log_writes: list[Future] = []
-        self._ckpt_pool: ThreadPoolExecutor | None = None
-        self._ckpt_writes: list[Future] = []
         self._resumed = False
         self.timing: dict = {}
         # a step's wall time: from when the step before was seen done to when this one is, less
@@ -200,7 +192,6 @@ class Trainer:
         self._speed = {"steps": 0, "tokens": 0, "step_s": 0.0, "periodic_s": 0.0}  # this attempt's totals
         self._recent = [0, 0.0]  # tokens and step seconds since the last progress line
         self._kinds: dict[str, list] = {}  # work between steps by kind: [seconds, times], for the ETA
-        self._queued_checkpoint: Path | None = None  # the newest checkpoint this process queued
         self.plan_doc: dict | None = None  # what plan.json holds (the actual time is added at the end)
 
     # ------------------------------------------------------------------ plan
@@ -353,123 +344,29 @@ class Trainer:
     def _host_copy(self) -> tuple:
         """The weights and Adam state as of this step, for the writer thread (Engine.snapshot: on
         the GPU a device-side copy, brought to the host by the writer; training goes on)."""
-        return tuple(self._snapshot(a) for a in (self.engine.w, self.engine.m, self.engine.v))
-
-    def _snapshot(self, a):
-        return self.engine.snapshot(a)
+        return tuple(self.engine.snapshot(a) for a in (self.engine.w, self.engine.m, self.engine.v))
 
     def save_checkpoint(self, reason: str = "periodic", wait: bool = False) -> Path:
-        """checkpoints/step_NNNNNN.bin with its state beside it, then state.json, then the old
-        ones pruned: the host copy is taken now, the files are written in the background (one
-        checkpoint in flight at a time). A checkpoint without its state file is incomplete and
-        never resumed from. Rank 0 writes it: every rank holds the same weights, Adam state, draw
-        state and bandit."""
-        name = f"step_{self.step:06d}.bin"
-        path = self.ckpt_dir / name
-        if not self.root:
-            return path
-        self._queued_checkpoint = path
-        self._flush_log()  # loss.jsonl holds every step before this one when the state names it
-        state = self._state(name)
-        # the previous checkpoint must be on disk before this one is queued (it was queued
-        # checkpoint_every steps ago, so this rarely waits): a crash then loses less than
-        # 2 x checkpoint_every steps, and at most checkpoint_every once a write has finished
-        self._wait_checkpoint()
-        self._submit_write(self._write_checkpoint, path, self.step, self._host_copy(), state, reason)
-        if wait:
-            self._wait_checkpoint()
+        """This step's checkpoint with its state (RunCheckpoints.save: the host copy is taken now,
+        the files are written in the background). Rank 0 writes it: every rank holds the same
+        weights, Adam state, draw state and bandit."""
+        path = self.checkpoints.path(self.step)
+        if self.root:
+            self.runlog.flush()  # loss.jsonl holds every step before this one when the state names it
+            self.checkpoints.save(self.step, self._state(path.name), self._host_copy, reason, wait=wait)
         return path
-
-    def _submit_write(self, fn, *args) -> None:
-        """Queue a checkpoint-thread write; at most two in flight (each holds a host copy). Rank 0's alone."""
-        if not self.root:
-            return
-        while len(self._ckpt_writes) >= 2:
-            self._ckpt_writes.pop(0).result()  # re-raises a failed write (a full disk, say)
-        self._ckpt_writes.append(self._ckpt_pool.submit(fn, *args))
-
-    def _write_checkpoint(self, path: Path, step: int, arrays, state: dict, reason: str) -> None:
-        arrays = [materialise(a) for a in arrays]
-        write_checkpoint(path, step, *arrays)
-        state["sha256"] = _checkpoint_sha256(step, arrays)
-        write_json_atomic(path.with_suffix(".json"), state)
-        write_json_atomic(self.run_dir / "state.json", state)
-        kept = sorted(self.ckpt_dir.glob("step_*.bin"))
-        for old in kept[: -self.s.keep_checkpoints]:
-            old.unlink(missing_ok=True)
-            old.with_suffix(".json").unlink(missing_ok=True)
-        log.info("checkpoint %s (%s)", path, reason)
 
     def _write_best_now(self) -> None:
         """best.bin: the weights as of now (rank 0; the copy is taken now, written in the background)."""
         if self.root:
-            self._submit_write(self._write_best, self.step, self._snapshot(self.engine.w))
-
-    def _write_best(self, step: int, weights) -> None:
-        weights = materialise(weights)
-        zeros = np.zeros_like(weights)
-        write_checkpoint(self.run_dir / "best.bin", step, weights, zeros, zeros)
-
-    def _wait_checkpoint(self) -> None:
-        while self._ckpt_writes:
-            self._ckpt_writes.pop(0).result()
-
-    def _intact_checkpoint(self):
-        """The newest checkpoint that passes its checks, with its state; the problems found with
-        newer ones. A checkpoint passes when its state file is there, the file's size and header
-        match the model, the step matches the state and its SHA-256 matches the one recorded."""
-        problems = []
-        root_state = self.run_dir / "state.json"
-        root = json.loads(root_state.read_text()) if root_state.exists() else None
-        for path in sorted(self.ckpt_dir.glob("step_*.bin"), reverse=True):
-            st_path = path.with_suffix(".json")
-            try:
-                st = json.loads(st_path.read_text()) if st_path.exists() else None
-            except json.JSONDecodeError as e:
-                problems.append(f"{st_path}: not valid JSON ({e})")
-                continue
-            if st is None and root is not None and root.get("checkpoint") == path.name:
-                st = root  # written before checkpoints had their own state files
-            if st is None:
-                problems.append(f"{path}: no state file beside it (the run stopped while writing it)")
-                continue
-            try:
-                ck = read_checkpoint(path, expected_n_params=n_params(self.cfg))
-            except CheckpointError as e:
-                problems.append(str(e))
-                continue
-            if ck.step != st["step"]:
-                problems.append(f"{path}: holds step {ck.step}, its state says {st['step']}")
-                continue
-            if st.get("sha256") and sha256_file(path) != st["sha256"]:
-                problems.append(f"{path}: SHA-256 differs from the one recorded when it was written (damaged)")
-                continue
-            return st, ck, problems
-        return None, None, problems
+            self.checkpoints.save_best(self.step, self.engine.snapshot(self.engine.w))
 
     def resume(self) -> bool:
-        """Continue from the newest intact checkpoint and its state, if the run directory has one."""
-        st, ck, problems = self._intact_checkpoint()
-        for p in problems:
-            log.warning("cannot resume from it: %s", p)
+        """Continue from the newest intact checkpoint and its state, if the run directory has one
+        (RunCheckpoints.to_resume: damaged newer ones are reported and skipped)."""
+        st, ck = self.checkpoints.to_resume(self.model_name, self.shards_meta["tokenizer_hash"])
         if st is None:
-            if problems:
-                raise RuntimeError(f"{self.run_dir}: no intact checkpoint to resume from:\n  " + "\n  ".join(problems)
-                                   + "\nMove the run directory away to start over.")
-            if self.root and (self.run_dir / "loss.jsonl").exists():
-                log.warning("%s: records but no checkpoint: starting from step 0", self.run_dir)
-                for name in ("loss.jsonl", "samples.jsonl"):
-                    (self.run_dir / name).unlink(missing_ok=True)
             return False
-        if problems:
-            log.warning("resuming from the newest intact checkpoint, %s (step %d)", st["checkpoint"], st["step"])
-        if st["model"] != self.model_name or st["n_params"] != n_params(self.cfg):
-            raise RuntimeError(
-                f"{self.run_dir}: a run of {st['model']} with {st['n_params']:,} parameters, but {self.model_name} "
-                f"now has {n_params(self.cfg):,}; use another run directory to start over"
-            )
-        if st["tokenizer_hash"] != self.shards_meta["tokenizer_hash"]:
-            raise RuntimeError(f"{self.run_dir}: trained with another tokenizer; start a new run directory")
         self.engine.load_state(ck.weights, ck.m, ck.v, adam_t=st["adam_t"])
         if "loss_scale" in st:  # absent from state files written before fp16 existed
             self.engine.set_loss_scale(st["loss_scale"]["scale"])
@@ -487,25 +384,12 @@ class Trainer:
         self.low_samples = st["low_samples"]
         self.gate_armed = st.get("gate_armed", True) or self.gate_armed  # older states: the gate was always on
         self.tokens_seen = st["tokens_seen"]
-        # records written after that checkpoint belong to steps that will run again; a step's
-        # training record comes before its checkpoint, its samples and evaluations just before
-        if self.root:
-            self._truncate_run_records()
+        if self.root:  # records written after that checkpoint belong to steps that will run again
+            s = self.s
+            parity = min(self.step, s.record_batches) * self.B * s.grad_accum * (self.T + 1) * 2 if s.record_batches else None
+            cut_run_records(self.run_dir, self.step, parity)
         log.info("resumed %s at step %d from %s", self.model_name, self.step, st["checkpoint"])
         return True
-
-    def _truncate_run_records(self) -> None:
-        # one truncate each, reading only the logs' tails (andrea/runlog.py): a 200,000-step log is
-        # neither read whole nor copied
-        # (a training record's step is the weights it saw: the one of step N went before checkpoint
-        # N's; validation and the work between steps at step N, just before or after it, stay)
-        truncate_log(self.run_dir / "loss.jsonl",
-                     lambda r: r["step"] < self.step if r.get("kind", "train") == "train" else r["step"] <= self.step)
-        truncate_log(self.run_dir / "samples.jsonl", lambda r: r["step"] <= self.step)
-        if self.s.record_batches and (self.run_dir / "parity" / "batches.bin").exists():
-            keep = min(self.step, self.s.record_batches) * self.B * self.s.grad_accum * (self.T + 1) * 2
-            with open(self.run_dir / "parity" / "batches.bin", "r+b") as fh:
-                fh.truncate(keep)
 
     # ------------------------------------------------------------------ signals
     def _on_term(self, signum, frame):
@@ -515,36 +399,9 @@ class Trainer:
         self._save_now = True
 
     # ------------------------------------------------------------------ records
-    def _log_record(self, rec: dict) -> None:
-        """Append a record to loss.jsonl from the background writer (in order)."""
-        self._submit_log(self._write_line, rec)
-
-    def _submit_log(self, fn, *args) -> None:
-        """Queue a write on the log thread; a write that failed (a full disk) is raised here, at
-        the next step, not lost; and the queue never holds more than a few steps. Rank 0's alone."""
-        if not self.root:
-            return
-        while self._log_writes and (self._log_writes[0].done() or len(self._log_writes) > 64):
-            self._log_writes.pop(0).result()
-        self._log_writes.append(self._log_pool.submit(fn, *args))
-
-    def _write_line(self, rec: dict) -> None:
-        self._log_fh.write(self._log_compactor.dumps(rec))  # weights and focus only where they change
-        self._log_fh.flush()
-
-    def _flush_log(self) -> None:
-        while self._log_writes:
-            self._log_writes.pop(0).result()
-
     def _record_batch(self, tokens: np.ndarray) -> None:
         """With record_batches: this step's token rows, appended to parity/batches.bin."""
-        path = self.run_dir / "parity" / "batches.bin"
-
-        def append(data=tokens.astype("<u2").tobytes()):
-            with open(path, "ab") as fh:
-                fh.write(data)
-
-        self._submit_log(append)
+        self.runlog.append_bytes(self.run_dir / "parity" / "batches.bin", tokens.astype("<u2").tobytes())
 
     def _start_recording(self) -> None:
         d = self.run_dir / "parity"
@@ -599,7 +456,7 @@ class Trainer:
             rec["fp8"] = {k: c[k] for k in ("values", "overflow", "underflow")}
             log.info("fp8 casts by step %d: %d values, %d overflowed (%.2e), %d underflowed (%.2e)", self.step, c["values"],
                      c["overflow"], c["overflow"] / max(c["values"], 1), c["underflow"], c["underflow"] / max(c["values"], 1))
-        self._log_record(rec)
+        self.runlog.record(rec)
         self.last_eval = rec
         per = ", ".join(f"{k} {v['bpb']:.3f}" for k, v in r["sources"].items() if v["bpb"] is not None)
         log.info("validation at step %d: %.4f nats/token, %.4f bits/byte (%s) [%.2f s]", self.step, r["loss"],
@@ -679,8 +536,7 @@ class Trainer:
                              precision=self.precision, comm=self.comm, reduce_bucket_mb=s.reduce_bucket_mb,
                              reduce_dtype=s.reduce_dtype)
         self._inference = None  # the sampler over the engine's weights (made on first use)
-        self._ckpt_pool = ThreadPoolExecutor(1, thread_name_prefix="andrea-checkpoint")
-        self._log_pool = ThreadPoolExecutor(1, thread_name_prefix="andrea-log")
+        self.checkpoints.open()
         try:
             resumed = self._resumed = self.resume()
             if s.eval_every > 0:
@@ -736,8 +592,7 @@ class Trainer:
                             "nothing recorded", self.comm.size)
             if self.recording and not resumed and self.root:
                 self._start_recording()
-            self._log_fh = open(self.run_dir / "loss.jsonl", "a", encoding="utf-8") if self.root else None
-            self._log_compactor = RecordCompactor()  # a new file position: its first record is whole
+            self.runlog.open()
             try:
                 result = self._loop()
             finally:
@@ -745,14 +600,11 @@ class Trainer:
                     self.batches.close()
                 finally:
                     try:
-                        self._flush_log()
+                        self.runlog.close()
                     finally:
-                        if self._log_fh is not None:
-                            self._log_fh.close()
-                        self._wait_checkpoint()
+                        self.checkpoints.wait()
         finally:
-            self._log_pool.shutdown(wait=True)
-            self._ckpt_pool.shutdown(wait=True)
+            self.checkpoints.close()
         if result["finished"] and out_dir is not None and self.root:
             self._export(Path(out_dir))
         return result
@@ -850,15 +702,15 @@ class Trainer:
                 )
         self._settle()
         final = self.run_dir / "final.bin"
-        newest = self.ckpt_dir / f"step_{self.step:06d}.bin"
+        newest = self.checkpoints.path(self.step)
         if self.root:
             # the last step's checkpoint, unless the loop queued it (a periodic one, logged as the end
             # of the run) or an earlier attempt wrote it (a run resumed at its end)
-            if self._queued_checkpoint != newest and not newest.exists():
+            if self.checkpoints.queued != newest and not newest.exists():
                 with self._between_steps("ckpt_s"):
                     self.save_checkpoint("end of run")
             with self._between_steps("ckpt_s"):
-                self._wait_checkpoint()
+                self.checkpoints.wait()
             link_or_copy(newest, final)  # final.bin is the last checkpoint's bytes
             if not (self.run_dir / "best.bin").exists():
                 link_or_copy(final, self.run_dir / "best.bin")
@@ -930,8 +782,8 @@ class Trainer:
         parts, self._between = self._between, {}
         total = sum(parts.values())
         self._speed["periodic_s"] += total
-        self._log_record({"kind": "periodic", "step": self.step, "seconds": round(total, 6),
-                          **{k: round(v, 6) for k, v in sorted(parts.items())}})
+        self.runlog.record({"kind": "periodic", "step": self.step, "seconds": round(total, 6),
+                            **{k: round(v, 6) for k, v in sorted(parts.items())}})
 
     def _must_settle(self, step: int) -> bool:
         """Whether the steps launched so far must be read before step `step` is launched: where
@@ -982,7 +834,7 @@ class Trainer:
         mix = {}
         for src, _ in batch.rows:
             mix[src] = mix.get(src, 0) + 1
-        self._log_record({
+        self.runlog.record({
             "step": res.step, "loss": res.loss, "ema": self.ema, "smma": self.smma, "lr": res.lr,
             "grad_norm": res.grad_norm, "clipped": res.clipped, "skipped": res.skipped,
             "tokens_per_s": round(n_tok / step_s, 1), "step_s": round(step_s, 6),

@@ -164,7 +164,7 @@ def main() -> None:
             t = time.perf_counter()
             arrays = tr._host_copy()
             ckpt_sync = time.perf_counter() - t  # what the step loop waits for (the rest is written in the background)
-            tr._write_checkpoint(tr.ckpt_dir / "step_999999.bin", tr.step, arrays, tr._state("step_999999.bin"), "benchmark")
+            tr.checkpoints.write(tr.ckpt_dir / "step_999999.bin", tr.step, arrays, tr._state("step_999999.bin"), "benchmark")
             ckpt_total = time.perf_counter() - t
             es = build_eval_set(tr.shards, defaults["curriculum"]["heldout_every"], T, defaults["eval_tokens"], tr.tok.token_bytes)
             ev = evaluate(tr.engine, es)

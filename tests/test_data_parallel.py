@@ -55,7 +55,7 @@ def test_a_signal_stops_every_rank_at_one_checkpoint_and_the_run_resumes_on_one_
     cfg = write_config(tmp_path / "c.yaml", batch_size=4, max_steps=160, checkpoint_every=40, eval_every=40, sample_every=80)
     run = tmp_path / "run"
     rc, err = interrupt(cfg, shards, run, 30, signal.SIGTERM, "--ranks", "2")
-    assert rc == 0, err[-3000:]
+    assert rc == 5, err[-3000:]  # the launcher exits as one process does (andrea.launch.Exit.STOPPED); the ranks exit 0
     stopped = json.loads((run / "state.json").read_text())["step"]
     assert 30 <= stopped < 160 and "stopped by a signal" in err
     assert json.loads((run / "launch" / "result.json").read_text()) == {"finished": False, "step": stopped, "reason": "signal"}

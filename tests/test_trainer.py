@@ -186,9 +186,10 @@ def test_sigterm_then_resume_equals_the_straight_run(shards, straight, tmp_path)
     cfg = write_config(tmp_path / "config.yaml")
     run = tmp_path / "run"
     rc, err = interrupt(cfg, shards, run, 90)
-    assert rc == 0, err[-2000:]
+    assert rc == 5, err[-2000:]  # stopped at a checkpoint (andrea.launch.Exit.STOPPED)
     stopped_at = json.loads((run / "state.json").read_text())["step"]
     assert 90 <= stopped_at < 240 and "stopped by a signal" in err
+    assert f"andrea: stopped at step {stopped_at}, checkpoint written in {run}; run the same command again to resume" in err
     p = train(cfg, shards, run)
     assert p.returncode == 0, p.stderr[-3000:]
     assert f"resumed micro at step {stopped_at}" in p.stderr
@@ -291,7 +292,7 @@ def test_sigusr1_checkpoints_and_carries_on(shards, straight, tmp_path):
 def test_policy_change_applies_from_the_resume_step(shards, straight, tmp_path):
     cfg = write_config(tmp_path / "config.yaml")
     run = tmp_path / "run"
-    assert interrupt(cfg, shards, run, 100)[0] == 0
+    assert interrupt(cfg, shards, run, 100)[0] == 5
     stopped_at = json.loads((run / "state.json").read_text())["step"]
     c = yaml.safe_load(cfg.read_text())
     c["sources"]["dictionary"]["floor"] = 1.0  # the "polish pivot": a new floor
