@@ -92,7 +92,7 @@ def _skips(tally: Tally) -> str:
     """`n skipped: reason n (first: where: detail); ...`, the reasons most frequent first."""
     if not tally.skipped:
         return "none skipped"
-    parts = [f"{reason} {n} (first: {tally.examples[reason]})" for reason, n in tally.skipped.most_common()]
+    parts = [f"{reason} {n} (first: {tally.examples[reason][0]})" for reason, n in tally.skipped.most_common()]
     return f"{sum(tally.skipped.values())} skipped: " + "; ".join(parts)
 
 
