@@ -110,6 +110,8 @@ def cmd_data_fetch(args) -> int:
 
     cfg = _config(args)
     args.profile = args.profile or "real"  # `andrea data fetch` fetches the real profile unless told
+    if args.dry_run:
+        return _data_fetch_dry_run(cfg, args)
     summary = fetch_profile(cfg, args.profile, dest=args.dir, update=args.update)
     dest = args.dir or cfg["fetch_dir"]
     for dataset, s in summary.items():
@@ -119,6 +121,43 @@ def cmd_data_fetch(args) -> int:
     print(f"data profile {args.profile}: {len(summary)} hub datasets in {dest}"
           + ("" if args.dir is None or Path(args.dir) == Path(cfg["fetch_dir"]) else
              f" (the data stages read {cfg['fetch_dir']}: set fetch_dir: {args.dir}, or move the folder there)"))
+    return 0
+
+
+def _n(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _data_fetch_dry_run(cfg: dict, args) -> int:
+    """Every file the fetch would download, with its size, per dataset its revision, commit and
+    licence, and the total; downloads and writes nothing."""
+    from andrea.fetch import dry_run, human_size
+
+    dest = args.dir or cfg["fetch_dir"]
+    datasets, refused = dry_run(cfg, args.profile, dest=args.dir, update=args.update)
+    print(f"data profile {args.profile}: what `andrea data fetch` would download into {dest} (dry run: nothing is "
+          f"downloaded or written)")
+    total = have = n_get = n_have = 0
+    unknown = False
+    for d in datasets:
+        commit = " (a pinned commit)" if d["revision"] == d["commit"] else f" = commit {d['commit']}"
+        print(f"\n{d['dataset']} ({', '.join(d['sources'])}): revision {d['revision']}{commit}; "
+              f"licence {'; '.join(d['licences'])}")
+        width = max(len(p) for p, _, _ in d["files"])
+        get = sum(s or 0 for _, s, done in d["files"] if not done)
+        for path, size, done in d["files"]:
+            print(f"  {path:<{width}}  {human_size(size):>10}{'  already fetched' if done else ''}")
+            unknown |= size is None and not done
+        todo = [f for f in d["files"] if not f[2]]
+        print(f"  {len(todo)} of {_n(len(d['files']), 'file')} to download, {human_size(get)}")
+        total += get
+        have += sum(s or 0 for _, s, done in d["files"] if done)
+        n_get += len(todo)
+        n_have += len(d["files"]) - len(todo)
+    print(f"\ntotal: {_n(n_get, 'file')}, {human_size(total)} to download{' (some sizes unknown)' if unknown else ''}; "
+          f"{_n(n_have, 'file')}, {human_size(have)} already fetched")
+    if refused is not None:
+        raise refused  # what the fetch would stop at, after the list the user asked for
     return 0
 
 
@@ -473,6 +512,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--profile", default=argparse.SUPPRESS, help="data profile (default: real)")
     sp.add_argument("--dir", help="folder to fetch into (default: the config's fetch_dir)")
     sp.add_argument("--update", action="store_true", help="move a dataset pinned @main to the commit main is now")
+    sp.add_argument("--dry-run", action="store_true", help="list every file the fetch would download (size, revision, "
+                    "commit, licence, total) and download nothing")
     sp.set_defaults(fn=cmd_data_fetch)
 
     tk = sub.add_parser("tokenizer", help="the Harris tokenizer")

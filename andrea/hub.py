@@ -6,8 +6,11 @@ A local copy stands in for the hub without changing the configuration or any sta
 the dataset `owner/name` is read from ROOT/owner/name when that folder exists (a copy made with
 `hf download --repo-type dataset owner/name --local-dir ROOT/owner/name`), where ROOT is
 ANDREA_HUB_MIRROR when set, else the folder `andrea data fetch` fills (config `fetch_dir`, passed
-by the data stages as `mirror_root`). It is read by the same `datasets.load_dataset` call, which
-takes the subsets and splits from the copy's README.md as it would from the hub's.
+by the data stages as `mirror_root`). The copy's README.md `configs:` name the subsets and their
+splits' files, as on the hub; but only the split asked for is read, from its own files
+(`local_split`): a copy holds the files fetched, and `datasets` refuses a whole dataset whose card
+declares a split with no file here (smoltalk's `all` subset declares a test split the real
+profile does not fetch).
 """
 
 from __future__ import annotations
@@ -148,12 +151,22 @@ def probe_hub(loc: HubLocation, timeout: float, key: str, advice: str) -> str | 
     if "GatedRepo" in name:
         raise HubUnreachable(
             f"{key}: {loc.dataset} is a gated dataset: accept its terms on https://huggingface.co/datasets/{loc.dataset} "
-            f"and set HF_TOKEN ({name}). {advice}"
+            f"and give this machine a token of that account (`hf auth login`, or HF_TOKEN) ({name}). {advice}"
+        )
+    status = getattr(getattr(err, "response", None), "status_code", None)
+    if status in (401, 403) and "NotFound" not in name:  # the token sent is refused (the hub answers 401 to a bad one)
+        detail = str(err).strip().splitlines()[-1] if str(err).strip() else name
+        raise HubUnreachable(
+            f"{key}: the hub refused the request for {loc.dataset} (HTTP {status}: {detail}): the token this machine "
+            f"sends is not valid; set HF_TOKEN to a valid read token, or run `hf auth login` again (or unset HF_TOKEN "
+            f"for a public dataset). {advice}"
         )
     if "RevisionNotFound" in name:
         raise HubUnreachable(f"{key}: the hub's dataset {loc.dataset} has no revision {loc.revision!r} ({name}). {advice}")
     if "RepositoryNotFound" in name or "NotFound" in name:
-        raise HubUnreachable(f"{key}: the hub has no dataset {loc.dataset!r} ({name}). {advice}")
+        raise HubUnreachable(f"{key}: the hub has no dataset {loc.dataset!r} that this machine may see ({name}): check the "
+                             f"id; a private dataset needs a token of an account that can read it (`hf auth login`, or "
+                             f"HF_TOKEN). {advice}")
     raise HubUnreachable(f"{key}: could not reach the Hugging Face hub for {loc.dataset} ({name}: {err}). {advice}")
 
 
@@ -195,6 +208,103 @@ def mirror_commit(path: Path, loc: HubLocation) -> str | None:
     return commit
 
 
+@dataclass
+class LocalSplit:
+    """What `datasets.load_dataset` is given to read one split of a local copy."""
+
+    builder: str  # the packaged builder ("parquet", "json", ...)
+    data_files: list[str]
+    kwargs: dict  # the subset's other settings from the card (builder options, its declared features)
+
+
+def local_files(path: Path) -> list[str]:
+    """The files of a local copy, repository-relative (not huggingface_hub's .cache)."""
+    return sorted(p.relative_to(path).as_posix() for p in path.rglob("*")
+                  if p.is_file() and ".cache" not in p.relative_to(path).parts)
+
+
+def _shortened(items: list[str], most: int = 12) -> str:
+    return (", ".join(items[:most]) + (f" (and {len(items) - most} more)" if len(items) > most else "")) if items else "none"
+
+
+def local_split(path: Path, loc: HubLocation, key: str) -> LocalSplit:
+    """The files of split `loc.split` of subset `loc.subset` in the copy at `path`: the subset's
+    split patterns from its README.md `configs:` (or `datasets`' default file names where the card
+    declares none), that split's alone, resolved against the files here, and the builder their
+    extension calls for. `datasets`' own helpers do each step, as its load_dataset does for a
+    folder; only the other splits are left out. Raises HubDatasetError naming `key`."""
+    from datasets.data_files import DataFilesList, EmptyDatasetError, get_data_patterns, sanitize_patterns
+    from datasets.info import DatasetInfosDict
+    from datasets.load import infer_module_for_data_files_list
+    from datasets.packaged_modules import _ALL_ALLOWED_EXTENSIONS
+    from datasets.utils.metadata import MetadataConfigs
+    from huggingface_hub import DatasetCard, DatasetCardData
+
+    where = f"{key}: {loc}: the local copy {path}"
+    readme = path / "README.md"
+    try:
+        card = DatasetCard.load(readme).data if readme.is_file() else DatasetCardData()
+        configs = MetadataConfigs.from_dataset_card_data(card)
+        infos = DatasetInfosDict.from_dataset_card_data(card)
+    except Exception as e:  # noqa: BLE001 - a card that does not parse, named
+        raise HubDatasetError(f"{where}: its README.md cannot be read as a dataset card ({type(e).__name__}: {e})") from None
+    if configs:
+        try:
+            name = loc.subset or configs.get_default_config_name()
+        except ValueError as e:
+            raise HubDatasetError(f"{where}: {e}; name the subset in the location") from None
+        if name is None:
+            raise HubDatasetError(f"{where} has several subsets and none is the default; name one in the location "
+                                  f"({', '.join(configs)})")
+        if name not in configs:
+            raise HubDatasetError(f"{where} has no subset {name!r}: its README.md names {', '.join(configs)}")
+        params = dict(configs[name])
+        declared = f"its README.md's configs: for subset {name}"
+    else:
+        if loc.subset not in (None, "default"):
+            raise HubDatasetError(f"{where} has no subset {loc.subset!r}: its README.md declares no configs:")
+        name, params = "default", {}
+        declared = "datasets' default file names (the README.md declares no configs:)"
+    params.pop("config_name", None)
+    params.pop("default", None)
+    data_dir = params.pop("data_dir", None)
+    base = (path / data_dir) if data_dir else path
+    data_files = params.pop("data_files", None)
+    if data_files is not None:
+        patterns = sanitize_patterns(data_files)
+    else:
+        try:
+            patterns = get_data_patterns(base.as_posix())
+        except EmptyDatasetError:
+            patterns = {}
+        declared = "datasets' default file names" + (f" under {data_dir}" if data_dir else "")
+    if loc.split not in patterns:
+        raise HubDatasetError(f"{where} has no split {loc.split!r} in subset {name} (splits: "
+                              f"{', '.join(patterns) or 'none'}, from {declared}); its files: "
+                              f"{_shortened(local_files(path))}")
+    split_patterns = list(patterns[loc.split])
+    try:
+        files = DataFilesList.from_patterns(split_patterns, base_path=base.as_posix(),
+                                            allowed_extensions=_ALL_ALLOWED_EXTENSIONS)
+    except FileNotFoundError:
+        files = []
+    if not files:
+        present = [f for f in local_files(path) if f != "README.md" and not f.rsplit("/", 1)[-1].startswith(".")]
+        raise HubDatasetError(
+            f"{where} has no file of split {loc.split!r} (subset {name}): its patterns {split_patterns} (from {declared}) "
+            f"match nothing here. The data files it holds: {_shortened(present)}. Fetch that split's files (the "
+            f"profile entry's `files`), or read a split it holds"
+        )
+    builder, builder_kwargs = infer_module_for_data_files_list(files)
+    if builder is None:
+        raise HubDatasetError(f"{where}: split {loc.split!r} has no file of a format datasets reads ({_shortened(list(files))})")
+    kwargs = {**builder_kwargs, **params}
+    info = infos.get(name)
+    if info is not None and info.features is not None:
+        kwargs.setdefault("features", info.features)  # the card's declared types, as load_dataset(path) applies them
+    return LocalSplit(builder, list(files), kwargs)
+
+
 def iter_hub_rows(
     loc: HubLocation,
     key: str,
@@ -233,7 +343,14 @@ def iter_hub_rows(
     import datasets
 
     try:
-        ds = datasets.load_dataset(path, name=loc.subset, split=loc.split, revision=revision, streaming=True)
+        if mirror is not None:
+            part = local_split(mirror, loc, key)
+            ds = datasets.load_dataset(part.builder, data_files={loc.split: part.data_files}, split=loc.split,
+                                       streaming=True, **part.kwargs)
+        else:
+            ds = datasets.load_dataset(path, name=loc.subset, split=loc.split, revision=revision, streaming=True)
+    except HubDatasetError:
+        raise
     except (ValueError, FileNotFoundError) as e:  # no such subset or split, no data files
         raise HubDatasetError(f"{key}: {loc} cannot be read: {e}") from None
     except ConnectionError as e:

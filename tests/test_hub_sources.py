@@ -348,3 +348,76 @@ def test_an_unreachable_hub_fails_fast_for_a_source(tmp_path):
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "sources.smoltalk.location: could not reach the Hugging Face hub for HuggingFaceTB/smoltalk" in proc.stdout
     assert "hf download --repo-type dataset HuggingFaceTB/smoltalk --local-dir DIR" in proc.stdout
+
+
+SMOLTALK_CARD = """---
+dataset_info:
+- config_name: all
+  features:
+  - name: messages
+    list:
+    - name: content
+      dtype: string
+    - name: role
+      dtype: string
+  - name: source
+    dtype: string
+  splits:
+  - name: train
+    num_examples: 3
+  - name: test
+    num_examples: 1
+configs:
+- config_name: all
+  data_files:
+  - split: train
+    path: data/all/train-*
+  - split: test
+    path: data/all/test-*
+- config_name: smol-magpie-ultra
+  data_files:
+  - split: train
+    path: data/smol-magpie-ultra/train-*
+  - split: test
+    path: data/smol-magpie-ultra/test-*
+---
+# SmolTalk
+"""
+
+
+def smoltalk_copy(mirror: Path) -> Path:
+    """A fetched copy laid out as HuggingFaceTB/smoltalk: the card declares train and test for each
+    subset; only `all`'s train files were fetched (the real profile's `files`)."""
+    root = mirror / "org/smoltalk"
+    rows = [msgs(("user", f"q{i}"), ("assistant", f"a{i}"), source="s") for i in range(3)]
+    write_rows(root / "data/all/train-00000-of-00002.parquet", rows[:2])
+    write_rows(root / "data/all/train-00001-of-00002.parquet", rows[2:])
+    (root / "README.md").write_text(SMOLTALK_CARD, encoding="utf-8")
+    return root
+
+
+def test_a_copy_holding_only_the_asked_split_reads(config, tmp_path, monkeypatch):
+    """datasets 5.2 refuses the whole subset when a split its card declares has no file here
+    ("Couldn't infer the same data file format for all splits"): the split is read from its own files."""
+    mirror = tmp_path / "mirror"
+    monkeypatch.setenv(MIRROR_ENV, str(mirror))
+    smoltalk_copy(mirror)
+    cfg = with_sources(config, {"smoltalk": {"adapter": "messages", "location": "hub:org/smoltalk:all:train"}})
+    counts, rows, _ = prep(cfg, tmp_path)
+    assert counts["per_source"]["smoltalk"]["kept"] == 3
+    assert sorted(r["turns"][0]["text"] for r in rows) == ["q0", "q1", "q2"]
+
+
+def test_a_split_with_no_file_in_the_copy_names_its_patterns_and_the_files_there(config, tmp_path, monkeypatch):
+    mirror = tmp_path / "mirror"
+    monkeypatch.setenv(MIRROR_ENV, str(mirror))
+    smoltalk_copy(mirror)
+    for location, says in [("hub:org/smoltalk:all:test", "no file of split 'test' (subset all): its patterns ['data/all/test-*']"),
+                           ("hub:org/smoltalk:smol-magpie-ultra:train", "no file of split 'train' (subset smol-magpie-ultra)"),
+                           ("hub:org/smoltalk:all:validation", "no split 'validation' in subset all (splits: train, test")]:
+        cfg = with_sources(config, {"smoltalk": {"adapter": "messages", "location": location}})
+        with pytest.raises(HubDatasetError) as e:
+            prep(cfg, tmp_path / location.rsplit(":", 2)[1])
+        msg = str(e.value)
+        assert msg.startswith(f"sources.smoltalk.location: {location}") and says in msg, msg
+        assert "data/all/train-00000-of-00002.parquet" in msg  # what the copy does hold
