@@ -1,5 +1,10 @@
 """pull_hermes3: load NousResearch/Hermes-3-Dataset (hub, local files or the embedded corpus),
-validate its ShareGPT layout, split it by category into three sources, write versioned Parquet.
+validate its ShareGPT layout, split it into three sources, write versioned Parquet.
+
+A record's part comes from its category column (hermes3.category_field) where it has a non-empty
+one; otherwise, as for the hub's copy, which has no category (README, "Hermes-3's three parts"),
+from the measured rule over the system prompt and first user turn in andrea/hermes3_parts.py
+(hermes3.without_category: rule), or it goes to hermes3-general (without_category: general).
 """
 
 from __future__ import annotations
@@ -93,6 +98,10 @@ def source_rows(hcfg: dict, read: dict | None = None, hub_dir: str | Path | None
 def pull_hermes3(hcfg: dict, out_dir: str | Path, version: str, strict: bool = False, hub_dir: str | Path | None = None) -> dict:
     """Run the stage: write <out_dir>/<part>.parquet for the three parts and manifest.json.
     Returns the manifest's counts. `hub_dir`: the fetch folder (andrea.fetch), read before the hub."""
+    # imported here: andrea.hermes3_parts needs andrea.tokenizer, whose imports come back to this module
+    from andrea.hermes3_parts import part_of_conversation
+    from andrea.hermes3_parts import quality as part_rule_quality
+
     out_dir = Path(out_dir)
     hub_read = hub_location(hcfg).as_input() if hcfg["location"] == "hub" else None
     rows, local = source_rows(hcfg, hub_read, hub_dir)
@@ -104,6 +113,9 @@ def pull_hermes3(hcfg: dict, out_dir: str | Path, version: str, strict: bool = F
 
     tally = Tally()
     per_part = {p: 0 for p in HERMES3_PARTS}
+    # how each record's part was decided: its category column, the rule, or neither (all general)
+    decided_by = {how: {p: 0 for p in HERMES3_PARTS} for how in ("column", "rule", "default")}
+    by_rule = hcfg.get("without_category", "rule") == "rule"  # .get: callers that build hcfg by hand (the schema's default)
     per_category: dict[str, int] = {}
     system_turns = 0
     field = hcfg["category_field"]
@@ -119,8 +131,14 @@ def pull_hermes3(hcfg: dict, out_dir: str | Path, version: str, strict: bool = F
                 tally.skip(reason, raw.where, strict, detail)
                 continue
             category = raw.value.get(field)
-            category = str(category) if category is not None else ""
-            part = part_of(category, hcfg["categories"])
+            category = str(category).strip() if category is not None else ""
+            if category:
+                part, how = part_of(category, hcfg["categories"]), "column"
+            elif by_rule:
+                part, how = part_of_conversation(conv), "rule"
+            else:
+                part, how = "hermes3-general", "default"
+            decided_by[how][part] += 1
             doc_id = raw.value.get("id")
             doc_id = str(doc_id) if doc_id not in (None, "") else raw.key
             writers[part].write({"doc_id": doc_id, "category": category, "conversations": conv})
@@ -144,9 +162,13 @@ def pull_hermes3(hcfg: dict, out_dir: str | Path, version: str, strict: bool = F
     counts = {
         **tally.as_dict(),
         "per_part": per_part,
+        "decided_by": {how: n for how, n in decided_by.items() if any(n.values())},
         "per_category": dict(sorted(per_category.items(), key=lambda kv: -kv[1])[:50]),
         "system_turns": system_turns,
     }
+    if any(decided_by["rule"].values()):
+        # what the rule is and how well it does on its labelled set, where the user reads the counts
+        counts["part_rule"] = part_rule_quality()
     manifest.data["counts"] = counts
     manifest.write(out_dir / "manifest.json")
     log.info(
@@ -157,4 +179,12 @@ def pull_hermes3(hcfg: dict, out_dir: str | Path, version: str, strict: bool = F
         counts["skipped_total"],
         counts["skipped"] or "",
     )
+    deciders = {"column": f"the {field!r} column", "rule": "the part rule (andrea/hermes3_parts.py)",
+                "default": "no category and without_category: general"}
+    for how, n in counts["decided_by"].items():
+        log.info("pull_hermes3: decided by %s: %s", deciders[how], ", ".join(f"{k} {v}" for k, v in n.items()))
+    if "part_rule" in counts:
+        cv = counts["part_rule"]["cross_validated"]
+        log.info("pull_hermes3: part rule on its labelled set, held out: %s", ", ".join(
+            f"{p} precision {cv[p]['precision']:.3f} recall {cv[p]['recall']:.3f}" for p in HERMES3_PARTS))
     return counts

@@ -197,3 +197,66 @@ def test_hub_location_streams_through_datasets_from_a_mirror(config, tmp_path, m
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["inputs"] == [{"hub": "NousResearch/Hermes-3-Dataset", "revision": commit, "subset": None, "split": "train",
                                    "commit": commit, "mirror": str(repo)}]
+
+
+# Conversations as the hub's copy of Hermes-3 holds them: `conversations` only, no category.
+HUB_LIKE = [
+    sharegpt(("human", "What is the boiling point of water in Fahrenheit?"), ("gpt", "212 degrees.")),
+    sharegpt(("system", "You are a helpful assistant."), ("human", "Write a Python function that reverses a list."), ("gpt", "def r(x): ...")),
+    sharegpt(("human", "Write a poem about the moon over a quiet harbour."), ("gpt", "Silver on the water...")),
+    sharegpt(("human", "Tell me a story about a fox who learns to sing."), ("gpt", "Once...")),
+    sharegpt(("system", "You are Brannoc, a dwarven smith. Stay in character."),
+             ("human", "*pushes open the forge door* Brannoc, can you mend my axe before nightfall?"), ("gpt", "*grunts* Aye.")),
+    sharegpt(("human", "Let's roleplay. You're a ship's cook and I'm a new deckhand. *I stumble into the galley*"), ("gpt", "Oi!")),
+]
+
+
+def test_records_without_a_category_are_split_by_the_rule_and_the_manifest_says_so(config, tmp_path):
+    """The hub's layout: one JSONL at the repository root, `conversations[{from, value}]` and no
+    category column. Before the rule, creative and roleplay came out empty."""
+    src = write_jsonl(tmp_path / "hermes-3-dataset.jsonl", HUB_LIKE)
+    out = tmp_path / "out"
+    counts = pull_hermes3(hcfg(config, src), out, "v1")
+    assert counts["per_part"] == {"hermes3-general": 2, "hermes3-creative": 2, "hermes3-roleplay": 2}
+    assert counts["decided_by"] == {"rule": counts["per_part"]}
+    manifest = json.loads((out / "manifest.json").read_text())
+    rule = manifest["counts"]["part_rule"]
+    assert rule["labelled_set"]["n"] >= 300
+    for part in ("hermes3-general", "hermes3-creative", "hermes3-roleplay"):
+        assert rule["cross_validated"][part]["precision"] >= 0.9 and rule["cross_validated"][part]["recall"] >= 0.9
+        assert part in rule["in_sample"]
+    parts = read_parts(out)
+    assert parts["hermes3-roleplay"][0]["conversations"][1]["value"].startswith("*pushes open")
+    assert all(r["category"] == "" for rows in parts.values() for r in rows)
+
+
+def test_a_category_column_wins_over_the_rule(config, tmp_path):
+    rows = [
+        # roleplay by its content, general by its column: the column decides
+        sharegpt(("human", "*draws my sword* Stand aside, troll!"), ("gpt", "*roars*"), category="general"),
+        sharegpt(("human", "What is 2 + 2?"), ("gpt", "4"), category="roleplay"),
+        # an empty or blank value is no category: the rule decides
+        sharegpt(("human", "Write a haiku about frost."), ("gpt", "..."), category=""),
+        sharegpt(("human", "Write a limerick about a goat."), ("gpt", "..."), category="  "),
+    ]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    counts = pull_hermes3(hcfg(config, src), tmp_path / "out", "v1")
+    assert counts["per_part"] == {"hermes3-general": 1, "hermes3-creative": 2, "hermes3-roleplay": 1}
+    assert counts["decided_by"] == {
+        "column": {"hermes3-general": 1, "hermes3-creative": 0, "hermes3-roleplay": 1},
+        "rule": {"hermes3-general": 0, "hermes3-creative": 2, "hermes3-roleplay": 0},
+    }
+
+
+def test_without_category_general_turns_the_rule_off(config, tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", HUB_LIKE)
+    counts = pull_hermes3(hcfg(config, src, without_category="general"), tmp_path / "out", "v1")
+    assert counts["per_part"] == {"hermes3-general": 6, "hermes3-creative": 0, "hermes3-roleplay": 0}
+    assert counts["decided_by"] == {"default": counts["per_part"]}
+    assert "part_rule" not in counts
+
+
+def test_the_embedded_corpus_is_split_by_its_column(config, tmp_path):
+    counts = pull_hermes3(config["hermes3"], tmp_path / "out", "v1")
+    assert set(counts["decided_by"]) == {"column"}
+    assert counts["decided_by"]["column"] == counts["per_part"]
