@@ -14,7 +14,7 @@
 import sys
 from pathlib import Path
 
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
 min_version("9.0")
 
@@ -22,7 +22,8 @@ min_version("9.0")
 # (workflow/scripts/_checkout.py), also inside --use-conda environments.
 sys.path.insert(0, str(Path(workflow.basedir).resolve()))
 
-from andrea.config import SCHEMA_PATH, validate_config
+from andrea.config import workflow_config
+from andrea.versions import record_versions, where_results
 
 
 configfile: "config/config.yaml"
@@ -31,8 +32,10 @@ configfile: "config/config.yaml"
 report: "workflow/report/workflow.rst"
 
 
-validate(config, str(SCHEMA_PATH))
-config.update(validate_config(config, source="config/config.yaml"))
+# Validated (values typed on the command line, such as --config force_train=true, coerced to the
+# schema's types first), defaults filled and every local input path checked, before any job: a bad
+# config ends here in the lines `andrea config validate` prints (ANDREA_DEBUG=1: with the schema).
+config.update(workflow_config(config, source="config/config.yaml"))
 
 
 include: "workflow/rules/common.smk"
@@ -55,3 +58,17 @@ rule all:
         f"{RESULTS}/ANDREA-tiny/audit",
         f"{RESULTS}/report/filter_shape/{PVERSIONS[QUICKSTART]['filter_shape']}.html",
         f"{RESULTS}/report/train_tokenizer/N{model_n_segments('ANDREA-tiny')}-{PVERSIONS[QUICKSTART]['train_tokenizer']}.html",
+
+
+onstart:
+    # each version's parameters, for naming what changed when a later config makes a new one
+    record_versions(config, PROFILES)
+
+
+onsuccess:
+    # where this run's results are: the targets' model folders, reports and the logs
+    _targets = [
+        str(f) for job in workflow.dag.targetjobs for f in [*job.input, *job.output]
+    ]
+    for _line in where_results(config, _targets):
+        print(_line)

@@ -3,7 +3,7 @@
     andrea config validate            check config/config.yaml against the schema
     andrea config docs [-o PATH]      the configuration reference (config/README.md), from the schema
     andrea config show [--model M]    the effective configuration, defaults marked
-    andrea versions                   the version (output directory) of each stage
+    andrea versions [--json]          the version (output directory) of each stage, present or missing
     andrea pull-hermes3               stage 1: Hermes-3 → three Parquet sources
     andrea prep-megachat              stage 2: every source → one megachat Parquet
     andrea filter-shape               stage 3: drop system-prompt-shaped records
@@ -52,7 +52,13 @@ def _config(args):
 
 
 def cmd_config_validate(args) -> int:
+    """The schema and the checks beyond it, and every local input path of the data profiles the
+    models train on (as the workflow checks them before any job)."""
+    from andrea.config import check_locations_exist
+
     cfg = _config(args)
+    for warning in check_locations_exist(cfg, str(args.config)):
+        log.warning("%s: %s", args.config, warning)
     print(f"{args.config}: valid ({len(cfg['sources'])} sources, {len(cfg['models'])} models)")
     return 0
 
@@ -77,20 +83,32 @@ def cmd_config_show(args) -> int:
 
 
 def cmd_versions(args) -> int:
-    """Each profile's data stage directories, and each model's (on its profile)."""
+    """Each profile's data stage directories, and each model's (on its profile) and its run
+    directory, each marked present or missing: a version is named by the config whether or not it
+    has been built, and a user reading the list should not have to look for each folder."""
     from andrea.profiles import model_profile, used_profiles
-    from andrea.versions import STAGES, model_config, stage_dir
+    from andrea.versions import STAGES, model_config, stage_dir, train_run_key
 
     cfg = _config(args)
-    dirs = {}
+    dirs: dict[str, dict[str, str]] = {}
     for profile in used_profiles(cfg):
         pc = _profile_config(cfg, profile)
         dirs[f"profile {profile}"] = {s: str(stage_dir(pc, s)) for s in STAGES if s not in ("train_tokenizer", "encode")}
     for name, m in cfg["models"].items():
         mc = model_config(cfg, name)
-        dirs[name] = {"profile": model_profile(cfg, name),
-                      **{s: str(stage_dir(mc, s, m["n_segments"])) for s in ("train_tokenizer", "encode")}}
-    print(json.dumps(dirs, indent=2))
+        dirs[f"{name} (profile {model_profile(cfg, name)})"] = {
+            **{s: str(stage_dir(mc, s, m["n_segments"])) for s in ("train_tokenizer", "encode")},
+            "run": f"{cfg['results_dir']}/{name}/runs/{train_run_key(cfg, name)}"}
+    if args.json:
+        print(json.dumps({group: {s: {"path": d, "present": Path(d).is_dir()} for s, d in stages.items()}
+                          for group, stages in dirs.items()}, indent=2))
+        return 0
+    width = max(len(s) for stages in dirs.values() for s in stages)
+    for group, stages in dirs.items():
+        print(group)
+        for stage, d in stages.items():
+            print(f"  {stage:<{width}}  {'present' if Path(d).is_dir() else 'missing'}  {d}")
+    print("(missing: not built for this configuration yet; the workflow builds it when a target needs it)")
     return 0
 
 
@@ -483,7 +501,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = with_config(csub.add_parser("show", help="print the effective configuration (YAML), values taken from defaults marked"))
     sp.add_argument("--model", help="that model's architecture and effective training settings, each marked with where it came from")
     sp.set_defaults(fn=cmd_config_show)
-    with_config(sub.add_parser("versions", help="print each stage's versioned output directory")).set_defaults(fn=cmd_versions)
+    sp = with_config(sub.add_parser("versions", help="print each stage's versioned output directory, marked present or missing"))
+    sp.add_argument("--json", action="store_true", help="as JSON: each directory's path and whether it is present")
+    sp.set_defaults(fn=cmd_versions)
 
     def with_profile(sp):
         sp.add_argument("--profile", help="data profile (profiles: in the config; default: data_profile, else embedded)")
@@ -626,6 +646,8 @@ def main(argv: list[str] | None = None) -> int:
         # not match its manifest...) are for the user to fix: one paragraph, no traceback.
         # Other exceptions are bugs and keep theirs; --debug shows it for these too.
         if args.debug:
+            if getattr(e, "details", ""):  # a config error: the validator's full account, schema and value
+                print(e.details, file=sys.stderr)
             raise
         status, message = _explain(e)
         print(f"andrea: {message}", file=sys.stderr)

@@ -420,7 +420,7 @@ def from_environment(backend: str, rendezvous_dir: str | os.PathLike | None = No
         except ImportError:
             if rendezvous_dir is None:
                 raise ImportError("ranks started by an MPI launcher pass NCCL's id through mpi4py, which is not "
-                                  "installed: pip install 'andrea[mpi]', or give a rendezvous directory") from None
+                                  "installed: pip install -c constraints.txt 'andrea[mpi]', or give a rendezvous directory") from None
     if mpi is None and rendezvous_dir is None:
         raise ValueError(f"{info['size']} ranks started by {info['launcher']} need a rendezvous directory all ranks "
                          f"share to pass NCCL's id (rendezvous_dir)")

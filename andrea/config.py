@@ -20,7 +20,17 @@ HERMES3_PARTS = ("hermes3-general", "hermes3-creative", "hermes3-roleplay")
 
 
 class ConfigError(ValueError):
-    """A configuration that cannot be used; the message names the key."""
+    """A configuration that cannot be used; the message names the key. `details`: the validator's
+    full account (the schema of each failing key), shown only on request (--debug, ANDREA_DEBUG=1)."""
+
+    def __init__(self, message: str, details: str = ""):
+        super().__init__(message)
+        self.details = details
+
+
+# What people type for a boolean on a command line (snakemake --config force_train=true passes the
+# string 'true'); YAML in the config file already gives real booleans.
+BOOLEAN_WORDS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
 
 def load_schema() -> dict:
@@ -70,24 +80,19 @@ def validate_config(config: dict, source: str = "config") -> dict:
     import jsonschema
 
     schema = load_schema()
+    config = coerce_config(config, schema)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
-        lines = []
-        for e in errors[:10]:
-            where = _key_path(e.absolute_path)
-            if e.validator == "additionalProperties":
-                lines.append(f"  {where}: {e.message} (unknown key)")
-            else:
-                lines.append(f"  {where}: {e.message}")
-        raise ConfigError(f"{source} is invalid:\n" + "\n".join(lines))
+        lines = [line for e in errors[:10] for line in _error_lines(e)]
+        raise ConfigError(f"{source} is invalid:\n" + "\n".join(lines), details="\n\n".join(str(e) for e in errors[:10]))
     config = apply_defaults(config, schema)
 
     for name in config["train"]:
         if name != "defaults" and name not in config["models"]:
             raise ConfigError(
                 f"{source} is invalid:\n  train.{name}: no model of that name in models "
-                f"({', '.join(config['models'])}); a model's settings go under its name"
+                f"({', '.join(config['models'])}); a model's settings go under its name{_did_you_mean(name, config['models'])}"
             )
     for name, m in config["models"].items():
         if m["d_model"] % m["n_head"]:
@@ -103,6 +108,78 @@ def validate_config(config: dict, source: str = "config") -> dict:
         if name != EMBEDDED:  # the sources' own locations were checked above
             _check_locations(profile_config({**config, "data_profile": None}, name), source, f"profiles.{name}: ")
     return config
+
+
+def _did_you_mean(key: str, allowed) -> str:
+    """"; did you mean `x`" for the allowed key closest to a mistyped one, or ""."""
+    import difflib
+
+    close = difflib.get_close_matches(str(key), [str(a) for a in allowed], n=1, cutoff=0.6)
+    return f"; did you mean `{close[0]}`?" if close else ""
+
+
+def _error_lines(e) -> list[str]:
+    """One line per problem of a jsonschema error, naming the full key: an unknown key with the
+    allowed key closest to it (a typo is the usual cause), a wrong type with what is accepted."""
+    where = _key_path(e.absolute_path)
+    if e.validator == "additionalProperties" and isinstance(e.instance, dict):
+        allowed = e.schema.get("properties", {})
+        unknown = [k for k in e.instance if k not in allowed]
+        if unknown:
+            prefix = f"{where}." if e.absolute_path else ""
+            return [f"  {prefix}{k}: unknown key{_did_you_mean(k, allowed)}" for k in unknown]
+    if e.validator == "type" and "boolean" in ([e.validator_value] if isinstance(e.validator_value, str) else e.validator_value):
+        return [f"  {where}: {e.instance!r} is not a boolean (true or false; also yes/no, 1/0)"]
+    return [f"  {where}: {e.message}"]
+
+
+def _resolve_ref(sub: dict, schema: dict) -> dict:
+    """A schema with its local $ref followed (the referring schema's own keys win)."""
+    while isinstance(sub, dict) and "$ref" in sub:
+        sub = {**_pointer(sub["$ref"], schema), **{k: v for k, v in sub.items() if k != "$ref"}}
+    return sub if isinstance(sub, dict) else {}
+
+
+def _coerce_value(value, sub: dict, schema: dict):
+    """`value` as the schema `sub` wants it where it was typed as text: Snakemake's --config passes
+    `force_train=true` as the string 'true' (and `=1` as the integer 1), and a number may come
+    quoted. A string is converted only where the schema does not take a string there, so no
+    string setting changes meaning."""
+    sub = _resolve_ref(sub, schema)
+    if isinstance(value, dict):
+        props, extra = sub.get("properties", {}), sub.get("additionalProperties")
+        return {k: _coerce_value(v, props.get(k, extra if isinstance(extra, dict) else {}), schema) for k, v in value.items()}
+    if isinstance(value, list):
+        items = sub.get("items")
+        return [_coerce_value(v, items, schema) for v in value] if isinstance(items, dict) else value
+    types = sub.get("type", [])
+    types = [types] if isinstance(types, str) else types
+    if isinstance(value, str) and "string" not in types:
+        word = value.strip().lower()
+        if "boolean" in types and word in BOOLEAN_WORDS:
+            return BOOLEAN_WORDS[word]
+        if "null" in types and word in ("null", "none", "~"):
+            return None
+        for kind, convert in (("integer", int), ("number", float)):
+            if kind in types:
+                try:
+                    number = convert(word)
+                except ValueError:
+                    continue
+                if number == number and abs(number) != float("inf"):  # not nan or inf
+                    return number
+    if type(value) is int and value in (0, 1) and "boolean" in types and not {"integer", "number"} & set(types):
+        return bool(value)
+    return value
+
+
+def coerce_config(config: dict, schema: dict | None = None) -> dict:
+    """A copy of `config` with booleans and numbers typed as text made what the schema wants
+    (true/false/yes/no/1/0, case-insensitive; "600", "1e-3"), before validation: what a user types
+    on the command line (snakemake --config force_train=true) is accepted as the file's YAML would be.
+    Both the workflow and the `andrea` commands go through it (validate_config)."""
+    schema = load_schema() if schema is None else schema
+    return _coerce_value(config, schema, schema)
 
 
 def _check_locations(config: dict, source: str, where: str = "") -> None:
@@ -166,6 +243,74 @@ def _check_hermes3_location(config: dict, source: str) -> None:
             parse_hub_location(f"hub:{h['hub_id']}{rev}:{h['hub_split']}")
     except ValueError as e:
         raise ConfigError(f"{source} is invalid:\n  {key}: {e}") from None
+
+
+def missing_locations(config: dict, profiles: list[str] | None = None) -> tuple[list[str], list[str]]:
+    """The local locations that do not exist, of every enabled source of each of `profiles` (default:
+    the profiles the models train on) and of pull_hermes3's hermes3.location: (errors, warnings),
+    one "key: path" each; a source marked `optional: true` is a warning (prep_megachat skips it).
+    Hub datasets, `embedded`, `pull` and `stdlib` are not paths and are not looked at here. A
+    relative path is read from the working directory, as the stages read it."""
+    from andrea.hub import is_hub_location
+    from andrea.profiles import EMBEDDED, HERMES3_KEY, profile_config, profile_entries, used_profiles
+
+    errors: list[str] = []
+    warnings: list[str] = []
+    for profile in profiles if profiles is not None else used_profiles(config):
+        pc = profile_config(config, profile)
+        entries = profile_entries(config, profile)
+
+        def key_of(name: str, section: str) -> str:  # where the location was written
+            if profile != EMBEDDED and "location" in (entries.get(name) or {}):
+                return f"profiles.{profile}.sources.{name}.location"
+            return f"{section}.location"
+
+        loc = pc["hermes3"]["location"]
+        if loc not in ("embedded", "hub") and not Path(loc).exists():
+            line = f"{key_of(HERMES3_KEY, 'hermes3')}: {loc} does not exist"
+            if line not in errors:
+                errors.append(line)
+        for name, s in pc["sources"].items():
+            loc = s["location"]
+            if not s["enabled"] or loc in ("embedded", "pull", "stdlib") or is_hub_location(loc) or Path(loc).exists():
+                continue
+            line = f"{key_of(name, f'sources.{name}')}: {loc} does not exist"
+            bucket = warnings if s["optional"] else errors
+            if line not in bucket:
+                bucket.append(line)
+    return errors, warnings
+
+
+def check_locations_exist(config: dict, source: str, profiles: list[str] | None = None) -> list[str]:
+    """Refuse a config whose enabled sources read local files that are not there, before any stage
+    runs (the prep stage would otherwise fail late, after the stages before it): one paragraph that
+    names each key and path and what to do. Returns the warnings for optional sources' missing paths."""
+    errors, warnings = missing_locations(config, profiles)
+    if errors:
+        raise ConfigError(
+            f"{source}: {'; '.join(errors)}. Fix the path (a relative one is read from the working directory, "
+            f"{Path.cwd()}), or leave the source out with `enabled: false`, or mark it `optional: true` to skip it "
+            f"while its data is missing (under sources.<source>, or the profile's entry for it)."
+        )
+    return [f"{w}; the source is optional and will be skipped" for w in warnings]
+
+
+def workflow_config(config: dict, source: str = "config/config.yaml") -> dict:
+    """The Snakefile's config: validated, defaults filled, every local input location checked (for
+    the data profiles the models train on), before Snakemake builds a job. A bad config ends the
+    workflow with the same lines `andrea config validate` prints, not a traceback nor the schema:
+    the validator's full account only with ANDREA_DEBUG=1 in the environment."""
+    import os
+    import sys
+
+    debug = BOOLEAN_WORDS.get(os.environ.get("ANDREA_DEBUG", "").strip().lower(), False)
+    try:
+        config = validate_config(config, source=source)
+        for warning in check_locations_exist(config, source):
+            print(f"warning: {source}: {warning}", file=sys.stderr)
+    except ConfigError as e:
+        raise SystemExit(f"configuration error: {e}" + (f"\n\n{e.details}" if debug and e.details else "")) from None
+    return config
 
 
 def read_config_file(path: str | Path) -> dict:

@@ -338,7 +338,10 @@ def not_fetched_message(profile: str, dest: Path, missing: list[Want], why: str)
         f"and {why}. On a machine with network, run `{fetch_command(profile, dest)}` and copy {dest} here "
         f"(the same path from the working directory), then run this again. Or train on the embedded demo corpus "
         f"instead, with no network: add `--config data_profile=embedded` to the snakemake command "
-        f"(or set models.<model>.data: embedded in config/config.yaml)."
+        f"(or set models.<model>.data: embedded in config/config.yaml); that still trains the model you asked "
+        f"for, and ANDREA-12M and larger need an NVIDIA GPU (on a CPU the trainer refuses them: days to months). "
+        f"On a CPU, train ANDREA-tiny, the CPU model, which reads the embedded corpus: "
+        f"`snakemake --cores 2 results/ANDREA-tiny/ckpt`."
     )
 
 

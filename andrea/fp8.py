@@ -41,7 +41,7 @@ class Format:
 
 def formats() -> dict[str, Format]:
     if ml_dtypes is None:
-        raise RuntimeError("fp8 needs ml_dtypes (pip install ml_dtypes): the exact rounding of the 8-bit formats")
+        raise RuntimeError("fp8 needs ml_dtypes (pip install -c constraints.txt ml_dtypes): the exact rounding of the 8-bit formats")
     types = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
     return {name: Format(name, t, float(ml_dtypes.finfo(t).max)) for name, t in types.items()}  # 448, 57344
 

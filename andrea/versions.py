@@ -148,3 +148,168 @@ def stage_dir(config: dict, stage: str, n_segments: int | None = None) -> Path:
             raise ValueError(f"stage {stage} needs n_segments (its directory is N<n>-<version>)")
         version = f"N{n_segments}-{version}"
     return Path(config["results_dir"]) / "data" / stage / version
+
+
+# ---------------------------------------------------------------------------- what changed
+# A version is a hash, so Snakemake can only say that a job's parameters or output path changed.
+# Each version's parameters are kept as a record, <results_dir>/versions/<stage>/<version>.json
+# (train: versions/train/<model>/<version>.json), written when a workflow run starts; the next
+# time the config is loaded, a stage whose current version is not built is compared with the
+# record of the newest version that is, and the keys that differ are named.
+
+RECORDS_DIR = "versions"
+ARROW = "→"
+
+
+def train_params(config: dict, model: str) -> dict:
+    """What a model's train version depends on, as settings a user recognises: the architecture,
+    the data version (encode), the effective training settings but the output-neutral ones, and
+    the sources' floors and caps."""
+    from andrea.config import train_settings
+
+    s = {k: v for k, v in train_settings(config, model).items() if k not in OUTPUT_NEUTRAL_KEYS}
+    sources = model_config(config, model)["sources"]
+    policy = {k: {f: v.get(f) for f in ("floor", "cap")} for k, v in sources.items() if v["enabled"]}
+    return {"model": config["models"][model], "data": stage_versions(model_config(config, model))["encode"],
+            "train": s, "policy": policy}
+
+
+def version_records(config: dict, profiles: list[str]) -> dict[str, dict]:
+    """Each version's record by its path under <results_dir>/versions: every data stage of each
+    profile, and each model's train version."""
+    from andrea.profiles import profile_config
+
+    out: dict[str, dict] = {}
+    for profile in profiles:
+        pc = profile_config(config, profile)
+        versions = stage_versions(pc)
+        upstream = None
+        for stage in STAGES:
+            out[f"{stage}/{versions[stage]}.json"] = {"stage": stage, "profile": profile,
+                                                      "params": stage_params(pc, stage), "up": upstream}
+            upstream = versions[stage]
+    for model in config["models"]:
+        out[f"train/{model}/{train_version(config, model)}.json"] = {"stage": "train", "model": model,
+                                                                      "params": train_params(config, model)}
+    return out
+
+
+def record_versions(config: dict, profiles: list[str]) -> None:
+    """Write the records of this config's versions that are not written yet (a record is named by
+    its version, a hash of its content, so one written is never out of date)."""
+    from andrea.io import write_json_atomic
+
+    root = Path(config["results_dir"]) / RECORDS_DIR
+    for rel, record in version_records(config, profiles).items():
+        if not (root / rel).is_file():
+            write_json_atomic(root / rel, record)
+
+
+def _short(value) -> str:
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def params_diff(old, new, prefix: str = "") -> list[str]:
+    """"key old → new" for every leaf that differs between two parameter trees (dotted keys; a key
+    only one side has is shown as absent on the other)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in list(old) + [k for k in new if k not in old]:
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if k not in new:
+                out.append(f"{key} {_short(old[k])} {ARROW} (absent)")
+            elif k not in old:
+                out.append(f"{key} (absent) {ARROW} {_short(new[k])}")
+            else:
+                out += params_diff(old[k], new[k], key)
+        return out
+    return [] if old == new else [f"{prefix} {_short(old)} {ARROW} {_short(new)}"]
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def version_changes(config: dict, profiles: list[str]) -> list[str]:
+    """One line per stage whose current version is not built but an earlier one is, naming the
+    settings that differ from the newest built version's record ("filter_shape (data profile
+    embedded): filter_shape.threshold 0.5 → 0.7"), and per model whose checkpoint was trained with
+    other settings ("train (ANDREA-tiny): max_steps 400 → 600"). A stage that changed only because
+    a stage before it did is not listed: the earlier stage's line says why."""
+    from andrea.profiles import profile_config
+
+    results = Path(config["results_dir"])
+    records = results / RECORDS_DIR
+    lines = []
+    for profile in profiles:
+        pc = profile_config(config, profile)
+        versions = stage_versions(pc)
+        for stage in STAGES:
+            folder = results / "data" / stage
+            if not folder.is_dir():
+                continue
+            built = {}  # version -> newest mtime of its folders (train_tokenizer, encode: N<n>-<version>)
+            for d in folder.iterdir():
+                if d.is_dir():
+                    v = d.name.rpartition("-")[2] if stage in ("train_tokenizer", "encode") else d.name
+                    built[v] = max(built.get(v, 0.0), d.stat().st_mtime)
+            if versions[stage] in built:
+                continue
+            previous = []
+            for v, mtime in built.items():
+                record = _read_json(records / stage / f"{v}.json")
+                if record and record.get("profile") == profile:
+                    previous.append((mtime, v, record))
+            if not previous:
+                continue
+            _, _, record = max(previous)
+            diff = params_diff(record["params"], stage_params(pc, stage))
+            if diff:
+                lines.append(f"{stage} (data profile {profile}): {'; '.join(diff)}")
+    for model in config["models"]:
+        run = _read_json(results / model / "ckpt" / "run.json")
+        if not run or run.get("train_version") in (None, train_version(config, model)):
+            continue
+        record = _read_json(records / "train" / model / f"{run['train_version']}.json")
+        if record:  # the keys as the config names them
+            names = {"train.": "", "model.": f"models.{model}.", "policy.": "sources.", "data ": "data version "}
+            diff = []
+            for d in params_diff(record["params"], train_params(config, model)):
+                head = next(h for h in (*names, "") if d.startswith(h))
+                diff.append(names.get(head, "") + d.removeprefix(head))
+        else:  # a checkpoint from before records were kept: its run.json holds the training settings
+            from andrea.settings import TrainSettings
+
+            diff = params_diff({k: v for k, v in run.get("train", {}).items() if k not in OUTPUT_NEUTRAL_KEYS},
+                               {k: v for k, v in TrainSettings.from_config(config, model).as_dict().items()
+                                if k not in OUTPUT_NEUTRAL_KEYS})
+        lines.append(f"train ({model}): {'; '.join(diff) or 'the data or the sources floors and caps changed'}")
+    return lines
+
+
+def where_results(config: dict, paths: list[str]) -> list[str]:
+    """The lines a finished workflow run prints: where the model, its report and the logs are,
+    for the models whose results the run's targets lie under (`paths`: the target jobs' inputs
+    and outputs), each path named only where it exists."""
+    results = Path(config["results_dir"])
+    models = [m for m in config["models"] if any(Path(p) == results / m or (results / m) in Path(p).parents for p in paths)]
+    lines = []
+    for model in models:
+        ckpt, audit, hf = results / model / "ckpt", results / model / "audit" / "report.html", results / model / "hf"
+        run = _read_json(ckpt / "run.json") or {}
+        found = [f"  checkpoint       {ckpt}/ (final.bin, best.bin, run.json)" if ckpt.is_dir() else "",
+                 f"  run directory    {run['run_dir']}/ (train.log, loss.jsonl, checkpoints)" if run.get("run_dir") else "",
+                 f"  audit report     {audit}" if audit.is_file() else "",
+                 f"  Hugging Face     {hf}/" if hf.is_dir() else ""]
+        if any(found):
+            lines += [f"{model}:"] + [f for f in found if f]
+    reports = [p for p in paths if Path(p).suffix == ".html" and (results / "report") in Path(p).parents and Path(p).is_file()]
+    if reports:
+        lines += ["data reports:"] + [f"  {p}" for p in reports]
+    if (results / "logs").is_dir():
+        lines.append(f"logs: {results / 'logs'}/ (one folder per stage; `andrea versions` lists the data directories)")
+    return lines

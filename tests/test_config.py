@@ -77,6 +77,68 @@ def test_missing_and_unparsable_config_files(tmp_path):
         load_config(bad)
 
 
+def test_values_typed_as_text_are_coerced_to_the_schema_types():
+    """What `snakemake --config force_train=true strict=yes` passes (strings; `=1` an integer) is
+    read as the YAML file would be; a string setting keeps its text."""
+    cfg = shipped()
+    cfg.update(force_train="true", strict="YES", data_profile="embedded")
+    cfg["train"]["defaults"].update(max_steps="600", lr="1e-3", seq_len="null")
+    cfg["filter_shape"]["threshold"] = "0.7"
+    cfg["sources"]["chat"]["enabled"] = 0
+    cfg["sources"]["chat"]["optional"] = "No"
+    out = validate_config(cfg)
+    assert out["force_train"] is True and out["strict"] is True and out["data_profile"] == "embedded"
+    assert out["train"]["defaults"]["max_steps"] == 600 and out["train"]["defaults"]["lr"] == 1e-3
+    assert out["train"]["defaults"]["seq_len"] is None and out["filter_shape"]["threshold"] == 0.7
+    assert out["sources"]["chat"]["enabled"] is False and out["sources"]["chat"]["optional"] is False
+    for flag in ("true", "false", "yes", "no", "1", "0", "True", "FALSE"):
+        assert validate_config({**shipped(), "force_train": flag})["force_train"] is (flag.lower() in ("true", "yes", "1"))
+    with pytest.raises(ConfigError) as e:
+        validate_config({**shipped(), "force_train": "maybe"})
+    assert str(e.value).splitlines()[1] == "  force_train: 'maybe' is not a boolean (true or false; also yes/no, 1/0)"
+
+
+def test_a_mistyped_key_is_two_lines_with_the_nearest_key():
+    cfg = shipped()
+    cfg["train"]["defaults"]["max_stpes"] = 600
+    cfg["train"]["ANDREA-tny"] = {"lr": 1e-3}
+    with pytest.raises(ConfigError) as e:
+        validate_config(cfg, source="config/config.yaml")
+    assert str(e.value).splitlines() == ["config/config.yaml is invalid:",
+                                         "  train.defaults.max_stpes: unknown key; did you mean `max_steps`?"]
+    assert "Failed validating" in e.value.details and "max_stpes" in e.value.details  # the full account, for --debug
+    del cfg["train"]["defaults"]["max_stpes"]
+    with pytest.raises(ConfigError, match="did you mean `ANDREA-tiny`"):
+        validate_config(cfg)
+    with pytest.raises(ConfigError, match=r"^config is invalid:\n  surprise: unknown key$"):
+        validate_config({**shipped(), "surprise": 1})  # nothing near it: no guess
+
+
+def test_missing_input_locations_fail_at_load_naming_the_key_and_what_to_do(tmp_path):
+    from andrea.config import check_locations_exist
+
+    cfg = shipped()
+    cfg["sources"]["chat"]["location"] = str(tmp_path / "missing" / "chat.jsonl")
+    cfg["sources"]["irc"].update(location=str(tmp_path / "no-irc"), optional=True)
+    cfg["sources"]["gutenberg"].update(location=str(tmp_path / "no-books"), enabled=False)
+    config = validate_config(cfg)
+    with pytest.raises(ConfigError) as e:
+        check_locations_exist(config, "config/config.yaml", ["embedded"])
+    msg = str(e.value)
+    assert f"sources.chat.location: {tmp_path}/missing/chat.jsonl does not exist" in msg and "\n" not in msg
+    assert "enabled: false" in msg and "optional: true" in msg and "gutenberg" not in msg and "irc" not in msg
+    (tmp_path / "missing").mkdir()
+    (tmp_path / "missing" / "chat.jsonl").write_text("")
+    (warning,) = check_locations_exist(config, "config/config.yaml", ["embedded"])
+    assert "sources.irc.location" in warning and "optional" in warning
+    # a profile's own location is named where it is written; hub datasets are not paths
+    cfg = shipped()
+    cfg["profiles"]["real"]["sources"]["gutenberg"] = {"location": str(tmp_path / "gone"), "licence": "public domain"}
+    with pytest.raises(ConfigError, match=r"profiles\.real\.sources\.gutenberg\.location: .*gone does not exist"):
+        check_locations_exist(validate_config(cfg), "config/config.yaml")
+    assert check_locations_exist(validate_config(shipped()), "config/config.yaml") == []
+
+
 @pytest.mark.slow
 def test_workflow_refuses_bad_config_before_any_job(workflow_dir):
     cfg = shipped()
@@ -120,8 +182,9 @@ def test_a_model_entry_overrides_train_defaults_which_override_the_schema():
 
 
 def test_snakemake_fills_the_same_defaults_as_the_andrea_commands():
-    """The workflow validates with Snakemake first (set_default=True): it must not fill a model's
-    train entry with the built-in defaults, which would then beat train.defaults."""
+    """Snakemake's validate (set_default=True, which a workflow importing this config may call
+    first) must not fill a model's train entry with the built-in defaults, which would then beat
+    train.defaults."""
     from snakemake.utils import validate
 
     raw = shipped()
@@ -189,3 +252,54 @@ def test_config_show_marks_the_values_that_came_from_defaults(tmp_path, capsys):
     assert "  mlp_ratio: 4  # default" in lines and "  d_model: 128" in lines
     with pytest.raises(ConfigError, match="unknown model 'nope'"):
         show_config(path, "nope")
+
+
+# ---------------------------------------------------------------------------- versions: what changed, where results are
+
+
+def test_a_new_version_names_the_settings_that_made_it(tmp_path):
+    """After a build, a changed setting is named with its old and new value: a data stage's own
+    parameter, and a model's training setting (its checkpoint records the version it was trained at)."""
+    import json
+
+    from andrea.versions import record_versions, stage_versions, train_version, version_changes
+
+    old = load_config(REPO / "config" / "config.yaml", overrides={"results_dir": str(tmp_path / "results")})
+    record_versions(old, ["embedded"])
+    for stage, v in stage_versions(old).items():  # the old build's folders
+        (tmp_path / "results" / "data" / stage / (f"N1024-{v}" if stage in ("train_tokenizer", "encode") else v)).mkdir(parents=True)
+    ckpt = tmp_path / "results" / "ANDREA-tiny" / "ckpt"
+    ckpt.mkdir(parents=True)
+    (ckpt / "run.json").write_text(json.dumps({"train_version": train_version(old, "ANDREA-tiny"), "train": {}}))
+    assert version_changes(old, ["embedded"]) == []
+
+    new = copy.deepcopy(old)
+    new["filter_shape"]["threshold"] = 0.7
+    new["train"]["ANDREA-tiny"]["max_steps"] = old["train"]["ANDREA-tiny"]["max_steps"] + 200
+    lines = version_changes(new, ["embedded"])
+    assert lines[0] == "filter_shape (data profile embedded): filter_shape.threshold 0.5 → 0.7"
+    assert lines[1].startswith("train (ANDREA-tiny): data version ")
+    assert lines[1].endswith(f"; max_steps {old['train']['ANDREA-tiny']['max_steps']} → {new['train']['ANDREA-tiny']['max_steps']}")
+    assert len(lines) == 2  # the stages after filter_shape changed only through it: not listed
+
+
+def test_the_closing_lines_name_the_model_report_and_logs_of_the_targets(tmp_path):
+    import json
+
+    from andrea.versions import where_results
+
+    cfg = load_config(REPO / "config" / "config.yaml", overrides={"results_dir": str(tmp_path / "r")})
+    res = tmp_path / "r"
+    (res / "ANDREA-tiny" / "ckpt").mkdir(parents=True)
+    (res / "ANDREA-tiny" / "ckpt" / "run.json").write_text(json.dumps({"run_dir": f"{res}/ANDREA-tiny/runs/abc"}))
+    (res / "ANDREA-tiny" / "audit").mkdir()
+    (res / "ANDREA-tiny" / "audit" / "report.html").write_text("<html>")
+    (res / "logs" / "train").mkdir(parents=True)
+    (res / "ANDREA-12M" / "ckpt").mkdir(parents=True)  # not a target of this run
+    lines = where_results(cfg, [f"{res}/ANDREA-tiny/audit"])
+    assert lines == ["ANDREA-tiny:",
+                     f"  checkpoint       {res}/ANDREA-tiny/ckpt/ (final.bin, best.bin, run.json)",
+                     f"  run directory    {res}/ANDREA-tiny/runs/abc/ (train.log, loss.jsonl, checkpoints)",
+                     f"  audit report     {res}/ANDREA-tiny/audit/report.html",
+                     f"logs: {res}/logs/ (one folder per stage; `andrea versions` lists the data directories)"]
+    assert where_results(cfg, [f"{res}/data/filter_shape/x/megachat.parquet"]) == [lines[-1]]

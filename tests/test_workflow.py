@@ -54,8 +54,12 @@ QUICK_TRAIN = {
 def test_pipeline_runs_and_reruns_only_what_changed(workflow_dir):
     set_config(workflow_dir, QUICK_TRAIN)
 
-    snakemake(workflow_dir)
+    done = snakemake(workflow_dir)
     res = workflow_dir / "results"
+    # the closing lines say where the model, its report and the logs are
+    for line in ("ANDREA-tiny:", "  checkpoint       results/ANDREA-tiny/ckpt/", "  audit report     results/ANDREA-tiny/audit/report.html",
+                 "logs: results/logs/"):
+        assert any(printed.startswith(line) for printed in done.stdout.splitlines()), (line, done.stdout)
     for stage, files in {
         "pull_hermes3": ["hermes3-general.parquet", "hermes3-creative.parquet", "hermes3-roleplay.parquet", "manifest.json"],
         "prep_megachat": ["megachat.parquet", "preview.txt", "manifest.json"],
@@ -192,6 +196,59 @@ def test_a_failed_job_leaves_no_artifact(workflow_dir, tmp_path):
     assert not list(prep.glob("*/megachat.parquet")) and not list(prep.glob("*/manifest.json"))
     log = next((workflow_dir / "results" / "logs" / "prep_megachat").glob("*.log")).read_text()
     assert "bad.jsonl:line 2" in log
+
+
+def test_the_config_is_checked_before_any_job_in_plain_words(workflow_dir, tmp_path):
+    """Through Snakemake's own --config: what the README recommends (force_train=true) is accepted;
+    a mistyped key is two lines with the nearest key (the schema only with ANDREA_DEBUG=1); a
+    missing input file stops the workflow before any job, saying what to do."""
+    plan = snakemake(workflow_dir, "-n", "--config", "force_train=true", "strict=Yes", "data_profile=embedded")
+    assert "rule train:" in plan.stdout
+
+    set_config(workflow_dir, {"train.defaults.max_stpes": 600})
+    proc = snakemake(workflow_dir, "-n", check=False)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == ["configuration error: config/config.yaml is invalid:",
+                                                "  train.defaults.max_stpes: unknown key; did you mean `max_steps`?"]
+    debug = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workflow_dir),
+                            "--cores", "1", "-n"], capture_output=True, text=True, timeout=120, env={**os.environ, "ANDREA_DEBUG": "1"})
+    assert debug.returncode != 0 and "did you mean `max_steps`" in debug.stderr and "Failed validating" in debug.stderr
+
+    cfg = yaml.safe_load((workflow_dir / "config" / "config.yaml").read_text())
+    del cfg["train"]["defaults"]["max_stpes"]
+    cfg["sources"]["chat"]["location"] = str(tmp_path / "missing" / "chat.jsonl")
+    (workflow_dir / "config" / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    proc = snakemake(workflow_dir, check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert f"sources.chat.location: {tmp_path}/missing/chat.jsonl does not exist" in line
+    assert "enabled: false" in line and "optional: true" in line
+    assert not (workflow_dir / "results").exists()  # no job ran
+    set_config(workflow_dir, {"sources.chat.optional": True})  # optional: a warning, and the plan goes on
+    plan = snakemake(workflow_dir, "-n")
+    assert "sources.chat.location" in plan.stderr and "rule prep_megachat:" in plan.stdout
+
+
+def test_a_dry_run_names_the_setting_that_changed(workflow_dir, monkeypatch):
+    """After a build (its folders and version records), a changed setting is named before the DAG:
+    Snakemake itself shows only the new version's hash."""
+    from andrea.config import load_config
+    from andrea.versions import record_versions, stage_versions, train_version
+
+    old = load_config(workflow_dir / "config" / "config.yaml")
+    monkeypatch.chdir(workflow_dir)  # results_dir is relative to the working directory
+    record_versions(old, ["embedded"])
+    for stage, v in stage_versions(old).items():
+        n = f"N{old['models']['ANDREA-tiny']['n_segments']}-" if stage in ("train_tokenizer", "encode") else ""
+        (workflow_dir / "results" / "data" / stage / f"{n}{v}").mkdir(parents=True)
+    ckpt = workflow_dir / "results" / "ANDREA-tiny" / "ckpt"
+    ckpt.mkdir(parents=True)
+    (ckpt / "run.json").write_text(json.dumps({"train_version": train_version(old, "ANDREA-tiny")}))
+    steps = cfg_value(workflow_dir, "train.ANDREA-tiny.max_steps")
+    set_config(workflow_dir, {"filter_shape.threshold": 0.7, "train.ANDREA-tiny.max_steps": steps + 200})
+    text = snakemake(workflow_dir, "-n", "results/ANDREA-tiny/ckpt").stderr
+    assert "changed since the last build: filter_shape (data profile embedded): filter_shape.threshold 0.5 → 0.7" in text
+    assert f"max_steps {steps} → {steps + 200}" in text
 
 
 def test_lint_and_format_are_clean():

@@ -47,7 +47,7 @@ def load_backend(name: str) -> type[Backend]:
         return getattr(importlib.import_module(module), cls)
     except ImportError as e:
         raise RuntimeError(f"backend {name!r} is not available here ({e}); the CuPy backend needs an NVIDIA GPU "
-                           "and `pip install -e '.[gpu]'`") from None
+                           "and `pip install -c constraints.txt -e '.[gpu]'`") from None
 
 
 def make_backend(name: str, precision: str = "fp32") -> Backend:
@@ -65,7 +65,7 @@ def gpu_status() -> tuple[bool, str]:
     try:
         import cupy
     except ImportError:
-        return False, "CuPy is not installed (pip install -e '.[gpu]' on a machine with an NVIDIA GPU)"
+        return False, "CuPy is not installed (pip install -c constraints.txt -e '.[gpu]' on a machine with an NVIDIA GPU)"
     try:
         n = cupy.cuda.runtime.getDeviceCount()
         if n == 0:

@@ -1,5 +1,6 @@
 import os
 import re
+import sys
 from pathlib import Path
 
 from andrea.config import HERMES3_PARTS, train_settings
@@ -13,6 +14,7 @@ from andrea.versions import (
     train_needs_gpu,
     train_run_key,
     train_version,
+    version_changes,
 )
 
 RESULTS = config["results_dir"]
@@ -148,3 +150,9 @@ def partition(kind):
 
 def train_partition(wildcards):
     return partition("gpu" if train_resources(wildcards) else "cpu")
+
+
+# Which settings made a stage's version new since the last build (andrea.versions.version_changes):
+# Snakemake itself can only show the two hashes.
+for _line in version_changes(config, PROFILES):
+    print(f"changed since the last build: {_line}", file=sys.stderr)

@@ -230,7 +230,7 @@ class CupyBackend(Backend):
     def __init__(self, precision: str = "fp32"):
         super().__init__(precision)
         if precision in ("bf16", "fp8") and BF16 is None:
-            raise RuntimeError(f"{precision} needs ml_dtypes (pip install ml_dtypes) with CuPy >= 14")
+            raise RuntimeError(f"{precision} needs ml_dtypes (pip install -c constraints.txt ml_dtypes) with CuPy >= 14")
         self.defines = defines(precision)
         self.weights = Weights(precision)
         self._scratch: dict = {}  # (key, shape, dtype) -> buffer the kernels need besides the engine's

@@ -38,7 +38,7 @@ from andrea.engine.cupy.weights import BF16
 IMPLEMENTATIONS = ("cudnn", "flash")
 
 
-INSTALL = "pip install nvidia-cudnn-frontend==1.16.0 nvidia-cudnn-cu13 (the gpu extra has both)"
+INSTALL = "pip install -c constraints.txt nvidia-cudnn-frontend nvidia-cudnn-cu13 (the gpu extra has both)"
 # the backward's workspace beyond the arena at most (decision): above it, slices of the batch. 256 MiB
 # lets ANDREA-120M B=8 (192 MiB, 1.6x its arena) run the whole batch in one call: 0.3 ms a step faster
 # than two slices, at a peak still below PyTorch's. The price: wherever the whole batch's workspace is
