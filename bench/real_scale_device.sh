@@ -16,6 +16,9 @@
 # phases, the stage logs (a tarball) and the train log; a run still going says so and leaves them
 # for `wait`.
 #
+# EXTRA_CONFIG=FILE adds a config overlay (e.g. a small batch for a test on a CPU). WORK (default
+# /tmp/andrea-real-scale) holds the replicas, the fetched copy and the results (~25 GB at 1.0).
+#
 # Carry (the device tool's `carry`): .whl (../shared/tools/device_wheels.sh), results/device-site
 # (bash bench/device_site.sh: wordfreq, which the trainer's coherence score reads) and
 # .device/real-corpus.tar.xz, built where there is network:
@@ -27,7 +30,8 @@ WORK=${WORK:-/tmp/andrea-real-scale}
 WAIT_S=${WAIT_S:-560}
 mkdir -p "$OUT" "$WORK"
 start=$(date +%s)
-source bench/device_env.sh
+# (DEVICE_ENV=0: a machine that has the packages already, e.g. a CPU test with the project's venv first on PATH)
+[ "${DEVICE_ENV:-1}" = 0 ] || source bench/device_env.sh
 
 collect() {  # what the run has written so far, into $OUT (at most 8 files come back)
   cp "$WORK"/real_scale.json "$WORK"/real_scale.md "$WORK"/run.log "$OUT"/ 2>/dev/null
@@ -50,7 +54,7 @@ if [ "${1:-}" != wait ]; then
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   echo "$(nproc) cores, $(free -g | awk '/Mem/{print $2}') GiB, $(df -h /tmp | awk 'NR==2{print $4}') free on /tmp"
   setsid nohup bash -c "python3 bench/real_scale.py --fraction $FRACTION --cores $(nproc) --workdir $WORK \
-      --corpus $WORK/corpus/real --then results/ANDREA-120M/ckpt --train-steps $STEPS; echo \"exit \$?\" > $WORK/EXIT" \
+      --corpus $WORK/corpus/real --then results/ANDREA-120M/ckpt --train-steps $STEPS ${EXTRA_CONFIG:+--configfile $EXTRA_CONFIG}; echo \"exit \$?\" > $WORK/EXIT" \
       > "$WORK/run.log" 2>&1 < /dev/null &
   echo "started: fraction $FRACTION, max_steps $STEPS; log $WORK/run.log"
 fi
