@@ -30,8 +30,9 @@ WORK=${WORK:-/tmp/andrea-real-scale}
 WAIT_S=${WAIT_S:-560}
 mkdir -p "$OUT" "$WORK"
 start=$(date +%s)
-# (DEVICE_ENV=0: a machine that has the packages already, e.g. a CPU test with the project's venv first on PATH)
-[ "${DEVICE_ENV:-1}" = 0 ] || source bench/device_env.sh
+# The wheels go on the path when starting only: reinstalling them under a running Snakemake could pull a
+# module from under it (DEVICE_ENV=0: a machine that has the packages, e.g. a CPU test with the venv on PATH)
+[ "${DEVICE_ENV:-1}" = 0 ] || [ "${1:-}" = wait ] || source bench/device_env.sh
 
 collect() {  # what the run has written so far, into $OUT (at most 8 files come back)
   cp "$WORK"/real_scale.json "$WORK"/real_scale.md "$WORK"/run.log "$OUT"/ 2>/dev/null
