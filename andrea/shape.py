@@ -68,7 +68,9 @@ _FRONT_WORDS = (
     "if", "when", "whenever", "once", "before", "after", "unless", "for", "in", "at", "while", "during", "whatever", "each time",
     "every time", "as soon as",
 )
-_MARKERS = r"[ \t]*(?:[-*•>#]+[ \t]*|\d+[.)][ \t]*)*"
+# One marker character per repetition: `[-*•>#]+` inside the `*` could split a run of dashes (an
+# underline, a rule) in exponentially many ways before failing, and hung the filter on such a line.
+_MARKERS = r"[ \t]*(?:[-*•>#][ \t]*|\d+[.)][ \t]*)*"
 _S = _MARKERS + r"(?:(?:" + _trie(_FRONT_WORDS) + r") [^.!?;:\n,]{1,80}, )?"
 # Adverbs and greetings that may come before an imperative or a declaration.
 _PRE_WORDS = (

@@ -185,20 +185,26 @@ class Sample:
 def curriculum_sample(megachat_path: str | Path, weights: dict[str, float], sample_chars: int, heldout_fraction: float, mcfg: dict) -> Sample:
     """Documents sampled so that each source's share of the sample's characters follows its
     curriculum weight (as far as the source has text). Two streaming passes: count characters per
-    source, then keep each document with its source's inclusion probability."""
+    source, then keep each document with its source's inclusion probability.
+
+    The held-out documents (a `heldout_fraction` slice by content hash, never sampled) are measured
+    on at most about `sample_chars` characters: on a large corpus an evenly spread part of the slice,
+    chosen by content hash too, so the stage's memory and time do not grow with the corpus."""
     totals: Counter = Counter()
     for row in iter_megachat(megachat_path):
         totals[row["source"]] += len(render_document(row["turns"], row["text"], mcfg))
     active = {s: w for s, w in weights.items() if w > 0 and totals.get(s)}
     wsum = sum(active.values()) or 1.0
     prob = {s: min(1.0, sample_chars * w / wsum / (totals[s] * (1 - heldout_fraction))) for s, w in active.items()}
+    heldout_total = heldout_fraction * sum(totals[s] for s in active)
+    measured = 1 - heldout_fraction * min(1.0, sample_chars / heldout_total) if heldout_total else 1.0
     sample = Sample()
     chars: Counter = Counter()
     for row in iter_megachat(megachat_path):
         src = row["source"]
         u = doc_unit(row["content_hash"])
         if u >= 1 - heldout_fraction:
-            if src in active:
+            if src in active and u >= measured:  # the held-out slice's last (at most sample_chars) part
                 sample.heldout.append(render_document(row["turns"], row["text"], mcfg))
             continue
         if src in prob and u < prob[src] * (1 - heldout_fraction):

@@ -208,3 +208,21 @@ def test_threshold_is_honoured():
     text = "Act as a pirate."
     assert has_system_prompt_shape(text, threshold=0.5)
     assert not has_system_prompt_shape(text, threshold=0.9)
+
+
+def test_a_long_run_of_dashes_is_scored_at_once():
+    """A sentence followed by an underline or rule of dashes (reStructuredText headings, ASCII
+    tables, separators in chat answers) once sent the list-marker prefix into exponential
+    backtracking: one such turn hung filter_shape. Run in a child with a deadline, so the old
+    behaviour fails the test instead of hanging it."""
+    import subprocess
+    import sys
+
+    code = ("from andrea.shape import has_system_prompt_shape, shape_score; "
+            "t = 'How does the version numbering work? ' + '-' * 60 + '\\n\\nIt counts. ' + '*' * 40 + ' # ' * 30; "
+            "has_system_prompt_shape(t, 0.5); shape_score(t); print('ok')")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=10)
+    except subprocess.TimeoutExpired:
+        pytest.fail("scoring a text with a run of 60 dashes took over 10 s (catastrophic backtracking)")
+    assert out.stdout.strip() == "ok", out.stderr

@@ -170,3 +170,21 @@ def test_empty_sample_names_the_cause(config, tmp_path):
     config["sources"]["chat"]["weight"] = 0.0
     with pytest.raises(ValueError, match=r"sources that have documents \(chat\) all have weight 0"):
         train_tokenizer(prep, tmp_path / "t", 64, config, "v")
+
+
+def test_heldout_measure_is_bounded_by_the_sample_size(tmp_path):
+    """On a corpus far larger than the sample, the held-out documents measured are an evenly spread
+    part of the held-out slice of about sample_chars characters, not 2 % of the whole corpus (which
+    grew the stage's memory and time with the corpus); they stay out of the sample."""
+    rng = np.random.default_rng(1)
+    words = ["alpha", "beta", "gamma", "delta"]
+    docs = [(src, " ".join(rng.choice(words, 60)) + f" {src} {i}") for src in ("a", "b") for i in range(4000)]
+    path = tmp_path / "m.parquet"
+    write_megachat(path, docs)  # ~2.5M characters: the 5 % slice holds ~125K
+    s = curriculum_sample(path, {"a": 1.0, "b": 1.0}, sample_chars=20_000, heldout_fraction=0.05, mcfg={})
+    held = sum(map(len, s.heldout))
+    assert 10_000 < held < 35_000
+    assert {d.split()[-2] for d in s.heldout} == {"a", "b"}  # spread over the sources
+    assert not set(s.heldout) & set(s.texts)
+    big = curriculum_sample(path, {"a": 1.0, "b": 1.0}, sample_chars=10_000_000, heldout_fraction=0.05, mcfg={})
+    assert 100_000 < sum(map(len, big.heldout)) < 150_000  # a sample larger than the slice: all of it
