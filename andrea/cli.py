@@ -191,7 +191,8 @@ def cmd_pull(args) -> int:
 
     cfg = _data_config(args)
     out = Path(args.out) if args.out else stage_dir(cfg, "pull_hermes3")
-    pull_hermes3(cfg["hermes3"], out, stage_versions(cfg)["pull_hermes3"], strict=cfg["strict"], hub_dir=cfg["fetch_dir"])
+    pull_hermes3(cfg["hermes3"], out, stage_versions(cfg)["pull_hermes3"], strict=cfg["strict"], hub_dir=cfg["fetch_dir"],
+                 workers=args.workers)
     print(out)
     return 0
 
@@ -203,7 +204,7 @@ def cmd_prep(args) -> int:
     cfg = _data_config(args)
     out = Path(args.out) if args.out else stage_dir(cfg, "prep_megachat")
     pull = Path(args.pull_dir) if args.pull_dir else stage_dir(cfg, "pull_hermes3")
-    prep_megachat(cfg, out, stage_versions(cfg)["prep_megachat"], pull_dir=pull, hub_dir=cfg["fetch_dir"])
+    prep_megachat(cfg, out, stage_versions(cfg)["prep_megachat"], pull_dir=pull, hub_dir=cfg["fetch_dir"], workers=args.workers)
     print(out)
     return 0
 
@@ -498,10 +499,14 @@ def build_parser() -> argparse.ArgumentParser:
         return sp
 
     sp = with_profile(with_config(sub.add_parser("pull-hermes3", help="stage pull_hermes3: Hermes-3 → three Parquet sources")))
+    sp.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                    help="processes validating rows and deciding their parts (default: all cores, %(default)s)")
     sp.add_argument("--out", help="output directory (default: the versioned stage directory)")
     sp.set_defaults(fn=cmd_pull)
     sp = with_profile(with_config(sub.add_parser("prep-megachat", help="stage prep_megachat: every source → one megachat Parquet")))
     sp.add_argument("--pull-dir", help="pull_hermes3 output directory (default: its versioned directory)")
+    sp.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                    help="processes reading sources at once (default: all cores, %(default)s)")
     sp.add_argument("--out", help="output directory (default: the versioned stage directory)")
     sp.set_defaults(fn=cmd_prep)
     sp = with_profile(with_config(sub.add_parser("filter-shape", help="stage filter_shape: drop system-prompt-shaped records")))

@@ -19,7 +19,9 @@ from andrea.config_schema import HERMES3_PARTS
 from andrea.hermes3_parts import part_of_conversation
 from andrea.hermes3_parts import quality as part_rule_quality
 from andrea.hub import RECORD_DIR_READS, HubLocation, HubUnreachable, iter_hub_rows  # noqa: F401 (HubUnreachable: re-exported)
-from andrea.io import AtomicParquetWriter, Manifest, progress
+from andrea.io import Manifest, progress
+from andrea.megachat import AtomicTableWriter
+from andrea.parallel import ordered_map
 from andrea.records import RawRow, Tally, embedded_location, iter_rows
 from andrea.sources import validate_sharegpt
 
@@ -64,9 +66,63 @@ def source_rows(hcfg: dict, read: dict | None = None, hub_dir: str | Path | None
     return iter_rows(path), path
 
 
-def pull_hermes3(hcfg: dict, out_dir: str | Path, version: str, strict: bool = False, hub_dir: str | Path | None = None) -> dict:
+CHUNK_ROWS = 512  # rows a worker decides at a time: a few tens of milliseconds of work against one hand-over
+
+
+def decide_rows(job: tuple[list[RawRow], str, dict, bool]) -> tuple[list[tuple], dict[str, pa.Table]]:
+    """Validate a chunk of rows and decide each one's part (the per-row work, done in a worker
+    process when there are several). Returns one outcome per row, in order: (None, reason, where,
+    detail) for a row skipped, (part, how, category, system turns) for one kept; and each part's kept
+    rows as a table, in order."""
+    rows, field, categories, by_rule = job
+    outcomes: list[tuple] = []
+    docs: dict[str, list[dict]] = {p: [] for p in HERMES3_PARTS}
+    for raw in rows:
+        if raw.broken:
+            outcomes.append((None, raw.broken, raw.where, raw.detail))
+            continue
+        conv, reason, detail = validate_sharegpt(raw.value)
+        if conv is None:
+            outcomes.append((None, reason, raw.where, detail))
+            continue
+        category = raw.value.get(field)
+        category = str(category).strip() if category is not None else ""
+        if category:
+            part, how = part_of(category, categories), "column"
+        elif by_rule:
+            part, how = part_of_conversation(conv), "rule"
+        else:
+            part, how = "hermes3-general", "default"
+        doc_id = raw.value.get("id")
+        doc_id = str(doc_id) if doc_id not in (None, "") else raw.key
+        docs[part].append({"doc_id": doc_id, "category": category, "conversations": conv})
+        outcomes.append((part, how, category, sum(t["from"] == "system" for t in conv)))
+    return outcomes, {p: pa.Table.from_pylist(d, schema=PULL_SCHEMA) for p, d in docs.items() if d}
+
+
+def _chunks(rows: Iterator[RawRow], size: int, ended: dict) -> Iterator[list[RawRow]]:
+    """The rows in lists of `size`. An error reading them ends the lists (the rows read before it
+    are still given) and is left in ended["error"], for the stage to raise after deciding those
+    rows, where the serial stage raised it."""
+    chunk: list[RawRow] = []
+    try:
+        for raw in rows:
+            chunk.append(raw)
+            if len(chunk) == size:
+                yield chunk
+                chunk = []
+    except Exception as e:  # noqa: BLE001 (raised by the stage, after the rows before it)
+        ended["error"] = e
+    if chunk:
+        yield chunk
+
+
+def pull_hermes3(hcfg: dict, out_dir: str | Path, version: str, strict: bool = False, hub_dir: str | Path | None = None,
+                 workers: int = 1) -> dict:
     """Run the stage: write <out_dir>/<part>.parquet for the three parts and manifest.json.
-    Returns the manifest's counts. `hub_dir`: the fetch folder (andrea.fetch), read before the hub."""
+    Returns the manifest's counts. `hub_dir`: the fetch folder (andrea.fetch), read before the hub.
+    The rows are read here and decided in `workers` processes, chunk by chunk, their results taken
+    in the input's order: the output is the same whatever the number of workers (one: no pool)."""
     out_dir = Path(out_dir)
     hub_read = hub_location(hcfg).as_input() if hcfg["location"] == "hub" else None
     rows, local = source_rows(hcfg, hub_read, hub_dir)
@@ -84,41 +140,42 @@ def pull_hermes3(hcfg: dict, out_dir: str | Path, version: str, strict: bool = F
     per_category: dict[str, int] = {}
     system_turns = 0
     field = hcfg["category_field"]
-    writers = {p: AtomicParquetWriter(out_dir / f"{p}.parquet", PULL_SCHEMA) for p in HERMES3_PARTS}
+    ended: dict = {}
+    jobs = ((chunk, field, hcfg["categories"], by_rule)
+            for chunk in _chunks(progress(rows, desc="pull_hermes3", unit=" rows"), CHUNK_ROWS, ended))
+    writers = {p: AtomicTableWriter(out_dir / f"{p}.parquet", PULL_SCHEMA) for p in HERMES3_PARTS}
     try:
-        for raw in progress(rows, desc="pull_hermes3", unit=" rows"):
-            tally.read += 1
-            if raw.broken:
-                tally.skip(raw.broken, raw.where, strict, raw.detail)
-                continue
-            conv, reason, detail = validate_sharegpt(raw.value)
-            if conv is None:
-                tally.skip(reason, raw.where, strict, detail)
-                continue
-            category = raw.value.get(field)
-            category = str(category).strip() if category is not None else ""
-            if category:
-                part, how = part_of(category, hcfg["categories"]), "column"
-            elif by_rule:
-                part, how = part_of_conversation(conv), "rule"
-            else:
-                part, how = "hermes3-general", "default"
-            decided_by[how][part] += 1
-            doc_id = raw.value.get("id")
-            doc_id = str(doc_id) if doc_id not in (None, "") else raw.key
-            writers[part].write({"doc_id": doc_id, "category": category, "conversations": conv})
-            per_part[part] += 1
-            per_category[category or "(none)"] = per_category.get(category or "(none)", 0) + 1
-            system_turns += sum(t["from"] == "system" for t in conv)
-            tally.kept += 1
-            if tally.read % 100_000 == 0:
-                log.info("pull_hermes3: %d rows read, %d kept", tally.read, tally.kept)
-            if hcfg["max_docs"] and tally.kept >= hcfg["max_docs"]:
-                log.info("pull_hermes3: reached max_docs=%d", hcfg["max_docs"])
+        for outcomes, tables in ordered_map(decide_rows, jobs, workers):
+            taken = {p: 0 for p in HERMES3_PARTS}
+            full = False
+            for part, a, b, c in outcomes:
+                tally.read += 1
+                if part is None:
+                    tally.skip(a, b, strict, c)
+                    continue
+                how, category, n_system = a, b, c
+                decided_by[how][part] += 1
+                taken[part] += 1
+                per_part[part] += 1
+                per_category[category or "(none)"] = per_category.get(category or "(none)", 0) + 1
+                system_turns += n_system
+                tally.kept += 1
+                if tally.read % 100_000 == 0:
+                    log.info("pull_hermes3: %d rows read, %d kept", tally.read, tally.kept)
+                if hcfg["max_docs"] and tally.kept >= hcfg["max_docs"]:
+                    log.info("pull_hermes3: reached max_docs=%d", hcfg["max_docs"])
+                    full = True
+                    break
+            for part, table in tables.items():
+                writers[part].write(table.slice(0, taken[part]))
+            if full:
                 break
+        else:
+            if "error" in ended:
+                raise ended["error"]
     except BaseException as e:
         for w in writers.values():
-            w.abort(e)
+            w.close(e)
         raise
     for w in writers.values():
         w.close()

@@ -10,10 +10,16 @@ Schema (one row per document):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import multiprocessing
+import pickle
+import secrets
+import shutil
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Iterable
 
@@ -21,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from andrea.hub import HubUnreachable, is_hub_location, parse_hub_location
-from andrea.io import AtomicParquetWriter, Manifest, progress, write_text_atomic
+from andrea.io import Manifest, atomic_path, progress, write_text_atomic
 from andrea.profiles import EMBEDDED
 from andrea.records import MalformedRecord, Tally
 from andrea.sources import ADAPTERS, Context, Skip, resolve_location
@@ -137,18 +143,223 @@ def empty_source_message(config: dict, name: str, tally: Tally, pull_dir: Path |
             f"or set `optional: true` there to skip it with a warning.")
 
 
+# What a source's reader writes to its temporary file, in the order the adapter yields it: a document
+# (skip null, content_hash set) or a skipped record (skip = the reason). The merge replays these events
+# exactly as the one-process stage handled the adapter's items, so its counts, logs and strict-mode stop
+# are the same whichever process read the source.
+EVENT_SCHEMA = pa.schema(
+    [
+        ("doc_id", pa.string()),
+        ("turns", pa.list_(TURN)),
+        ("text", pa.string()),
+        ("content_hash", pa.string()),
+        ("skip", pa.string()),
+        ("where", pa.string()),
+        ("detail", pa.string()),
+    ]
+)
+EVENT_BATCH = 4096
+KEPT_LOG_RECORDS = 1000  # log records a reader process hands back to be logged by the stage (bounded)
+OUTPUT_ROW_GROUP = 10_000  # megachat.parquet's row groups: AtomicParquetWriter's batch, as the serial stage wrote
+
+
+class _KeptLogs(logging.Handler):
+    """Keeps a reader process's log records (their messages formatted, so that they pickle) for the
+    stage to log in its own log file."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if len(self.records) < KEPT_LOG_RECORDS:
+            record.msg, record.args, record.exc_info, record.exc_text = record.getMessage(), None, None, None
+            self.records.append(record)
+
+
+def _picklable(e: Exception) -> Exception:
+    """The exception itself when it can travel back from a reader process, else a RuntimeError
+    with its type and message (what the stage reports either way)."""
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:
+        return RuntimeError(f"{type(e).__name__}: {e}")
+
+
+def read_source(job: dict) -> dict:
+    """Read one source with its adapter into a temporary Parquet file of events (EVENT_SCHEMA):
+    documents with their content hashes, and skipped records. Runs in a worker process (or in the
+    stage's own when it has one worker). Stops after the first skip in strict mode, and after
+    `max_docs` documents distinct within the source when job["limit"] (no more can be kept: the merge
+    also drops duplicates of earlier sources, so it may ask for the rest, see _source_batches). An
+    error the adapter raises ends the events and is returned, for the merge to raise where the serial
+    stage would have."""
+    name, scfg = job["name"], job["scfg"]
+    ctx = Context(pull_dir=job["pull_dir"], hub_dir=job["hub_dir"])
+    if job["hub_read"] is not None:
+        ctx.hub_reads[name] = dict(job["hub_read"])
+    kept_logs = _KeptLogs() if job["keep_logs"] else None
+    root = logging.getLogger()
+    old_level = root.level
+    if kept_logs:
+        root.addHandler(kept_logs)
+        root.setLevel(logging.INFO)
+    limit = scfg["max_docs"] if job["limit"] else None
+    distinct: set[str] = set()
+    events, truncated, error = 0, False, None
+    pending: list[dict] = []
+    writer = pq.ParquetWriter(job["path"], EVENT_SCHEMA, compression="lz4")
+    try:
+        items = ADAPTERS[scfg["adapter"]](name, scfg, ctx)
+        if job["progress"]:
+            items = progress(items, desc=f"prep {name}", unit=" docs")
+        for item in items:
+            events += 1
+            if isinstance(item, Skip):
+                pending.append({"skip": item.reason, "where": item.where, "detail": item.detail})
+                if job["strict"]:
+                    break
+            else:
+                h = content_hash(item.turns, item.text)
+                pending.append({"doc_id": item.doc_id, "turns": item.turns, "text": item.text, "content_hash": h})
+                if limit and h not in distinct:
+                    distinct.add(h)
+                    if len(distinct) >= limit:
+                        truncated = True
+                        break
+            if len(pending) >= EVENT_BATCH:
+                writer.write_table(pa.Table.from_pylist(pending, schema=EVENT_SCHEMA))
+                pending = []
+    except Exception as e:  # noqa: BLE001 (handed back whole: the merge raises it after the events read before it)
+        error = _picklable(e)
+    finally:
+        try:
+            if pending:
+                writer.write_table(pa.Table.from_pylist(pending, schema=EVENT_SCHEMA))
+        finally:
+            writer.close()
+            if kept_logs:
+                root.removeHandler(kept_logs)
+                root.setLevel(old_level)
+    return {"path": job["path"], "events": events, "truncated": truncated, "error": error,
+            "hub_read": ctx.hub_reads.get(name), "logs": kept_logs.records if kept_logs else []}
+
+
+class _Readers:
+    """The sources' readers: all submitted at once to `workers` processes, or (one worker) each run
+    in this process when the merge asks for it, so that a stage that stops early reads no more."""
+
+    def __init__(self, jobs: list[dict], workers: int):
+        self.jobs = jobs
+        self.pool = None
+        if workers > 1 and len(jobs) > 1:
+            # spawn, as andrea.parallel: fork + pyarrow's threads can deadlock
+            self.pool = ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn"))
+            self.futures = [self.pool.submit(read_source, job) for job in jobs]
+
+    def result(self, index: int) -> dict:
+        if self.pool is None:
+            return read_source(self.jobs[index])
+        return self.futures[index].result()
+
+    def close(self, failed: bool) -> None:
+        if self.pool is None:
+            return
+        if failed:
+            # the stage stops now: the sources still being read are not waited for
+            for f in self.futures:
+                f.cancel()
+            for proc in list((getattr(self.pool, "_processes", None) or {}).values()):
+                proc.terminate()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _source_batches(result: dict, job: dict, on_result) -> Iterable[pa.RecordBatch]:
+    """The events of one source, batch by batch, then its reader's error raised (if any). A reader
+    stopped at max_docs distinct documents is run again in this process without the limit, and its
+    events after those already given are given too, when the merge wants more (some of the
+    documents were duplicates of earlier sources')."""
+    yield from pq.ParquetFile(result["path"]).iter_batches(batch_size=EVENT_BATCH)
+    if result["truncated"]:
+        given = result["events"]
+        path = Path(job["path"])
+        result = read_source({**job, "path": str(path.with_name(f"{path.stem}.all.parquet")), "limit": False,
+                              "keep_logs": False, "progress": True})
+        on_result(result)
+        for batch in pq.ParquetFile(result["path"]).iter_batches(batch_size=EVENT_BATCH):
+            if given >= batch.num_rows:
+                given -= batch.num_rows
+                continue
+            yield batch.slice(given)
+            given = 0
+    if result["error"] is not None:
+        raise result["error"]
+
+
+class AtomicTableWriter:
+    """A Parquet file written from Arrow tables in row groups of `row_group` rows (the groups
+    AtomicParquetWriter makes from rows, so that a stage fed tables by worker processes writes what
+    it wrote row by row), under a temporary name until closed without error."""
+
+    def __init__(self, path: str | Path, schema: pa.Schema, row_group: int = OUTPUT_ROW_GROUP):
+        self.path = Path(path)
+        self.row_group = row_group
+        self._ctx = atomic_path(self.path)
+        self._writer = pq.ParquetWriter(self._ctx.__enter__(), schema, compression="zstd")
+        self._pending: list[pa.Table] = []
+        self._n_pending = 0
+        self.rows = 0
+
+    def write(self, table: pa.Table) -> None:
+        if table.num_rows:
+            self._pending.append(table)
+            self._n_pending += table.num_rows
+        while self._n_pending >= self.row_group:
+            self._flush(self.row_group)
+
+    def _flush(self, n: int) -> None:
+        table = pa.concat_tables(self._pending).combine_chunks()
+        self._writer.write_table(table.slice(0, n))
+        rest = table.slice(n)
+        self._pending, self._n_pending = ([rest] if rest.num_rows else []), rest.num_rows
+        self.rows += n
+
+    def close(self, exc: BaseException | None = None) -> None:
+        """Commit the file, or (given the exception that stopped the stage) remove it."""
+        if exc is None:
+            try:
+                if self._n_pending:
+                    self._flush(self._n_pending)
+                self._writer.close()
+            except BaseException as e:
+                self.close(e)
+                raise
+            self._ctx.__exit__(None, None, None)
+            return
+        with contextlib.suppress(Exception):
+            self._writer.close()
+        self._ctx.__exit__(type(exc), exc, exc.__traceback__)
+
+
 def prep_megachat(
     config: dict,
     out_dir: str | Path,
     version: str,
     pull_dir: str | Path | None = None,
     hub_dir: str | Path | None = None,
+    workers: int = 1,
 ) -> dict:
     """Run the stage: <out_dir>/megachat.parquet, preview.txt, manifest.json. Returns counts.
     `hub_dir`: the fetch folder, where hub datasets are read when fetched (andrea.fetch). An enabled
     source that yields no document fails the stage (EmptySource) unless it is optional; one whose
-    every document duplicates earlier sources' is warned about."""
+    every document duplicates earlier sources' is warned about.
+
+    The sources are read in `workers` processes at once, each into a temporary file under out_dir;
+    this process merges them in the configured order, so that the output is the same whatever the
+    number of workers (one: everything in this process, each source read when its turn comes)."""
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     strict = config["strict"]
     sources = {k: v for k, v in config["sources"].items() if v["enabled"]}
     ctx = Context(pull_dir=Path(pull_dir) if pull_dir else None, hub_dir=Path(hub_dir) if hub_dir else None)
@@ -157,16 +368,52 @@ def prep_megachat(
         version,
         {"sources": sources, "megachat": config["megachat"], "strict": strict},
     )
+    # a hidden folder no output is named like, unique to this run, removed however the stage ends
+    tmp_dir = out_dir / f".prep_megachat.{secrets.token_hex(6)}.tmp"
+    tmp_dir.mkdir()
+    pool = workers > 1 and len(sources) > 1
+    jobs = [
+        {
+            "name": name, "scfg": scfg, "pull_dir": ctx.pull_dir, "hub_dir": ctx.hub_dir, "strict": strict,
+            "hub_read": ({"source": name, **parse_hub_location(scfg["location"]).as_input(), "adapter": scfg["adapter"]}
+                         if is_hub_location(scfg["location"]) else None),
+            "path": str(tmp_dir / f"{index:04d}.parquet"), "limit": True, "keep_logs": pool, "progress": not pool,
+        }
+        for index, (name, scfg) in enumerate(sources.items())
+    ]
+    readers = _Readers(jobs, workers)
+    failed = True
+    try:
+        counts, total, preview = _merge(config, sources, jobs, readers, ctx, manifest, out_dir)
+        failed = False
+    finally:
+        readers.close(failed)
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    if total == 0:
+        raise ValueError("prep_megachat produced no documents: every source was empty, skipped or malformed")
+    write_text_atomic(out_dir / "preview.txt", "\n".join(preview))
+    manifest.add_output(out_dir / "megachat.parquet", rows=total)
+    manifest.data["counts"] = {"documents": total, "per_source": counts}
+    manifest.write(out_dir / "manifest.json")
+    return manifest.data["counts"]
+
+
+def _merge(config: dict, sources: dict, jobs: list[dict], readers: _Readers, ctx: Context, manifest: Manifest,
+           out_dir: Path) -> tuple[dict, int, list[str]]:
+    """Replay every source's events in the configured order into megachat.parquet: counts, skips
+    (logged, or raised in strict mode), exact duplicates of documents kept before dropped (the first
+    source in the configured order keeps a document), max_docs, the preview. Returns the per-source
+    counts, the documents written and the preview."""
+    strict = config["strict"]
     # content hash -> the index of the source that kept it, so that a source whose every document
     # duplicates others' can say whose
     seen: dict[bytes, int] = {}
     names = list(sources)
     counts: dict[str, dict] = {}
     preview: list[str] = []
-
-    with AtomicParquetWriter(out_dir / "megachat.parquet", MEGACHAT_SCHEMA) as writer:
-        for index, (name, scfg) in enumerate(sources.items()):
-            fn = ADAPTERS[scfg["adapter"]]
+    writer = AtomicTableWriter(out_dir / "megachat.parquet", MEGACHAT_SCHEMA)
+    try:
+        for index, (name, scfg) in enumerate(progress(sources.items(), desc="prep_megachat", unit=" sources")):
             tally, dupes, kinds = Tally(), 0, {"turns": 0, "text": 0}
             duplicates_of: Counter = Counter()
             shown, n_inputs = 0, len(manifest.data["inputs"])
@@ -176,36 +423,57 @@ def prep_megachat(
                         raise ValueError(f"sources.{name}: location 'pull' needs the pull_hermes3 output (--pull-dir)")
                     manifest.add_input(ctx.pull_dir / f"{name}.parquet", source=name)
                 elif is_hub_location(scfg["location"]):
-                    # filled with the commit (and mirror) read as the rows stream in
-                    ctx.hub_reads[name] = {"source": name, **parse_hub_location(scfg["location"]).as_input(), "adapter": scfg["adapter"]}
+                    # filled with the commit (and mirror) read, from the reader's copy
+                    ctx.hub_reads[name] = dict(jobs[index]["hub_read"])
                     manifest.data["inputs"].append(ctx.hub_reads[name])
                 else:
                     loc = resolve_location(name, scfg)
                     if not loc.exists():
                         raise FileNotFoundError(f"{loc} does not exist")
                     manifest.data["inputs"].append({"source": name, "path": str(loc), "adapter": scfg["adapter"]})
-                for item in progress(fn(name, scfg, ctx), desc=f"prep {name}", unit=" docs"):
-                    tally.read += 1
-                    if isinstance(item, Skip):
-                        tally.skip(item.reason, item.where, strict, item.detail)
-                        continue
-                    h = content_hash(item.turns, item.text)
-                    key = bytes.fromhex(h)
-                    owner = seen.get(key)
-                    if owner is not None:
-                        dupes += 1
-                        duplicates_of[owner] += 1
-                        continue
-                    seen[key] = index
-                    writer.write(
-                        {"source": name, "doc_id": item.doc_id, "turns": item.turns, "text": item.text, "content_hash": h}
-                    )
-                    kinds["turns" if item.turns is not None else "text"] += 1
-                    tally.kept += 1
-                    if shown < 2:
-                        preview.append(f"=== {name} / {item.doc_id}\n{render_document(item.turns, item.text, config['megachat'])}\n")
-                        shown += 1
-                    if scfg["max_docs"] and tally.kept >= scfg["max_docs"]:
+                result = readers.result(index)
+                for record in result["logs"]:
+                    logger = logging.getLogger(record.name)
+                    if logger.isEnabledFor(record.levelno):
+                        logger.handle(record)
+
+                def took(result: dict, name: str = name) -> None:
+                    if result["hub_read"] is not None and name in ctx.hub_reads:
+                        ctx.hub_reads[name].update(result["hub_read"])
+
+                took(result)
+                for batch in _source_batches(result, jobs[index], took):
+                    skips, hashes = batch.column("skip").to_pylist(), batch.column("content_hash").to_pylist()
+                    keep = [False] * batch.num_rows
+                    full = False
+                    for j, reason in enumerate(skips):
+                        tally.read += 1
+                        if reason is not None:
+                            tally.skip(reason, batch.column("where")[j].as_py(), strict, batch.column("detail")[j].as_py())
+                            continue
+                        key = bytes.fromhex(hashes[j])
+                        owner = seen.get(key)
+                        if owner is not None:
+                            dupes += 1
+                            duplicates_of[owner] += 1
+                            continue
+                        seen[key] = index
+                        keep[j] = True
+                        tally.kept += 1
+                        if shown < 2:
+                            (doc,) = batch.slice(j, 1).to_pylist()
+                            preview.append(f"=== {name} / {doc['doc_id']}\n{render_document(doc['turns'], doc['text'], config['megachat'])}\n")
+                            shown += 1
+                        if scfg["max_docs"] and tally.kept >= scfg["max_docs"]:
+                            full = True
+                            break
+                    if any(keep):
+                        docs = batch.filter(pa.array(keep)).select(["doc_id", "turns", "text", "content_hash"])
+                        kinds["text"] += docs.column("turns").null_count
+                        kinds["turns"] += docs.num_rows - docs.column("turns").null_count
+                        writer.write(pa.Table.from_batches([docs]).add_column(
+                            0, "source", pa.array([name] * docs.num_rows, pa.string())))
+                    if full:
                         break
             except (FileNotFoundError, HubUnreachable) as e:
                 # An optional source that is not there is skipped, and so is its manifest input; a
@@ -248,11 +516,8 @@ def prep_megachat(
                 "prep_megachat: %-18s read %7d kept %7d duplicates %6d skipped %6d %s",
                 name, tally.read, tally.kept, dupes, sum(tally.skipped.values()), dict(tally.skipped) or "",
             )
-    total = writer.rows
-    if total == 0:
-        raise ValueError("prep_megachat produced no documents: every source was empty, skipped or malformed")
-    write_text_atomic(out_dir / "preview.txt", "\n".join(preview))
-    manifest.add_output(out_dir / "megachat.parquet", rows=total)
-    manifest.data["counts"] = {"documents": total, "per_source": counts}
-    manifest.write(out_dir / "manifest.json")
-    return manifest.data["counts"]
+    except BaseException as e:
+        writer.close(e)
+        raise
+    writer.close(None)
+    return counts, writer.rows, preview

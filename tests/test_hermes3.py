@@ -260,3 +260,64 @@ def test_the_embedded_corpus_is_split_by_its_column(config, tmp_path):
     counts = pull_hermes3(config["hermes3"], tmp_path / "out", "v1")
     assert set(counts["decided_by"]) == {"column"}
     assert counts["decided_by"]["column"] == counts["per_part"]
+
+
+# ---------------------------------------------------------------- worker processes
+
+
+def mixed_rows(n: int) -> list:
+    """n rows of every kind the stage meets: categories of each part, none (the rule decides), ids
+    and none, and malformed rows of several reasons."""
+    rows = []
+    for i in range(n):
+        k = i % 11
+        if k == 3:
+            rows.append('{"conversations": [{"from": "human", "value": "cut')  # broken JSON
+        elif k == 7:
+            rows.append({"conversations": [{"from": "narrator", "value": f"x{i}"}, {"from": "gpt", "value": "y"}]})
+        elif k == 9:
+            rows.append({"id": i})
+        elif k % 3 == 0:
+            rows.append(sharegpt(("system", "You are a pirate."), ("human", f"Stay in character {i}"), ("gpt", "Arr")))
+        elif k % 3 == 1:
+            rows.append(sharegpt(("human", f"write a poem {i}"), ("gpt", "roses"), category=["creative", "roleplay", "coding"][i % 3]))
+        else:
+            rows.append(sharegpt(("human", f"what is {i}?"), ("gpt", f"{i} is a number"), id=f"r{i}" if i % 2 else ""))
+    return rows
+
+
+def without_times(manifest: dict) -> dict:
+    """A manifest without its timings, its outputs by file name (the same bytes: sha256)."""
+    outputs = [{**o, "path": Path(o["path"]).name} for o in manifest["outputs"]]
+    return {**{k: v for k, v in manifest.items() if k != "timings"}, "outputs": outputs}
+
+
+def test_workers_write_the_rows_counts_and_manifest_of_one_process(config, tmp_path):
+    """Rows decided in worker processes are written in the input's order: the same parts, counts,
+    skips (with their first examples) and manifest as the in-process run; max_docs stops alike."""
+    src = write_jsonl(tmp_path / "in.jsonl", mixed_rows(2000))
+    runs = {}
+    for workers in (1, 3):
+        out = tmp_path / f"w{workers}"
+        counts = pull_hermes3(hcfg(config, src), out, "v1", workers=workers)
+        runs[workers] = (counts, read_parts(out), without_times(json.loads((out / "manifest.json").read_text())))
+    assert runs[1] == runs[3]
+    counts, parts, _ = runs[1]
+    assert counts["read"] == 2000 and counts["skipped"] == {"broken_json": 182, "unknown_role": 182, "missing_conversations": 181}
+    assert all(parts.values()) and counts["decided_by"].keys() == {"column", "rule"}
+    assert {"in.jsonl:1", "r5"} <= {d["doc_id"] for p in parts.values() for d in p}  # no id: its line
+    for workers in (1, 3):
+        counts = pull_hermes3(hcfg(config, src, max_docs=789), tmp_path / f"m{workers}", "v1", workers=workers)
+        runs[workers] = (counts, read_parts(tmp_path / f"m{workers}"))
+    assert runs[1] == runs[3] and runs[1][0]["kept"] == 789 == sum(len(p) for p in runs[1][1].values())
+
+
+def test_strict_mode_with_workers_names_the_first_bad_row(config, tmp_path):
+    rows = [GOOD] * 2000
+    rows[1500] = {"conversations": [{"from": "bot", "value": "x"}]}
+    rows[1900] = "{broken"
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out"
+    with pytest.raises(MalformedRecord, match=r"in\.jsonl:line 1501: unknown_role"):
+        pull_hermes3(hcfg(config, src), out, "v1", strict=True, workers=2)
+    assert not list(out.glob("*.parquet")) and not list(out.glob(".*.tmp"))

@@ -303,3 +303,61 @@ def test_a_required_source_the_shape_filter_removes_whole_fails_the_filter(confi
         report = filter_shape(tmp_path / "prep" / "megachat.parquet", tmp_path / "filter", cfg["filter_shape"], "v1")
     assert report["per_source"]["synthetic-chat"]["kept"] == 0 and report["per_source"]["chat"]["kept"] == 1
     assert any("removed every document of source synthetic-chat" in r.getMessage() for r in caplog.records)
+
+
+# ---------------------------------------------------------------- sources read in worker processes
+
+
+def test_sources_read_in_worker_processes_give_the_corpus_of_one_process(config, tmp_path):
+    """The merge keeps what the one-process stage keeps: the same rows in the same order (duplicates
+    across sources go to the first source in the configured order), counts, skips, preview and manifest;
+    max_docs counts documents after duplicates of earlier sources are dropped, even when the reader
+    stopped early; no temporary file is left."""
+    convs = [sharegpt(("human", f"q{i}"), ("gpt", f"a{i}")) for i in range(30)]
+    a = write_jsonl(tmp_path / "a.jsonl", convs[:20] + ["{broken"] + convs[:3])
+    b = write_jsonl(tmp_path / "b.jsonl", convs[5:12] + convs[20:])  # 7 duplicates of chat's, then 10 new
+    c = write_jsonl(tmp_path / "c.jsonl", [{"messages": [{"role": "user", "content": f"m{i}"},
+                                                         {"role": "assistant", "content": "ok"}]} for i in range(25)])
+    cfg = only(config, {
+        "chat": {"adapter": "sharegpt", "location": str(a)},
+        "synthetic-chat": {"adapter": "sharegpt", "location": str(b), "max_docs": 4},
+        "smoltalk": {"adapter": "messages", "location": str(c)},
+        "gutenberg": {"adapter": "plaintext", "location": str(tmp_path / "nope"), "optional": True},
+    })
+    runs = {}
+    for workers in (1, 3):
+        out = tmp_path / f"w{workers}"
+        counts = prep_megachat(cfg, out, "v1", workers=workers)
+        manifest = json.loads((out / "manifest.json").read_text())
+        runs[workers] = (counts, pq.read_table(out / "megachat.parquet").to_pylist(), (out / "preview.txt").read_text(),
+                         manifest["inputs"], [(o["bytes"], o["sha256"], o["rows"]) for o in manifest["outputs"]])
+        assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "megachat.parquet", "preview.txt"]
+    assert runs[1] == runs[3]
+    counts, rows = runs[1][:2]
+    assert [r["source"] for r in rows] == ["chat"] * 20 + ["synthetic-chat"] * 4 + ["smoltalk"] * 25
+    # synthetic-chat: its 7 duplicates of chat's and 4 new documents read, then max_docs reached
+    s = counts["per_source"]["synthetic-chat"]
+    assert (s["read"], s["kept"], s["duplicates"]) == (11, 4, 7)
+    assert [r["content_hash"] for r in rows[20:24]] == [content_hash([{"role": "user", "text": f"q{i}"},
+                                                                      {"role": "assistant", "text": f"a{i}"}], None)
+                                                        for i in range(20, 24)]
+    assert counts["per_source"]["chat"]["skipped"] == {"broken_json": 1} and counts["per_source"]["chat"]["duplicates"] == 3
+    assert list(counts["per_source"]["gutenberg"]) == ["skipped_source"]
+
+
+def test_with_workers_the_first_failing_source_in_the_configured_order_stops_the_stage(config, tmp_path):
+    from andrea.megachat import EmptySource
+
+    good = write_jsonl(tmp_path / "good.jsonl", [sharegpt(("human", f"q{i}"), ("gpt", "a")) for i in range(50)])
+    bad = write_jsonl(tmp_path / "bad.jsonl", [sharegpt(("human", "x"), ("gpt", "y")), "{not json"])
+    worse = write_jsonl(tmp_path / "worse.jsonl", ["{not json either"])
+    sources = {"chat": {"adapter": "sharegpt", "location": str(good)},
+               "synthetic-chat": {"adapter": "sharegpt", "location": str(bad)},
+               "smoltalk": {"adapter": "sharegpt", "location": str(worse)}}
+    out = tmp_path / "out"
+    with pytest.raises(MalformedRecord, match=r"source synthetic-chat: .*bad\.jsonl:line 2: broken_json"):
+        prep_megachat(only(config, sources, strict=True), out, "v1", workers=3)
+    assert not list(out.iterdir())  # neither megachat.parquet nor the readers' temporary files
+    with pytest.raises(EmptySource, match=r"sources\.smoltalk .* yielded no document: 1 records read"):
+        prep_megachat(only(config, sources), out, "v1", workers=3)
+    assert not list(out.iterdir())

@@ -41,6 +41,7 @@ for _p in PROFILES:
             benchmark_path("pull_hermes3", _p)
         conda:
             "../envs/andrea.yaml"
+        threads: config["cluster"]["job_threads"]
         resources:
             slurm_partition=partition("cpu"),
             runtime=120,
@@ -74,6 +75,7 @@ for _p in PROFILES:
             benchmark_path("prep_megachat", _p)
         conda:
             "../envs/andrea.yaml"
+        threads: config["cluster"]["job_threads"]
         resources:
             slurm_partition=partition("cpu"),
             runtime=120,

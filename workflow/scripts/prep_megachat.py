@@ -16,4 +16,5 @@ if __name__ == "__main__":
         snakemake.params.version,
         pull_dir=Path(snakemake.input.parts[0]).parent,
         hub_dir=snakemake.params.hub_dir,
+        workers=snakemake.threads,
     )

@@ -16,4 +16,5 @@ if __name__ == "__main__":
         snakemake.params.version,
         strict=snakemake.params.strict,
         hub_dir=snakemake.params.hub_dir,
+        workers=snakemake.threads,
     )
