@@ -78,8 +78,12 @@ def render_document(turns: list[dict] | None, text: str | None, mcfg: dict | Non
 def iter_megachat(path: str | Path, batch_rows: int = 4096, source: str | None = None) -> Iterable[dict]:
     """Rows of a megachat Parquet file (optionally of one source only), streamed."""
     if source is None:
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows):
-            yield from batch.to_pylist()
+        # row group by row group: one iter_batches over the whole file held ~1.7 GB by the end of a
+        # 2.5 GB megachat (half the real profile), 0.3 GB this way
+        pf = pq.ParquetFile(path)
+        for i in range(pf.metadata.num_row_groups):
+            for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[i]):
+                yield from batch.to_pylist()
         return
     import pyarrow.dataset as ds
 
