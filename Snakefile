@@ -35,7 +35,17 @@ report: "workflow/report/workflow.rst"
 # Validated (values typed on the command line, such as --config force_train=true, coerced to the
 # schema's types first), defaults filled and every local input path checked, before any job: a bad
 # config ends here in the lines `andrea config validate` prints (ANDREA_DEBUG=1: with the schema).
-config.update(workflow_config(config, source="config/config.yaml"))
+# The error names the files the config came from: config/config.yaml and any --configfile overlays
+_config_files = list(
+    dict.fromkeys(["config/config.yaml", *map(str, workflow.configfiles)])
+)
+config.update(
+    workflow_config(
+        config,
+        source=" with ".join(_config_files)
+        + (" and --config" if workflow.config_settings.config else ""),
+    )
+)
 
 
 include: "workflow/rules/common.smk"

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from andrea.hub import (FULL_COMMIT, HUB_TIMEOUT_S, MANIFEST, MIRROR_ENV, HubLocation, HubUnreachable, mirror_commit,
-                        parse_hub_location, probe_hub)
+                        parse_hub_location, probe_hub, shortened)
 from andrea.io import atomic_path, sha256_file, write_json_atomic
 from andrea.profiles import hub_inputs, profile_config, profile_entries
 
@@ -115,11 +115,6 @@ def is_data_file(path: str) -> bool:
     """Not the dataset card (README.md at the root) nor a dotfile (.gitattributes): what a pattern
     that selects only these fetches is no data. (Markdown elsewhere can be a dataset's data.)"""
     return path != "README.md" and not any(part.startswith(".") for part in path.split("/"))
-
-
-def shortened(items: list[str], most: int = 12) -> str:
-    shown = ", ".join(items[:most])
-    return shown + (f" (and {len(items) - most} more)" if len(items) > most else "") if items else "none"
 
 
 def check_patterns(profile: str, w: Want, files: list[RemoteFile], where: str) -> None:
@@ -325,7 +320,8 @@ def not_fetched_message(profile: str, dest: Path, missing: list[Want], why: str)
         f"(the same path from the working directory), then run this again. Or train on the embedded demo corpus "
         f"instead, with no network: add `--config data_profile=embedded` to the snakemake command "
         f"(or set models.<model>.data: embedded in config/config.yaml); that still trains the model you asked "
-        f"for, and ANDREA-12M and larger need an NVIDIA GPU (on a CPU the trainer refuses them: days to months). "
+        f"for, and ANDREA-12M and larger need an NVIDIA GPU (on a CPU the trainer refuses them: its estimate for "
+        f"ANDREA-120M on 2 cores is about 2,300 days). "
         f"On a CPU, train ANDREA-tiny, the CPU model, which reads the embedded corpus: "
         f"`snakemake --cores 2 results/ANDREA-tiny/ckpt`."
     )

@@ -19,8 +19,7 @@ from andrea.config_schema import HERMES3_PARTS
 from andrea.hermes3_parts import part_of_conversation
 from andrea.hermes3_parts import quality as part_rule_quality
 from andrea.hub import RECORD_DIR_READS, HubLocation, HubUnreachable, iter_hub_rows  # noqa: F401 (HubUnreachable: re-exported)
-from andrea.io import Manifest, progress
-from andrea.megachat import AtomicTableWriter
+from andrea.io import AtomicTableWriter, Manifest, progress
 from andrea.parallel import ordered_map
 from andrea.records import RawRow, Tally, embedded_location, iter_rows
 from andrea.sources import validate_sharegpt

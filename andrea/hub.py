@@ -219,7 +219,8 @@ def local_files(path: Path) -> list[str]:
                   if p.is_file() and ".cache" not in p.relative_to(path).parts)
 
 
-def _shortened(items: list[str], most: int = 12) -> str:
+def shortened(items: list[str], most: int = 12) -> str:
+    """The first `most` items, comma-separated, and how many more: a file list an error can show."""
     return (", ".join(items[:most]) + (f" (and {len(items) - most} more)" if len(items) > most else "")) if items else "none"
 
 
@@ -277,7 +278,7 @@ def local_split(path: Path, loc: HubLocation, key: str) -> LocalSplit:
     if loc.split not in patterns:
         raise HubDatasetError(f"{where} has no split {loc.split!r} in subset {name} (splits: "
                               f"{', '.join(patterns) or 'none'}, from {declared}); its files: "
-                              f"{_shortened(local_files(path))}")
+                              f"{shortened(local_files(path))}")
     split_patterns = list(patterns[loc.split])
     try:
         files = DataFilesList.from_patterns(split_patterns, base_path=base.as_posix(),
@@ -288,12 +289,12 @@ def local_split(path: Path, loc: HubLocation, key: str) -> LocalSplit:
         present = [f for f in local_files(path) if f != "README.md" and not f.rsplit("/", 1)[-1].startswith(".")]
         raise HubDatasetError(
             f"{where} has no file of split {loc.split!r} (subset {name}): its patterns {split_patterns} (from {declared}) "
-            f"match nothing here. The data files it holds: {_shortened(present)}. Fetch that split's files (the "
+            f"match nothing here. The data files it holds: {shortened(present)}. Fetch that split's files (the "
             f"profile entry's `files`), or read a split it holds"
         )
     builder, builder_kwargs = infer_module_for_data_files_list(files)
     if builder is None:
-        raise HubDatasetError(f"{where}: split {loc.split!r} has no file of a format datasets reads ({_shortened(list(files))})")
+        raise HubDatasetError(f"{where}: split {loc.split!r} has no file of a format datasets reads ({shortened(list(files))})")
     kwargs = {**builder_kwargs, **params}
     info = infos.get(name)
     if info is not None and info.features is not None:

@@ -25,6 +25,8 @@ import yaml
 
 from andrea import __version__
 
+PARQUET_ROW_GROUP = 10_000  # rows a Parquet row group holds, as the stages write them
+
 log = logging.getLogger("andrea")
 
 
@@ -106,11 +108,61 @@ def write_jsonl_atomic(path: str | os.PathLike, rows: list[dict]) -> None:
     write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
+class AtomicTableWriter:
+    """A Parquet file written from Arrow tables in row groups of `row_group` rows (the groups
+    AtomicParquetWriter makes from rows, so that a stage fed tables by worker processes writes what
+    it wrote row by row), under a temporary name until closed without error."""
+
+    def __init__(self, path: str | Path, schema: pa.Schema, row_group: int = PARQUET_ROW_GROUP):
+        self.path = Path(path)
+        self.row_group = row_group
+        self._ctx = atomic_path(self.path)
+        tmp = self._ctx.__enter__()
+        try:
+            self._writer = pq.ParquetWriter(tmp, schema, compression="zstd")
+        except BaseException as e:  # the temporary file goes with it
+            self._ctx.__exit__(type(e), e, e.__traceback__)
+            raise
+        self._pending: list[pa.Table] = []
+        self._n_pending = 0
+        self.rows = 0
+
+    def write(self, table: pa.Table) -> None:
+        if table.num_rows:
+            self._pending.append(table)
+            self._n_pending += table.num_rows
+        while self._n_pending >= self.row_group:
+            self._flush(self.row_group)
+
+    def _flush(self, n: int) -> None:
+        table = pa.concat_tables(self._pending).combine_chunks()
+        self._writer.write_table(table.slice(0, n))
+        rest = table.slice(n)
+        self._pending, self._n_pending = ([rest] if rest.num_rows else []), rest.num_rows
+        self.rows += n
+
+    def close(self, exc: BaseException | None = None) -> None:
+        """Commit the file, or (given the exception that stopped the stage) remove it."""
+        if exc is None:
+            try:
+                if self._n_pending:
+                    self._flush(self._n_pending)
+                self._writer.close()
+            except BaseException as e:
+                self.close(e)
+                raise
+            self._ctx.__exit__(None, None, None)
+            return
+        with contextlib.suppress(Exception):
+            self._writer.close()
+        self._ctx.__exit__(type(exc), exc, exc.__traceback__)
+
+
 class AtomicParquetWriter:
     """Stream record batches into a Parquet file that appears under its real name only when closed
     without error. Memory stays bounded by one batch."""
 
-    def __init__(self, path: str | os.PathLike, schema: pa.Schema, batch_rows: int = 10_000):
+    def __init__(self, path: str | os.PathLike, schema: pa.Schema, batch_rows: int = PARQUET_ROW_GROUP):
         self.path = Path(path)
         self.schema = schema
         self.batch_rows = batch_rows
@@ -271,6 +323,17 @@ class Manifest:
         write_json_atomic(path, self.data)
 
 
+def _users_to_fix(exc_type, tb) -> bool:
+    """An error of the kinds the CLI explains in one paragraph (andrea.cli._explain), raised by this
+    package's own code (not a library's, which may be a bug)."""
+    import traceback
+
+    if not issubclass(exc_type, (OSError, ValueError, RuntimeError, KeyError)):
+        return False
+    frames = traceback.extract_tb(tb)
+    return bool(frames) and frames[-1].filename.startswith(str(Path(__file__).parent))
+
+
 def setup_logging(log_file: str | os.PathLike | None = None, level: int = logging.INFO) -> None:
     """Log to stderr and, when given, to a stage log file (Snakemake's `log:`)."""
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
@@ -285,8 +348,20 @@ def setup_logging(log_file: str | os.PathLike | None = None, level: int = loggin
     )
 
     def log_uncaught(exc_type, exc, tb):
-        # A stage that dies says why in its own log file, not only on the terminal.
-        logging.getLogger("andrea").critical("stage failed: %s: %s", exc_type.__name__, exc, exc_info=(exc_type, exc, tb))
+        # A stage that dies says why in its own log file, not only on the terminal. An error the
+        # package raised about the user's input or config (a malformed record in strict mode, an
+        # empty source, a missing file) is one paragraph there, as `andrea` prints it; its traceback
+        # goes to the log file only (ANDREA_DEBUG=1: to the terminal too). Anything else is a bug
+        # and keeps its traceback everywhere.
+        log = logging.getLogger("andrea")
+        if not _users_to_fix(exc_type, tb) or os.environ.get("ANDREA_DEBUG"):
+            log.critical("stage failed: %s: %s", exc_type.__name__, exc, exc_info=(exc_type, exc, tb))
+            return
+        log.critical("stage failed: %s", exc)
+        record = log.makeRecord(log.name, logging.CRITICAL, __file__, 0, "where it was raised:", (), (exc_type, exc, tb))
+        for h in logging.getLogger().handlers:
+            if isinstance(h, logging.FileHandler):
+                h.handle(record)
 
     if log_file:
         sys.excepthook = log_uncaught

@@ -10,7 +10,6 @@ Schema (one row per document):
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -27,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from andrea.hub import HubUnreachable, is_hub_location, parse_hub_location
-from andrea.io import Manifest, atomic_path, progress, write_text_atomic
+from andrea.io import AtomicTableWriter, Manifest, progress, write_text_atomic
 from andrea.profiles import EMBEDDED
 from andrea.records import MalformedRecord, Tally
 from andrea.sources import ADAPTERS, Context, Skip, resolve_location
@@ -75,20 +74,14 @@ def render_document(turns: list[dict] | None, text: str | None, mcfg: dict | Non
     return sep.join(prefix[t["role"]] + t["text"].strip() for t in turns if t["role"] in prefix)
 
 
-def iter_megachat(path: str | Path, batch_rows: int = 4096, source: str | None = None) -> Iterable[dict]:
-    """Rows of a megachat Parquet file (optionally of one source only), streamed."""
-    if source is None:
-        # row group by row group: one iter_batches over the whole file held ~1.7 GB by the end of a
-        # 2.5 GB megachat (half the real profile), 0.3 GB this way
-        pf = pq.ParquetFile(path)
-        for i in range(pf.metadata.num_row_groups):
-            for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[i]):
-                yield from batch.to_pylist()
-        return
-    import pyarrow.dataset as ds
-
-    for batch in ds.dataset(path, format="parquet").to_batches(filter=ds.field("source") == source, batch_size=batch_rows):
-        yield from batch.to_pylist()
+def iter_megachat(path: str | Path, batch_rows: int = 4096) -> Iterable[dict]:
+    """Rows of a megachat Parquet file, streamed row group by row group: one iter_batches over the
+    whole file held ~1.7 GB by the end of a 2.5 GB megachat (half the real profile), 0.3 GB this way.
+    (One source's rows: andrea.shards reads them the same way, skipping row groups by statistics.)"""
+    pf = pq.ParquetFile(path)
+    for i in range(pf.metadata.num_row_groups):
+        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[i]):
+            yield from batch.to_pylist()
 
 
 def source_key(config: dict, name: str) -> str:
@@ -106,17 +99,18 @@ def _skips(tally: Tally) -> str:
     return f"{sum(tally.skipped.values())} skipped: " + "; ".join(parts)
 
 
-def _pull_counts(pull_dir: Path | None) -> str:
-    """What pull_hermes3 wrote to each part and the categories it read, from its manifest."""
+def _pull_counts(pull_dir: Path | None) -> tuple[str, dict]:
+    """What pull_hermes3 wrote to each part and the categories it read, from its manifest, and its
+    `decided_by` counts (how each part was decided: by the category column, the part rule, ...)."""
     path = pull_dir / "manifest.json" if pull_dir else None
     try:
         counts = json.loads(path.read_text(encoding="utf-8"))["counts"]
         per_part = ", ".join(f"{p} {n}" for p, n in counts["per_part"].items())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return f"the pull_hermes3 manifest ({path}) could not be read"
+        return f"the pull_hermes3 manifest ({path}) could not be read", {}
     categories = ", ".join(f"{c} {n}" for c, n in list(counts.get("per_category", {}).items())[:8]) or "none"
     return (f"the pull_hermes3 manifest ({path}) counts {counts.get('read', '?')} rows read, "
-            f"{counts.get('kept', '?')} kept, per part: {per_part}; categories read: {categories}")
+            f"{counts.get('kept', '?')} kept, per part: {per_part}; categories read: {categories}"), counts.get("decided_by") or {}
 
 
 def empty_source_message(config: dict, name: str, tally: Tally, pull_dir: Path | None = None) -> str:
@@ -130,13 +124,20 @@ def empty_source_message(config: dict, name: str, tally: Tally, pull_dir: Path |
         h = config["hermes3"]
         where = h["location"] if h["location"] != "hub" else f"hub:{h['hub_id']}@{h['hub_revision'] or 'main'}:{h['hub_split']}"
         limit = f" hermes3.max_docs ({h['max_docs']}) stopped the pull early." if h.get("max_docs") else ""
+        pulled, decided_by = _pull_counts(pull_dir)
+        if "rule" in decided_by or h.get("without_category", "rule") == "rule":
+            how = (f"Hermes-3 is split into hermes3-general, hermes3-creative and hermes3-roleplay by its category "
+                   f"column (hermes3.category_field `{h['category_field']}`, matched against hermes3.categories) where a "
+                   f"record has one, else by the part rule over the system prompt and first user turn "
+                   f"(hermes3.without_category: rule, andrea/hermes3_parts.py): the copy read has no conversation this "
+                   f"part's words or the rule place here. Check that hermes3.location is the Hermes-3 data, ")
+        else:
+            how = (f"Hermes-3 is split by category (hermes3.category_field `{h['category_field']}`, matched against "
+                   f"hermes3.categories), and records without one go to hermes3-general (hermes3.without_category: "
+                   f"general): set without_category: rule to split them by the part rule, or change hermes3.categories, ")
         return (
-            f"{head} This part is what pull_hermes3 wrote from hermes3.location {where}: {_pull_counts(pull_dir)}."
-            f"{limit} Hermes-3 is split into hermes3-general, hermes3-creative and hermes3-roleplay by category "
-            f"(hermes3.category_field `{h['category_field']}`, matched against hermes3.categories): a copy whose "
-            f"categories match none of this part's words puts nothing in it. Point hermes3.location at a copy that has "
-            f"the categories, or change hermes3.categories, or leave the part out with `enabled: false` at {key}, "
-            f"or set `optional: true` there to skip it with a warning."
+            f"{head} This part is what pull_hermes3 wrote from hermes3.location {where}: {pulled}.{limit} {how}"
+            f"or leave the part out with `enabled: false` at {key}, or set `optional: true` there to skip it with a warning."
         )
     if tally.read:
         cause = (f"none of its records is what the {scfg['adapter']} adapter reads (README, \"Sources and adapters\"): "
@@ -164,7 +165,6 @@ EVENT_SCHEMA = pa.schema(
 )
 EVENT_BATCH = 4096
 KEPT_LOG_RECORDS = 1000  # log records a reader process hands back to be logged by the stage (bounded)
-OUTPUT_ROW_GROUP = 10_000  # megachat.parquet's row groups: AtomicParquetWriter's batch, as the serial stage wrote
 
 
 class _KeptLogs(logging.Handler):
@@ -301,49 +301,6 @@ def _source_batches(result: dict, job: dict, on_result) -> Iterable[pa.RecordBat
         raise result["error"]
 
 
-class AtomicTableWriter:
-    """A Parquet file written from Arrow tables in row groups of `row_group` rows (the groups
-    AtomicParquetWriter makes from rows, so that a stage fed tables by worker processes writes what
-    it wrote row by row), under a temporary name until closed without error."""
-
-    def __init__(self, path: str | Path, schema: pa.Schema, row_group: int = OUTPUT_ROW_GROUP):
-        self.path = Path(path)
-        self.row_group = row_group
-        self._ctx = atomic_path(self.path)
-        self._writer = pq.ParquetWriter(self._ctx.__enter__(), schema, compression="zstd")
-        self._pending: list[pa.Table] = []
-        self._n_pending = 0
-        self.rows = 0
-
-    def write(self, table: pa.Table) -> None:
-        if table.num_rows:
-            self._pending.append(table)
-            self._n_pending += table.num_rows
-        while self._n_pending >= self.row_group:
-            self._flush(self.row_group)
-
-    def _flush(self, n: int) -> None:
-        table = pa.concat_tables(self._pending).combine_chunks()
-        self._writer.write_table(table.slice(0, n))
-        rest = table.slice(n)
-        self._pending, self._n_pending = ([rest] if rest.num_rows else []), rest.num_rows
-        self.rows += n
-
-    def close(self, exc: BaseException | None = None) -> None:
-        """Commit the file, or (given the exception that stopped the stage) remove it."""
-        if exc is None:
-            try:
-                if self._n_pending:
-                    self._flush(self._n_pending)
-                self._writer.close()
-            except BaseException as e:
-                self.close(e)
-                raise
-            self._ctx.__exit__(None, None, None)
-            return
-        with contextlib.suppress(Exception):
-            self._writer.close()
-        self._ctx.__exit__(type(exc), exc, exc.__traceback__)
 
 
 def prep_megachat(
@@ -372,7 +329,10 @@ def prep_megachat(
         version,
         {"sources": sources, "megachat": config["megachat"], "strict": strict},
     )
-    # a hidden folder no output is named like, unique to this run, removed however the stage ends
+    # a hidden folder no output is named like, unique to this run, removed however the stage ends;
+    # one a killed run left (SIGKILL, out of memory, a SLURM time limit) is removed first
+    for stale in out_dir.glob(".prep_megachat.*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
     tmp_dir = out_dir / f".prep_megachat.{secrets.token_hex(6)}.tmp"
     tmp_dir.mkdir()
     pool = workers > 1 and len(sources) > 1
@@ -400,6 +360,14 @@ def prep_megachat(
     manifest.data["counts"] = {"documents": total, "per_source": counts}
     manifest.write(out_dir / "manifest.json")
     return manifest.data["counts"]
+
+
+def _drop_events(job: dict) -> None:
+    """Remove a source's temporary event files once merged (the source's rows, and its re-read):
+    the copy of the corpus on disk then holds the sources not yet merged, not all of them."""
+    path = Path(job["path"])
+    for f in path.parent.glob(f"{path.stem}*.parquet"):
+        f.unlink(missing_ok=True)
 
 
 def _merge(config: dict, sources: dict, jobs: list[dict], readers: _Readers, ctx: Context, manifest: Manifest,
@@ -493,6 +461,7 @@ def _merge(config: dict, sources: dict, jobs: list[dict], readers: _Readers, ctx
             except MalformedRecord as e:
                 raise MalformedRecord(f"source {name}: {e}") from None
             counts[name] = {**tally.as_dict(), "duplicates": dupes, **kinds}
+            _drop_events(jobs[index])  # merged: its copy of the source need not wait for the others
             if tally.kept == 0 and dupes:
                 # Every usable document is already in the corpus under an earlier source (the same data
                 # configured twice, or a dataset another one includes): nothing is lost to training, so

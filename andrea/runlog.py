@@ -691,7 +691,8 @@ class RunLog:
             timed = np.isfinite(step_s) & np.isfinite(tps) & (step_s > 0)
             self.timed_steps += int(timed.sum())
             self.step_s += float(step_s[timed].sum())
-            self.timed_tokens += float((tps[timed] * step_s[timed]).sum())
+            # a step's tokens are a whole number: rounded per step, the written figures' rounding does not add up
+            self.timed_tokens += float(np.rint(tps[timed] * step_s[timed]).sum())
             self.n_train += m
             self.last_step = int(step[-1])
             self.last = {"step": self.last_step, **{k: (None if math.isnan(v[-1]) else float(v[-1])) for k, v in scalars.items()}}

@@ -43,7 +43,10 @@ def stage_params(config: dict, stage: str) -> dict:
     config = as_profile(config)
     if stage == "pull_hermes3":
         # the profile: every later stage's version covers it through this one
-        return {"hermes3": config["hermes3"], "strict": config["strict"], "profile": config["data_profile"]}
+        params = {"hermes3": config["hermes3"], "strict": config["strict"], "profile": config["data_profile"]}
+        if config["hermes3"].get("without_category", "rule") == "rule":
+            params["part_rule"] = part_rule_fingerprint()  # a refitted or changed rule re-splits the parts
+        return params
     if stage == "prep_megachat":
         # the bandit's floors/caps and the diet weight do not change the corpus
         enabled = {k: {f: x for f, x in v.items() if f not in POLICY_KEYS} for k, v in config["sources"].items() if v["enabled"]}
@@ -56,6 +59,14 @@ def stage_params(config: dict, stage: str) -> dict:
     if stage == "encode":
         return {"sources": enabled_sources(config)}
     raise KeyError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
+
+
+def part_rule_fingerprint() -> str:
+    """The Hermes-3 part rule as the code ships it (its cues and its fitted weights): a digest of
+    andrea/hermes3_parts.py and andrea/hermes3_parts_weights.py, read as files (not imported)."""
+    here = Path(__file__).parent
+    blob = b"".join((here / name).read_bytes() for name in ("hermes3_parts.py", "hermes3_parts_weights.py"))
+    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def stage_versions(config: dict) -> dict[str, str]:
@@ -249,7 +260,7 @@ def version_changes(config: dict, profiles: list[str]) -> list[str]:
             previous = []
             for v, mtime in built.items():
                 record = _read_json(records / stage / f"{v}.json")
-                if record and record.get("profile") == profile:
+                if record and record.get("profile") == profile and isinstance(record.get("params"), dict):
                     previous.append((mtime, v, record))
             if not previous:
                 continue
@@ -262,7 +273,7 @@ def version_changes(config: dict, profiles: list[str]) -> list[str]:
         if not run or run.get("train_version") in (None, train_version(config, model)):
             continue
         record = _read_json(records / "train" / model / f"{run['train_version']}.json")
-        if record:  # the keys as the config names them
+        if record and isinstance(record.get("params"), dict):  # the keys as the config names them
             names = {"train.": "", "model.": f"models.{model}.", "policy.": "sources.", "data ": "data version "}
             diff = []
             for d in params_diff(record["params"], train_params(config, model)):

@@ -84,3 +84,33 @@ def test_atomic_writes_get_the_modes_the_umask_gives(tmp_path, umask, file_mode,
     assert mode(tmp_path / "made" / "a.json") == file_mode
     assert mode(tmp_path / "made" / "deeper" / "t.parquet") == file_mode
     assert mode(tmp_path / "made") == dir_mode and mode(tmp_path / "made" / "deeper") == dir_mode
+
+
+def test_a_stage_failing_on_bad_input_says_it_in_one_paragraph_and_logs_the_traceback(tmp_path, capsys):
+    """A job script's uncaught error the user can fix (here strict mode's malformed record) is one
+    paragraph on the terminal; the log file keeps where it was raised. A bug keeps its traceback."""
+    import logging
+    import sys
+
+    from andrea.io import setup_logging
+    from andrea.records import MalformedRecord, Tally
+
+    log_file = tmp_path / "stage.log"
+    setup_logging(log_file)
+    try:
+        try:
+            Tally().skip("broken_json", "chat.jsonl:line 5", strict=True, detail="the line ends unfinished")
+        except MalformedRecord:
+            sys.excepthook(*sys.exc_info())
+        err = capsys.readouterr().err
+        assert "stage failed: chat.jsonl:line 5: broken_json: the line ends unfinished (strict mode)" in err
+        assert "Traceback" not in err
+        assert "Traceback" in log_file.read_text() and "records.py" in log_file.read_text()
+        try:
+            {}["a bug"]  # raised here, not by the package: a traceback on the terminal too
+        except KeyError:
+            sys.excepthook(*sys.exc_info())
+        assert "Traceback" in capsys.readouterr().err
+    finally:
+        sys.excepthook = sys.__excepthook__
+        logging.basicConfig(force=True, handlers=[logging.NullHandler()])

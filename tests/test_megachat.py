@@ -261,13 +261,18 @@ def test_an_empty_hermes3_part_fails_naming_the_pull_counts_and_the_category_spl
     pull_hermes3(hcfg, tmp_path / "pull", "v1")
     parts = {p: {"adapter": "hermes3", "location": "pull"} for p in ("hermes3-general", "hermes3-creative", "hermes3-roleplay")}
     cfg = only({**config, "hermes3": hcfg}, parts)
+    # only what the workflow's prep_megachat job is given (workflow/rules/common.smk stage_config)
+    job_cfg = {k: cfg[k] for k in ("sources", "megachat", "strict", "data_profile", "hermes3")}
     with pytest.raises(EmptySource) as e:
-        run(cfg, tmp_path, pull_dir=tmp_path / "pull")
+        run(job_cfg, tmp_path, pull_dir=tmp_path / "pull")
     msg = str(e.value)
     assert msg.startswith("sources.hermes3-roleplay (location pull, adapter hermes3) yielded no document: 0 records read")
     assert str(tmp_path / "pull" / "manifest.json") in msg
     assert "per part: hermes3-general 3, hermes3-creative 1, hermes3-roleplay 0" in msg
-    assert "split into hermes3-general, hermes3-creative and hermes3-roleplay by category" in msg
+    assert "by its category column" in msg and "else by the part rule" in msg
+    # in another profile the key to change is that profile's entry
+    with pytest.raises(EmptySource, match=r"^profiles\.real\.sources\.hermes3-roleplay \(location pull"):
+        run({**job_cfg, "data_profile": "real"}, tmp_path, pull_dir=tmp_path / "pull")
     # the part left out, or made optional, lets the stage go on
     cfg["sources"]["hermes3-roleplay"]["optional"] = True
     counts, rows = run(cfg, tmp_path, pull_dir=tmp_path / "pull")

@@ -210,6 +210,11 @@ def test_the_config_is_checked_before_any_job_in_plain_words(workflow_dir, tmp_p
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines() == ["configuration error: config/config.yaml is invalid:",
                                                 "  train.defaults.max_stpes: unknown key; did you mean `max_steps`?"]
+    # a typo in an overlay (--configfile): the error names the files the config came from
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("strict: false\n", encoding="utf-8")
+    proc = snakemake(workflow_dir, "-n", "--configfile", str(overlay), check=False)
+    assert proc.stderr.strip().splitlines()[0] == f"configuration error: config/config.yaml with {overlay} is invalid:"
     debug = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workflow_dir),
                             "--cores", "1", "-n"], capture_output=True, text=True, timeout=120, env={**os.environ, "ANDREA_DEBUG": "1"})
     assert debug.returncode != 0 and "did you mean `max_steps`" in debug.stderr and "Failed validating" in debug.stderr

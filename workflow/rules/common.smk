@@ -58,8 +58,10 @@ def stage_config(stage, profile):
         k: {f: x for f, x in v.items() if f not in drop}
         for k, v in pc["sources"].items()
     }
+    # prep_megachat: data_profile and hermes3 name the key to fix and the Hermes-3 copy in the
+    # empty-source error (andrea.megachat.empty_source_message)
     keys = {
-        "prep_megachat": ("megachat", "strict"),
+        "prep_megachat": ("megachat", "strict", "data_profile", "hermes3"),
         "train_tokenizer": ("megachat", "tokenizer"),
     }[stage]
     return {"sources": sources, **{k: pc[k] for k in keys}}
@@ -153,6 +155,8 @@ def train_partition(wildcards):
 
 
 # Which settings made a stage's version new since the last build (andrea.versions.version_changes):
-# Snakemake itself can only show the two hashes.
-for _line in version_changes(config, PROFILES):
-    print(f"changed since the last build: {_line}", file=sys.stderr)
+# Snakemake itself can only show the two hashes. Said once, by the main process (a job on a
+# cluster node parses this file again).
+if workflow.is_main_process:
+    for _line in version_changes(config, PROFILES):
+        print(f"changed since the last build: {_line}", file=sys.stderr)
