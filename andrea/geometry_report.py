@@ -179,8 +179,7 @@ def plot_attention(m: dict, k: int, out: Path) -> Path:
     fig = plt.figure(figsize=(W, Hf))
     ax = fig.add_axes([left / W, bottom / Hf, 1 - (left + right) / W, 1 - (bottom + top) / Hf])
     cax = fig.add_axes([1 - 0.45 / W, bottom / Hf, 0.12 / W, min(2.5, Hf - bottom - top) / Hf])
-    cmap = plt.get_cmap("viridis").copy()
-    cmap.set_bad("white")
+    cmap = plt.get_cmap("viridis").with_extremes(bad="white")
     im = ax.imshow(img, cmap=cmap, norm=PowerNorm(0.5, vmin=0, vmax=1), interpolation="nearest", aspect="equal")
     toks = m["tokens"]
     ax.set_yticks([l * (n + gap) + i for l in range(L) for i in range(n)], [toks[i] for _ in range(L) for i in range(n)], fontsize=fs)
