@@ -330,10 +330,14 @@ def cmd_dashboard(args) -> int:
     if args.run_dir is None:
         if not args.model:
             raise ValueError("give a run directory, or --model to use that model's latest run")
-        run_dir = find_run_dir(_config(args)["results_dir"], args.model)
+        cfg = _config(args)
+        run_dir = find_run_dir(cfg["results_dir"], args.model)
     else:
         run_dir = args.run_dir
-    server = make_server(run_dir, args.host, args.port)
+        cfg = _config(args) if args.config.exists() else None  # a run directory needs no config
+    # the source families of the ternary view of the bandit's walk: the geometry's (geometry.families);
+    # without a config the page draws the radial view alone
+    server = make_server(run_dir, args.host, args.port, families=cfg["geometry"]["families"] if cfg else None)
     print(f"dashboard for {run_dir}: http://{args.host}:{server.server_address[1]}/  (Ctrl-C to stop)", flush=True)
     try:
         server.serve_forever()

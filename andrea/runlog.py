@@ -742,7 +742,7 @@ class RunLog:
 
     def _meta(self) -> dict:
         return {"n_steps": self.n_train, "last": self.last, "steps_done": self.last_step + 1, "speed": self.speed(),
-                "behind_bytes": self.behind, "malformed": self.malformed}
+                "behind_bytes": self.behind, "malformed": self.malformed, "focus": list(self.focus or [])}
 
     def speed(self) -> dict:
         """The run's tokens/s over the wall time of its steps (`tokens_per_s`), and over that plus
