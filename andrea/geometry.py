@@ -27,6 +27,7 @@ andrea/geometry_report.py for the plots and the page.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -45,7 +46,7 @@ from andrea.model import ModelConfig, init_weights, n_params, param_layout
 from andrea.runlog import _lines_backwards, read_run_log
 from andrea.sampling import chat_prompt
 from andrea.shards import Shard
-from andrea.tokenizer import BOS, FIRST_SEGMENT, N_BYTES, HarrisTokenizer, load_segments_file
+from andrea.tokenizer import BOS, N_BYTES, HarrisTokenizer, load_segments_file
 
 log = logging.getLogger("andrea.geometry")
 
@@ -107,7 +108,8 @@ def trajectory(run: Run) -> list[tuple[str, int, object]]:
     are rebuilt from the run's seed (andrea.model.init_weights, as the engine drew them), which
     tests/test_geometry.py checks against the validation the trainer recorded at step 0."""
     n = n_params(run.cfg)
-    out: list[tuple[str, int, object]] = [("init", 0, lambda: init_weights(run.cfg, run.seed, np.float32))]
+    init = functools.cache(lambda: init_weights(run.cfg, run.seed, np.float32))  # drawn once: ~2 s at 120M
+    out: list[tuple[str, int, object]] = [("init", 0, init)]
     if run.run_dir is not None:
         for p in sorted((run.run_dir / "checkpoints").glob("step_*.bin")):
             m = STEP_CKPT.search(p.name)
@@ -269,16 +271,6 @@ def attention_probs(engine: Engine) -> list[np.ndarray]:
     return [be.to_host(be.attn_probs(A.layer(l).qkv, A.layer(l).att_lse)) for l in range(engine.cfg.n_layer)]
 
 
-def attention_output(engine: Engine, l: int) -> np.ndarray:
-    """The attention output y [B, T, d] the forward pass computed in layer l, in fp32 on the host."""
-    return engine.be.to_host(engine.A.layer(l).att_y).astype(np.float32)
-
-
-def value_heads(engine: Engine, l: int) -> np.ndarray:
-    """v of layer l as [B, H, T, D] fp32 on the host."""
-    return engine.be.to_host(engine.be.qkv_heads(engine.A.layer(l).qkv)[2]).astype(np.float32)
-
-
 def prompt_maps(run: Run, prompts: list[str], backend: str, precision: str, mcfg: dict | None) -> list[dict]:
     """Every layer's and head's attention probabilities over each prompt (rendered as a chat turn,
     led by BOS, cut to the context). The prompts run as one batch padded at the end with BOS: a
@@ -302,24 +294,24 @@ def prompt_maps(run: Run, prompts: list[str], backend: str, precision: str, mcfg
     return out
 
 
-def head_summary(P: np.ndarray, tokens: np.ndarray) -> dict[str, np.ndarray]:
-    """Per head, means over the query positions i ≥ 1 (position 0 can only attend to itself) of a
-    batch's probabilities P [B, H, T, T] over token IDs [B, T]: entropy (nats), distance attended
-    Σ_j P_ij·(i − j), and the shares on BOS, on the previous token (j = i − 1) and on itself.
-    Returns sums over the rows (divide by `rows`), so batches add up."""
+def head_summary(P, tokens, xp=np) -> dict:
+    """Per head, sums over the query positions i ≥ 1 (position 0 can only attend to itself) of a
+    batch's probabilities P [B, H, T, T] over token IDs [B, T] (arrays of the module `xp`: on the
+    GPU the T × T rows never leave it): entropy (nats), distance attended Σ_j P_ij·(i − j), and
+    the shares on BOS, on the previous token (j = i − 1) and on itself, each [H] on the host;
+    `rows` counts the rows summed (divide by it for the means), so batches add up."""
     B, H, T, _ = P.shape
-    i = np.arange(T)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        plogp = np.where(P > 0, P * np.log(np.where(P > 0, P, 1.0)), 0.0)
-    ent = -plogp.sum(-1)  # [B, H, T]
+    i = xp.arange(T)
+    safe = xp.where(P > 0, P, 1.0)
+    ent = -(P * xp.log(safe)).sum(-1)  # [B, H, T]; 0·log 0 = 0
     dist = i * P.sum(-1) - P @ i.astype(P.dtype)  # Σ_j P_ij·(i − j)
-    bos = np.einsum("bhij,bj->bhi", P, (tokens == BOS).astype(P.dtype))
-    prev = np.zeros((B, H, T), P.dtype)
-    prev[:, :, 1:] = P[:, :, i[1:], i[1:] - 1]
+    bos = xp.einsum("bhij,bj->bhi", P, xp.asarray(tokens == BOS, dtype=P.dtype))
+    prev = P[:, :, i[1:], i[1:] - 1]  # [B, H, T - 1]
     diag = P[:, :, i, i]
-    rows = slice(1, None)
-    return {"entropy": ent[:, :, rows].sum((0, 2)), "distance": dist[:, :, rows].sum((0, 2)), "bos": bos[:, :, rows].sum((0, 2)),
-            "previous": prev[:, :, rows].sum((0, 2)), "self": diag[:, :, rows].sum((0, 2)), "rows": B * (T - 1)}
+    host = lambda a: np.asarray(a.get() if hasattr(a, "get") else a, np.float64)  # noqa: E731
+    return {"entropy": host(ent[:, :, 1:].sum((0, 2))), "distance": host(dist[:, :, 1:].sum((0, 2))),
+            "bos": host(bos[:, :, 1:].sum((0, 2))), "previous": host(prev.sum((0, 2))), "self": host(diag[:, :, 1:].sum((0, 2))),
+            "rows": B * (T - 1)}
 
 
 def attention_summary(engine: Engine, es: EvalSet, n_windows: int) -> dict:
@@ -334,8 +326,10 @@ def attention_summary(engine: Engine, es: EvalSet, n_windows: int) -> dict:
         keep = min(engine.B, len(pick) - s)
         w = es.windows[idx].astype(np.int64)
         engine.forward(w[:, :-1], w[:, 1:])
-        for l, P in enumerate(attention_probs(engine)):
-            h = head_summary(P[:keep].astype(np.float64), w[:keep, :-1])
+        be, xp = engine.be, engine.xp
+        for l in range(L):  # one layer's probabilities at a time, where the engine's buffers are
+            P = be.attn_probs(engine.A.layer(l).qkv, engine.A.layer(l).att_lse)[:keep]
+            h = head_summary(P, xp.asarray(w[:keep, :-1]), xp)
             for k in acc:
                 acc[k][l] += h[k]
             rows[l] += h["rows"]
