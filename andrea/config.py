@@ -314,7 +314,7 @@ def train_settings(config: dict, model: str) -> dict:
 
 
 def geometry_settings(config: dict, model: str) -> dict:
-    """A model's effective geometry settings (design §10.7): the geometry section (its defaults
+    """A model's effective geometry settings (design §10.6): the geometry section (its defaults
     filled in by load_config) with geometry.per_model.<model> over it, key by key (a key given there
     replaces the whole value: a families map is not merged)."""
     g = config.get("geometry")

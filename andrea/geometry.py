@@ -1,4 +1,4 @@
-"""The geometry of a run (design §10.7): every part of a trained model read as geometry, after the
+"""The geometry of a run (design §10.6): every part of a trained model read as geometry, after the
 original's companion "the geometry of ANDREA". Four views, each a function of a trained model's
 ckpt directory, its run directory and its shards:
 
