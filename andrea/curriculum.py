@@ -103,7 +103,7 @@ class Bandit:
                      for k, a in arms.items()}
         self.rng = np.random.default_rng([seed, 0xBA4D17])
         self.phase_end = 0  # first step of the next phase
-        self.phase_start = 0  # first step of this phase (the loss log's "phase": where the walk turns)
+        self.phase_start: int | None = 0  # first step of this phase (the loss log's "phase": where the walk turns)
         self.focus: list[str] = []
         self.raw: dict[str, float | None] = {k: None for k in self.arms}
         self.weights = {k: 0.0 for k in self.arms}
@@ -242,7 +242,7 @@ class Bandit:
         policy changed between a stop and a resume applies from the resume on."""
         self.rng.bit_generator.state = st["rng"]
         self.phase_end = st["phase_end"]
-        self.phase_start = st.get("phase_start", 0)  # states written before 2026-12-02 lack it
+        self.phase_start = st.get("phase_start")  # None in states written before 2026-12-02: not known until the next phase
         self.focus = list(st["focus"])
         self.raw = {k: st["raw"].get(k) for k in self.arms}
         self.total_pulls = st["total_pulls"]

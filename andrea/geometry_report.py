@@ -172,8 +172,7 @@ def plot_attention(m: dict, k: int, out: Path) -> Path:
             blk = P[l, h].astype(float).copy()
             blk[np.triu_indices(n, 1)] = np.nan  # the future: not a probability, left blank
             img[l * (n + gap) : l * (n + gap) + n, h * (n + gap) : h * (n + gap) + n] = blk
-    cell = 0.16 if n * max(L, H) < 200 else 0.11
-    fs = 7 if cell > 0.12 else 5
+    cell, fs = 0.15, 7  # inches a token, points a label: readable at the image's own size (the page scrolls it)
     left, right, bottom, top = 1.1, 1.2, 0.9, 0.35  # inches: query labels; layer labels and the colour bar; key labels
     W, Hf = left + right + H * (n + gap) * cell, bottom + top + L * (n + gap) * cell
     fig = plt.figure(figsize=(W, Hf))
@@ -361,7 +360,9 @@ def write_page(out: dict, figs: dict[str, tuple[str, Path]], d: Path) -> None:
 
 def _img(path: Path, title: str) -> str:
     b64 = base64.b64encode(path.read_bytes()).decode("ascii")
-    return f"<img class='plot' alt='{html.escape(title)}' src='data:image/png;base64,{b64}'>"
+    img = f"<img class='plot' alt='{html.escape(title)}' src='data:image/png;base64,{b64}'>"
+    # an attention mosaic at its own size, scrolled sideways, so that its tokens stay readable
+    return f"<div class='wide'>{img}</div>" if path.name.startswith("attention_") and path.name != "attention_heads.png" else img
 
 
 def _table(header: list[str], rows: list[list]) -> str:
@@ -377,7 +378,7 @@ def page(out: dict, figs: dict[str, tuple[str, Path]]) -> str:
              "<style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
              "table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ddd;padding:.25em .5em;text-align:left}"
              ".caption{color:#444;font-size:.93em;max-width:60em}img{max-width:100%}h2{margin-top:1.6em}"
-             "code{background:#f3f3f3;padding:0 .2em}</style></head><body>",
+             "code{background:#f3f3f3;padding:0 .2em}.wide{overflow-x:auto}.wide img{max-width:none}</style></head><body>",
              f"<h1>Geometry of {e(out['model'])} at step {out['step']}</h1>",
              f"<p>Forward passes on {e(out['backend'])}/{e(out['precision'])} ({e(out['backend_reason'])}). "
              f"Views: {e(', '.join(out['views']))}. Time: " + e(", ".join(f"{k} {v} s" for k, v in secs.items())) + ".</p>"]
@@ -391,7 +392,7 @@ def page(out: dict, figs: dict[str, tuple[str, Path]]) -> str:
     emb = out.get("embedding")
     if emb:
         fig("embedding")
-        kinds = ", ".join(f"{n:,} {k}s" if not k.endswith("s") else f"{n:,} {k}" for k, n in emb["kinds"].items())
+        kinds = ", ".join(f"{n:,} {k}" + ("" if n == 1 or k == "BOS" else "s") for k, n in emb["kinds"].items())
         note = "" if emb["word_marks"] else (" This tokenizer's file predates the whole-word mark, so no token is shown as a "
                                              "whole word: run the train_tokenizer stage again to have it.")
         parts.append(f"<p class='caption'>{e(kinds)}; {emb['unused_ids']:,} unused IDs left out.{e(note)}</p>")

@@ -261,8 +261,9 @@ def cut_word(w: str, sv: Counter, pv: Counter, min_variety: int, min_piece: int)
 
 def learn_segments(texts: list[str], n_segments: int, tcfg: dict) -> tuple[list[tuple[str, int]], dict, set[str]]:
     """The N best segments of `texts` with their counts, statistics for the report, and which of
-    the segments are whole words: a word of letters (with its leading space where it has one)
-    that the sample holds as a chunk of its own, not only as a piece of longer words."""
+    the segments are whole words: a word of letters that the sample holds as a chunk of its own
+    after a space (with the space, or without it where it also occurs so), not only as a piece of
+    longer words."""
     chunks: Counter = Counter()
     for t in texts:
         chunks.update(CHUNK.findall(t))
@@ -302,7 +303,10 @@ def learn_segments(texts: list[str], n_segments: int, tcfg: dict) -> tuple[list[
         "candidates": len(useful),
     }
     ranked = ranked[:n_segments]
-    whole = {seg for seg, _ in ranked if seg in chunks and LETTERS.fullmatch(seg.lstrip(" "))}
+    # a word chunk led by a space, or one also seen so (a word at a line's start): "re" of "you're"
+    # and "th" of "4th" are chunks of their own too, but never words after a space
+    whole = {seg for seg, _ in ranked if seg in chunks and LETTERS.fullmatch(seg.lstrip(" "))
+             and (seg.startswith(" ") or " " + seg in chunks)}
     return ranked, stats, whole
 
 

@@ -223,6 +223,10 @@ def test_the_stage_writes_its_views_numbers_and_page(trained):
     simplex = pd.read_parquet(d / "simplex.parquet")
     assert len(simplex) >= 2 and simplex["warmup"].iloc[0] and not simplex["warmup"].iloc[-1]  # curriculum warm-up 60 steps
     assert np.allclose(np.hypot(simplex["x"], simplex["y"]) <= 1 + 1e-9, True)
+    # the trainer marks every phase in loss.jsonl: each point starts where the one before ends, at a re-plan
+    assert doc["simplex"]["marks_phases"] and simplex["start"].iloc[0] == 0 and (simplex["start"].iloc[1:].values == simplex["end"].iloc[:-1].values).all()
+    lengths = np.diff(np.append(simplex["start"].values[simplex["start"].values < 60], 60))  # to the warm-up's end, a re-plan
+    assert set(lengths[:-1]) <= set(cfg["curriculum"]["phase_lengths"])
     pngs = sorted(p.name for p in (d / "plots").glob("*.png"))
     assert pngs == ["attention_0.png", "attention_1.png", "attention_heads.png", "embedding.png", "embedding_checkpoints.png",
                     "interpolation.png", "simplex.png", "simplex_focus.png", "surface.png"]
