@@ -323,8 +323,8 @@ def head_summary(P, tokens, xp=np) -> dict:
 
 
 def attention_summary(engine: Engine, es: EvalSet, n_windows: int) -> dict:
-    """head_summary over the first n_windows held-out windows of `es` (spread over its sources),
-    every layer: {stat: [L, H]}, means per query position."""
+    """head_summary over n_windows held-out windows of `es` (spread over its sources), every layer,
+    one layer's probabilities at a time: {stat: [L, H]}, means per query position."""
     pick = spread(len(es), n_windows)
     L, H = engine.cfg.n_layer, engine.cfg.n_head
     acc = {k: np.zeros((L, H)) for k in ("entropy", "distance", "bos", "previous", "self")}

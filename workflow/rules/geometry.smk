@@ -25,7 +25,8 @@ rule geometry:
         gpu=train_resources,
         slurm_partition=train_partition,
         runtime=60,
-        mem_mb=8000,
+        # the initial weights in float64, two directions and a checkpoint on the host: ~10 GB at 480M
+        mem_mb=16000,
     params:
         geometry=lambda wildcards: geometry_settings(config, wildcards.model),
         prompts=lambda wildcards: geometry_prompts(
