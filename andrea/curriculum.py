@@ -103,6 +103,7 @@ class Bandit:
                      for k, a in arms.items()}
         self.rng = np.random.default_rng([seed, 0xBA4D17])
         self.phase_end = 0  # first step of the next phase
+        self.phase_start: int | None = 0  # first step of this phase (the loss log's "phase": where the walk turns)
         self.focus: list[str] = []
         self.raw: dict[str, float | None] = {k: None for k in self.arms}
         self.weights = {k: 0.0 for k in self.arms}
@@ -127,6 +128,7 @@ class Bandit:
         active = self.active(step)
         if not active:
             raise ValueError(f"step {step}: no source with documents is active (check warmup_sources and the shards)")
+        self.phase_start = step
         self.phase_end = step + int(self.rng.choice(self.c.phase_lengths))
         dice = self.c.focus_dice_warmup if step < self.c.warmup_steps else self.c.focus_dice
         k = int(self.rng.integers(1, dice + 1))
@@ -220,6 +222,7 @@ class Bandit:
             "seed": self.seed,
             "rng": self.rng.bit_generator.state,
             "phase_end": self.phase_end,
+            "phase_start": self.phase_start,
             "focus": self.focus,
             "raw": self.raw,
             "weights": self.weights,
@@ -239,6 +242,7 @@ class Bandit:
         policy changed between a stop and a resume applies from the resume on."""
         self.rng.bit_generator.state = st["rng"]
         self.phase_end = st["phase_end"]
+        self.phase_start = st.get("phase_start")  # None in states written before 2026-12-02: not known until the next phase
         self.focus = list(st["focus"])
         self.raw = {k: st["raw"].get(k) for k in self.arms}
         self.total_pulls = st["total_pulls"]

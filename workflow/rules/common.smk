@@ -3,7 +3,12 @@ import re
 import sys
 from pathlib import Path
 
-from andrea.config import HERMES3_PARTS, train_settings
+from andrea.config import (
+    HERMES3_PARTS,
+    geometry_prompts,
+    geometry_settings,
+    train_settings,
+)
 from andrea.fetch import wanted
 from andrea.profiles import model_profile, profile_config, used_profiles
 from andrea.records import embedded_location
