@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from andrea.config_schema import STATIC_MODES  # noqa: F401 (the baselines: weights that never learn)
 from andrea.settings import CurriculumSettings
 
 
@@ -99,7 +100,6 @@ def epoch_penalty(lifetime_pulls: int, n_docs: int) -> float:
 
 
 MODES = ("bandit", "proportional", "uniform", "fixed", "exp3_loss", "heldout_progress")
-STATIC_MODES = ("proportional", "uniform", "fixed")  # the baselines: weights that never learn
 NEVER = 2**62  # the phase end of a mode that re-plans only at the start and where the warm-up ends
 # The curriculum settings each mode reads, beside the ones every mode reads (the warm-up and the
 # held-out documents): what a run's key hashes (key_settings), so that a setting of another mode
