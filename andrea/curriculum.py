@@ -464,7 +464,7 @@ class HeldoutProgress(Curriculum):
 
     and the weights until the next validation:
 
-        z_k = P_k / max_j |P_j|                      (0 for a source without a validation figure)
+        z_k = P_k / max_j |P_j|                      (a source without a validation figure: −1)
         π_k = (1 − K·ε) · exp(progress_sharpness·z_k) / Σ_j exp(progress_sharpness·z_j) + ε,
               ε = min(explore, 1/K)
 
@@ -501,8 +501,13 @@ class HeldoutProgress(Curriculum):
 
     def replan(self, step: int) -> None:
         active = self._active(step)
-        scale = max((abs(self.progress[k]) for k in active if self.progress[k] is not None), default=0.0)
-        z = np.array([self.progress[k] / scale if scale > 0 and self.progress[k] is not None else 0.0 for k in active])
+        known = [self.progress[k] for k in active if self.progress[k] is not None]
+        scale = max(map(abs, known), default=0.0)
+        # a source without a validation figure (too little held-out text for a window) cannot show
+        # progress: it gets the bottom of the scale, -1 (a tiny source would otherwise get a middle
+        # weight and be drawn through hundreds of epochs)
+        z = np.array([(self.progress[k] / scale if self.progress[k] is not None else -1.0) if scale > 0 else 0.0
+                      for k in active])
         pi = _softmax_mix(self.c.progress_sharpness * z, min(self.c.explore, 1.0 / len(active)))
         self.phase_end = (step // self.eval_every + 1) * self.eval_every  # the next validation's step
         self.focus = [active[int(np.argmax(pi))]] if scale > 0 else []

@@ -393,11 +393,11 @@ def test_heldout_progress_worked_by_hand():
         for i in range(n):
             h.observe(src, i, 2.0)
     h.observe_validation(100, {"a": {"bpb": 2.7}, "b": {"bpb": 2.94}})
-    # a: gained 0.3 on 30 % of the rows → 1.0; b: 0.06 on 60 % → 0.1; c: none → z 0
+    # a: gained 0.3 on 30 % of the rows → 1.0; b: 0.06 on 60 % → 0.1; c: no figure → the bottom, −1
     assert h.progress["a"] == pytest.approx(1.0) and h.progress["b"] == pytest.approx(0.1) and h.progress["c"] is None
     assert not h.replans_at(99) and h.replans_at(100)
     h.replan(100)
-    x = np.exp(2.0 * np.array([1.0, 0.1, 0.0]))
+    x = np.exp(2.0 * np.array([1.0, 0.1, -1.0]))
     pi = 0.85 * x / x.sum() + 0.05
     assert [h.weights[k] for k in "abc"] == pytest.approx(list(pi / pi.max() / (pi / pi.max()).sum()))
     assert h.focus == ["a"] and h.phase_end == 200
