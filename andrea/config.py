@@ -360,7 +360,10 @@ def study_run_config(config: dict, name: str, arm: str, seed: int) -> dict:
     entry.update(seed=seed, max_steps=study_max_steps(config, name))
     out["train"][st["model"]] = entry
     for key, field in (("floors", "floor"), ("caps", "cap")):
-        for src, value in a.get(key, {}).items():
+        values = a.get(key, {})
+        if not isinstance(values, dict):  # one number for every source
+            values = dict.fromkeys(out["sources"], values)
+        for src, value in values.items():
             out["sources"][src][field] = value
     return out
 
@@ -395,7 +398,7 @@ def check_studies(config: dict, source: str = "config") -> None:
                 fail(f"{name}.train.{key}", f"a study sets every run's {key} from its `{why}`; remove it here")
         for arm, a in st["arms"].items():
             for key in ("floors", "caps"):
-                for src in a.get(key, {}):
+                for src in a.get(key, {}) if isinstance(a.get(key), dict) else ():
                     if src not in config["sources"]:
                         fail(f"{name}.arms.{arm}.{key}.{src}", f"no source of that name{_did_you_mean(src, config['sources'])}")
         if deep_merge(train_settings(config, st["model"]), st.get("train", {}))["eval_every"] <= 0:

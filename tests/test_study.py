@@ -25,6 +25,7 @@ STUDY = {
         "flat": {"curriculum": {"background_weight": 1.0, "coverage_bonus": 0.0}},
         "uniform": {"curriculum": {"mode": "uniform"}},
         "prop": {"curriculum": {"mode": "proportional"}, "floors": {"chat": 0.0}, "caps": {"gutenberg": 0.5}},
+        "bare": {"floors": 0.0},
     },
 }
 
@@ -44,6 +45,8 @@ def test_each_run_is_the_model_under_the_study_the_arm_and_its_seed():
     assert s["curriculum"]["mode"] == "proportional" and s["curriculum"]["warmup_steps"] == 10
     assert rc["sources"]["chat"]["floor"] == 0.0 and rc["sources"]["gutenberg"]["cap"] == 0.5
     assert c["sources"]["chat"]["floor"] == 0.8  # the study's config is left as it was
+    bare = study_run_config(c, "s", "bare", 0)["sources"]  # one number: every source's floor
+    assert {v["floor"] for v in bare.values()} == {0.0} and {v["floor"] for v in c["sources"].values()} > {0.0}
     # every arm × seed is a run of its own, and the run of a floor-only arm is versioned apart too
     keys = {(a, seed): train_version(study_run_config(c, "s", a, seed), "ANDREA-tiny") for a in STUDY["arms"] for seed in (0, 1, 2)}
     assert len(set(keys.values())) == len(keys)
