@@ -1,6 +1,6 @@
 # ANDREA: grow small GPT language models from open chat data, with a learned data curriculum.
 #
-#   snakemake --cores 2                 the whole pipeline for ANDREA-tiny: data → … → audit
+#   snakemake --cores 2                 the whole pipeline for ANDREA-tiny: data → … → audit, geometry
 #   snakemake --cores 1 results/ANDREA-120M/ckpt   train a model on its data profile (real: fetched first)
 #   snakemake --cores 1 results/ANDREA-120M/ckpt --config data_profile=embedded   ... on the demo corpus
 #   snakemake --cores 2 results/ANDREA-12M/shards.json   tokenizer and shards for one model
@@ -54,6 +54,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/tokens.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/audit.smk"
+include: "workflow/rules/geometry.smk"
 include: "workflow/rules/export.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/study.smk"
@@ -68,6 +69,7 @@ rule all:
     default_target: True
     input:
         f"{RESULTS}/ANDREA-tiny/audit",
+        f"{RESULTS}/ANDREA-tiny/geometry",
         f"{RESULTS}/report/filter_shape/{PVERSIONS[QUICKSTART]['filter_shape']}.html",
         f"{RESULTS}/report/train_tokenizer/N{model_n_segments('ANDREA-tiny')}-{PVERSIONS[QUICKSTART]['train_tokenizer']}.html",
 

@@ -16,6 +16,7 @@
     andrea dashboard RUN_DIR          live loss dashboard on http://127.0.0.1:8050
     andrea sample --ckpt DIR --prompt TEXT [--samples N]   continuations from a trained model
     andrea audit --model M            stage 7: samples, judges and a report
+    andrea geometry --model M [--views V ...]   embedding space, attention maps, loss surface, the curriculum's walk
     andrea export --ckpt DIR          a trained model as a Hugging Face directory (GPT-2 layout)
     andrea shape score TEXT | -       system-prompt-shape score of a text, with its features
     andrea shape eval                 precision and recall on the labelled set: held out and in-sample
@@ -329,10 +330,14 @@ def cmd_dashboard(args) -> int:
     if args.run_dir is None:
         if not args.model:
             raise ValueError("give a run directory, or --model to use that model's latest run")
-        run_dir = find_run_dir(_config(args)["results_dir"], args.model)
+        cfg = _config(args)
+        run_dir = find_run_dir(cfg["results_dir"], args.model)
     else:
         run_dir = args.run_dir
-    server = make_server(run_dir, args.host, args.port)
+        cfg = _config(args) if args.config.exists() else None  # a run directory needs no config
+    # the source families of the ternary view of the curriculum's walk: the geometry's (geometry.families);
+    # without a config the page draws the radial view alone
+    server = make_server(run_dir, args.host, args.port, families=cfg["geometry"]["families"] if cfg else None)
     print(f"dashboard for {run_dir}: http://{args.host}:{server.server_address[1]}/  (Ctrl-C to stop)", flush=True)
     try:
         server.serve_forever()
@@ -385,6 +390,23 @@ def cmd_audit(args) -> int:
     summary = run_audit(args.ckpt or res / "ckpt", res / "shards.json", cfg["audit"], heldout_every,
                         args.out or res / "audit", cfg["megachat"])
     print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_geometry(args) -> int:
+    from andrea.config import geometry_prompts, geometry_settings
+    from andrea.geometry import run_geometry
+
+    cfg = _config(args)
+    _model_n(cfg, args.model)
+    res = Path(cfg["results_dir"]) / args.model
+    g = geometry_settings(cfg, args.model)
+    if args.backend:
+        g["backend"] = args.backend
+    out = args.out or res / "geometry"
+    r = run_geometry(args.ckpt or res / "ckpt", res / "shards.json", g, out, geometry_prompts(cfg, g), cfg["megachat"],
+                     views=args.views)
+    print(f"geometry of {r['model']} at step {r['step']} ({', '.join(r['views'])}; {r['seconds']['total']} s): {out / 'geometry.html'}")
     return 0
 
 
@@ -589,6 +611,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--ckpt", type=Path, help="default: results/<model>/ckpt")
     sp.add_argument("--out", type=Path, help="default: results/<model>/audit")
     sp.set_defaults(fn=cmd_audit)
+
+    sp = with_config(sub.add_parser("geometry", help="the geometry views of a trained model: embedding space, attention maps, "
+                                                     "loss surface, the curriculum's walk on the simplex"))
+    sp.add_argument("--model", required=True)
+    sp.add_argument("--views", nargs="+", choices=["embedding", "attention", "surface", "simplex"],
+                    help="only these views (default: geometry.views of the config)")
+    sp.add_argument("--ckpt", type=Path, help="default: results/<model>/ckpt")
+    sp.add_argument("--out", type=Path, help="default: results/<model>/geometry")
+    sp.add_argument("--backend", choices=["auto", "numpy", "cupy"], help="default: geometry.backend of the config")
+    sp.set_defaults(fn=cmd_geometry)
 
     sp = with_config(sub.add_parser("export", help="a trained model as a Hugging Face directory that transformers loads (GPT-2)"))
     sp.add_argument("--ckpt", required=True, type=Path, help="the model's ckpt directory (results/<model>/ckpt)")

@@ -314,6 +314,24 @@ def train_settings(config: dict, model: str) -> dict:
     return s
 
 
+def geometry_settings(config: dict, model: str) -> dict:
+    """A model's effective geometry settings (design §10.6): the geometry section (its defaults
+    filled in by load_config) with geometry.per_model.<model> over it, key by key (a key given there
+    replaces the whole value: a families map is not merged)."""
+    g = config.get("geometry")
+    if g is None or "views" not in g:
+        raise ConfigError("geometry settings are missing: load the config with andrea.config.load_config "
+                          "(or validate_config), which fills the schema's defaults")
+    out = {k: copy.deepcopy(v) for k, v in g.items() if k != "per_model"}
+    out.update(copy.deepcopy(g.get("per_model", {}).get(model, {})))
+    return out
+
+
+def geometry_prompts(config: dict, g: dict) -> list[str]:
+    """The attention maps' prompts for geometry settings `g`: its attention_prompts, else the audit's."""
+    return list(g["attention_prompts"]) if g["attention_prompts"] is not None else [p["prompt"] for p in config["audit"]["prompts"]]
+
+
 def deep_merge(base: dict, extra: dict) -> dict:
     out = copy.deepcopy(base)
     for k, v in extra.items():

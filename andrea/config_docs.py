@@ -58,6 +58,11 @@ def _resolve(sub: dict, schema: dict, where: str = "") -> tuple[dict, str | None
     elif mirror:
         sub = {"type": "object", "description": sub.get("description"),
                "mirror": ".".join(mirror.removeprefix("#/").split("/")[1::2])}
+    extra = sub.get("additionalProperties")
+    if isinstance(extra, dict) and "$ref" in extra:  # a map of overrides (geometry.per_model): one row
+        entry, _ = _resolve(extra, schema)
+        if "mirror" in entry:
+            sub = {**sub, "additionalProperties": entry}
     return sub, name
 
 

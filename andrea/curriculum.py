@@ -136,10 +136,10 @@ def _softmax_mix(x: np.ndarray, eps: float) -> np.ndarray:
 
 class Curriculum:
     """What every mode shares (design §5): the arms and their statistics, the warm-up, floors and
-    caps, drawing rows, attributing their losses, and the state. A mode sets the policy-free
-    weights (`raw`) at each re-plan; `raw` is on the bandit's scale, where a focus source weighs
-    1.0, so that floors and caps (in [0, 1]) mean the same in every mode: every other mode scales
-    its weights so that its heaviest active source weighs 1.0."""
+    caps, drawing rows, attributing their losses, the phases and the state. A mode sets the
+    policy-free weights (`raw`) at each re-plan (its `_plan`); `raw` is on the bandit's scale,
+    where a focus source weighs 1.0, so that floors and caps (in [0, 1]) mean the same in every
+    mode: every other mode scales its weights so that its heaviest active source weighs 1.0."""
 
     mode = ""
 
@@ -159,6 +159,7 @@ class Curriculum:
                      for k, a in arms.items()}
         self.rng = np.random.default_rng([seed, 0xBA4D17])
         self.phase_end = 0  # first step of the next phase
+        self.phase_start: int | None = 0  # first step of this phase (the loss log's "phase": where the walk turns)
         self.focus: list[str] = []
         self.raw: dict[str, float | None] = {k: None for k in self.arms}
         self.weights = {k: 0.0 for k in self.arms}
@@ -179,7 +180,13 @@ class Curriculum:
         return active
 
     def replan(self, step: int) -> None:
-        """New phase: the mode's weights from what it has observed (set `raw`, `focus`, `phase_end`)."""
+        """New phase from `step` on, in every mode: where it starts (the loss log's "phase", which
+        the geometry's walk on the simplex and the dashboard mark), then the mode's weights."""
+        self.phase_start = step
+        self._plan(step)
+
+    def _plan(self, step: int) -> None:
+        """The mode's weights from what it has observed (set `raw`, `focus`, `phase_end`)."""
         raise NotImplementedError
 
     def _set_raw(self, active: list[str], values: dict[str, float]) -> None:
@@ -273,6 +280,7 @@ class Curriculum:
             "seed": self.seed,
             "rng": self.rng.bit_generator.state,
             "phase_end": self.phase_end,
+            "phase_start": self.phase_start,
             "focus": self.focus,
             "raw": self.raw,
             "weights": self.weights,
@@ -302,6 +310,7 @@ class Curriculum:
             raise ValueError(f"the saved curriculum state is mode {saved!r}, this run's curriculum.mode is {self.mode!r}")
         self.rng.bit_generator.state = st["rng"]
         self.phase_end = st["phase_end"]
+        self.phase_start = st.get("phase_start")  # None in states written before 2026-12-02: not known until the next phase
         self.focus = list(st["focus"])
         self.raw = {k: st["raw"].get(k) for k in self.arms}
         self.total_pulls = st["total_pulls"]
@@ -332,7 +341,7 @@ class Bandit(Curriculum):
             return math.inf
         return a.mean_reward + self.c.ucb_c * math.sqrt(math.log(max(1, self.total_pulls)) / a.pulls)
 
-    def replan(self, step: int) -> None:
+    def _plan(self, step: int) -> None:
         """New phase: roll its length and focus size, pick the focus, set the weights."""
         active = self._active(step)
         self.phase_end = step + int(self.rng.choice(self.c.phase_lengths))
@@ -383,7 +392,7 @@ class StaticMix(Curriculum):
             raise ValueError(f"curriculum.mode fixed: source {name} has no weight (curriculum.weights or sources.{name}.weight)")
         return float(w)
 
-    def replan(self, step: int) -> None:
+    def _plan(self, step: int) -> None:
         active = self._active(step)
         self.phase_end = NEVER
         self.focus = []
@@ -421,7 +430,7 @@ class Exp3Loss(Curriculum):
     def _observed(self, name: str, loss: float) -> None:
         self.phase_loss[name] += loss
 
-    def replan(self, step: int) -> None:
+    def _plan(self, step: int) -> None:
         active = self._active(step)
         if self.rows_per_step:  # the phase that ends: its importance-weighted losses
             for k, total in self.phase_loss.items():
@@ -499,7 +508,7 @@ class HeldoutProgress(Curriculum):
             self.last_bpb[k] = float(bpb)
         self.rows = {k: 0 for k in self.arms}
 
-    def replan(self, step: int) -> None:
+    def _plan(self, step: int) -> None:
         active = self._active(step)
         known = [self.progress[k] for k in active if self.progress[k] is not None]
         scale = max(map(abs, known), default=0.0)

@@ -7,11 +7,11 @@ record per step,
 
     {"step", "loss", "ema", "smma", "lr", "grad_norm", "clipped", "skipped", "tokens_per_s",
      "step_s", "rows": rows in the batch, "mix": {source: rows drawn from it}, "weights": {...},
-     "focus": [...]}
+     "focus": [...], "phase": first step of the curriculum's phase}
 
-where `weights` (the bandit's source weights) and `focus` are written only when they differ from
-the ones last written (at phase boundaries) and on the first record a trainer process writes; a
-reader carries them forward. `step_s` is the step's wall time (since 2026-12-02; its tokens/s is
+where `weights` (the curriculum's source weights), `focus` and `phase` (since 2026-12-02) are written
+only when they differ from the ones last written (at phase boundaries) and on the first record a
+trainer process writes; a reader carries them forward. `step_s` is the step's wall time (since 2026-12-02; its tokens/s is
 the batch's tokens over it), without the work between steps, which has records of its own:
 `{"kind": "periodic", "step", "seconds", "eval_s", "sample_s", "ckpt_s", "replan_s"}` (the kinds
 that ran) after the work done at step `step`. Validation records, `{"kind": "eval", "step", ...}`,
@@ -57,12 +57,12 @@ class RecordCompactor:
     file: a new trainer process starts with a full record, so no reader needs an earlier file."""
 
     def __init__(self):
-        self.weights = self.focus = None
+        self.weights = self.focus = self.phase = None
 
     def dumps(self, rec: dict) -> str:
         if rec.get("kind", "train") == "train":
             rec = dict(rec)
-            for key in ("weights", "focus"):
+            for key in ("weights", "focus", "phase"):
                 if key in rec:
                     if rec[key] == getattr(self, key):
                         del rec[key]
@@ -78,6 +78,7 @@ class Expander:
     def __init__(self):
         self.weights: dict = {}
         self.focus: list = []
+        self.phase: int | None = None
 
     def __call__(self, rec: dict) -> dict:
         if rec.get("kind", "train") != "train":
@@ -85,6 +86,8 @@ class Expander:
         out = dict(rec)
         self.weights = out.setdefault("weights", self.weights)
         self.focus = out.setdefault("focus", self.focus)
+        if "phase" in out or self.phase is not None:  # logs written before 2026-12-02 have none
+            self.phase = out.setdefault("phase", self.phase)
         if "rows" in out:  # compact: the mix as counts
             rows = out.pop("rows")
             out["mix"] = {k: v / rows for k, v in out.get("mix", {}).items()}
@@ -739,7 +742,7 @@ class RunLog:
 
     def _meta(self) -> dict:
         return {"n_steps": self.n_train, "last": self.last, "steps_done": self.last_step + 1, "speed": self.speed(),
-                "behind_bytes": self.behind, "malformed": self.malformed}
+                "behind_bytes": self.behind, "malformed": self.malformed, "focus": list(self.focus or [])}
 
     def speed(self) -> dict:
         """The run's tokens/s over the wall time of its steps (`tokens_per_s`), and over that plus

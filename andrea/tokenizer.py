@@ -259,8 +259,11 @@ def cut_word(w: str, sv: Counter, pv: Counter, min_variety: int, min_piece: int)
     return pieces
 
 
-def learn_segments(texts: list[str], n_segments: int, tcfg: dict) -> tuple[list[tuple[str, int]], dict]:
-    """The N best segments of `texts` with their counts, and statistics for the report."""
+def learn_segments(texts: list[str], n_segments: int, tcfg: dict) -> tuple[list[tuple[str, int]], dict, set[str]]:
+    """The N best segments of `texts` with their counts, statistics for the report, and which of
+    the segments are whole words: a word of letters that the sample holds as a chunk of its own
+    after a space (with the space, or without it where it also occurs so), not only as a piece of
+    longer words."""
     chunks: Counter = Counter()
     for t in texts:
         chunks.update(CHUNK.findall(t))
@@ -299,7 +302,12 @@ def learn_segments(texts: list[str], n_segments: int, tcfg: dict) -> tuple[list[
         "words_cut": n_cut,
         "candidates": len(useful),
     }
-    return ranked[:n_segments], stats
+    ranked = ranked[:n_segments]
+    # a word chunk led by a space, or one also seen so (a word at a line's start): "re" of "you're"
+    # and "th" of "4th" are chunks of their own too, but never words after a space
+    whole = {seg for seg, _ in ranked if seg in chunks and LETTERS.fullmatch(seg.lstrip(" "))
+             and (seg.startswith(" ") or " " + seg in chunks)}
+    return ranked, stats, whole
 
 
 def measure(tok: HarrisTokenizer, texts: list[str]) -> dict:
@@ -371,7 +379,7 @@ def train_tokenizer(megachat_path: str | Path, out_dir: str | Path, n_segments: 
     if not sample.texts:
         raise ValueError(no_sample_reason(megachat_path, weights, sample))
     log.info("train_tokenizer: sample of %d documents, %d chars", len(sample.texts), sum(map(len, sample.texts)))
-    ranked, stats = learn_segments(sample.texts, n_segments, tcfg)
+    ranked, stats, whole = learn_segments(sample.texts, n_segments, tcfg)
     vocab = FIRST_SEGMENT + n_segments
     tok = HarrisTokenizer([s for s, _ in ranked], vocab_size=vocab)
     on_sample = measure(tok, sample.texts)
@@ -397,7 +405,8 @@ def train_tokenizer(megachat_path: str | Path, out_dir: str | Path, n_segments: 
         "tokenizer_hash": tok.hash,
         "parameters": params,
         "sample": {"sha256": sample.sha256, "documents": len(sample.texts), "chars": sum(map(len, sample.texts))},
-        "segments": [{"id": FIRST_SEGMENT + i, "text": s, "count": n} for i, (s, n) in enumerate(ranked)],
+        # word: the segment is a whole word of the sample (the geometry views colour tokens by it)
+        "segments": [{"id": FIRST_SEGMENT + i, "text": s, "count": n, "word": s in whole} for i, (s, n) in enumerate(ranked)],
     }
     write_json_atomic(out_dir / "harris_segments.json", doc)
     write_json_atomic(out_dir / "saturation.json", saturation)

@@ -214,6 +214,8 @@ class Trainer:
                       "tokens_per_step": tokens_per_step},
             "steps": {"max_steps": s.max_steps, "start": self.step, "remaining": remaining},
             "sources": {k: v.n_docs for k, v in self.shards.items()},
+            # the curriculum warm-up, which the dashboard's walk on the simplex marks
+            "curriculum": {"warmup_steps": s.curriculum.warmup_steps, "warmup_sources": list(s.curriculum.warmup_sources)},
         }
         if self.backend == "numpy":
             # before allocating anything: a model this size may not even fit, let alone finish
@@ -849,6 +851,7 @@ class Trainer:
             "rows": len(batch.rows), "mix": dict(sorted(mix.items())),  # the mix as row counts
             "weights": {k: round(v, 6) for k, v in self.bandit.weights.items()},
             "focus": list(self.bandit.focus),
+            "phase": self.bandit.phase_start,  # the first step of the curriculum's phase, in every mode (written where it changes)
         })
         done_step = res.step + 1
         if done_step % 10 == 0 or done_step == s.max_steps:

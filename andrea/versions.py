@@ -303,10 +303,12 @@ def where_results(config: dict, paths: list[str]) -> list[str]:
     lines = []
     for model in models:
         ckpt, audit, hf = results / model / "ckpt", results / model / "audit" / "report.html", results / model / "hf"
+        geometry = results / model / "geometry" / "geometry.html"
         run = _read_json(ckpt / "run.json") or {}
         found = [f"  checkpoint       {ckpt}/ (final.bin, best.bin, run.json)" if ckpt.is_dir() else "",
                  f"  run directory    {run['run_dir']}/ (train.log, loss.jsonl, checkpoints)" if run.get("run_dir") else "",
                  f"  audit report     {audit}" if audit.is_file() else "",
+                 f"  geometry         {geometry}" if geometry.is_file() else "",
                  f"  Hugging Face     {hf}/" if hf.is_dir() else ""]
         if any(found):
             lines += [f"{model}:"] + [f for f in found if f]

@@ -60,7 +60,7 @@ def test_the_reference_has_a_row_for_every_key_with_its_default():
     rows = re.findall(r"^\| `([^`]+)` \| ", doc, re.M)
     schema = load_schema()
     mirrors = [name for name, sub in schema["$defs"].items() if is_mirror(sub)]
-    assert sorted(mirrors) == ["curriculum_override", "train_override"]
+    assert sorted(mirrors) == ["curriculum_override", "geometry_override", "train_override"]
     leaves = [p for p, sub in schema_properties(schema)
               if not ("properties" in resolved(sub) and not is_mirror(resolved(sub))  # a section, not a row
                       or isinstance(sub.get("additionalProperties"), dict) and "properties" in sub["additionalProperties"])

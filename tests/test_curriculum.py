@@ -334,6 +334,41 @@ def test_state_round_trips_exactly_in_every_mode(mode):
     assert json.dumps(c2.state(), sort_keys=True) == json.dumps(c1.state(), sort_keys=True)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_marks_where_its_phases_start(mode):
+    """`phase_start` (the loss log's "phase", where the geometry's walk on the simplex turns) is the
+    step of the latest re-plan in every mode: the static modes' start and warm-up end, the
+    bandit's and exp3_loss's phase boundaries, heldout_progress's validations. A state saved before
+    the mark existed loads as unknown (None) until the next re-plan."""
+    cc = {**CC, "mode": mode, "warmup_steps": 25, "warmup_sources": ["big", "mid"], "heldout_every": 0}
+    c = make_curriculum(SPEC4, cc, seed=4, eval_every=10)
+    rng = np.random.default_rng(2)
+    starts = []
+    level = 4.0
+    for step in range(120):
+        if c.maybe_replan(step):
+            starts.append(step)
+        assert c.phase_start == starts[-1]
+        for src, doc in c.draw(8, rng):
+            c.observe(src, doc, level + float(rng.normal(0, 0.1)))
+        level -= 0.005
+        if (step + 1) % 10 == 0:
+            c.observe_validation(step + 1, {k: {"bpb": 2.0 - 0.001 * step} for k in SPEC4})
+    if mode in STATIC_MODES:
+        assert starts == [0, 25]
+    elif mode == "heldout_progress":
+        assert starts == [0, 10, 20, 25, *range(30, 120, 10)]  # every validation, and the warm-up end
+    else:
+        assert len(starts) >= 4 and 25 in starts
+    old = json.loads(json.dumps(c.state()))
+    del old["phase_start"]
+    c2 = make_curriculum(SPEC4, cc, seed=4, eval_every=10)
+    c2.load_state(old)
+    assert c2.phase_start is None
+    c2.replan(120)
+    assert c2.phase_start == 120
+
+
 def test_a_state_of_another_mode_is_refused():
     b = make_curriculum(SPEC4, {**CC, "warmup_steps": 0})
     u = make_curriculum(SPEC4, {**CC, "mode": "uniform", "warmup_steps": 0})

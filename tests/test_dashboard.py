@@ -12,14 +12,16 @@ import pytest
 
 from andrea.dashboard import MAX_POINTS, loss_series, make_server
 from andrea.io import read_run_log
+from andrea.runlog import read_records
 from test_trainer import shards, straight  # noqa: F401  (fixtures: a real run on the embedded corpus)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+FAMILIES = {"chat": ["hermes3-general", "chat", "smoltalk", "oasst"], "prose": ["gutenberg"], "reference": ["dictionary"]}
 
 
 @pytest.fixture
 def server(straight):  # noqa: F811
-    srv = make_server(straight, port=0)
+    srv = make_server(straight, port=0, families=FAMILIES)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     yield f"http://127.0.0.1:{srv.server_address[1]}", straight
@@ -111,6 +113,11 @@ def test_page_draws_the_curves_in_a_browser(server, tmp_path):
     assert "step 240/240 · loss" in dom and "tokens/s over the steps' wall time" in dom
     weights = int(re.search(r'data-weight-series="(\d+)"', body).group(1))
     assert weights >= 5  # one curve per source
+    # the curriculum's walk on the simplex: every step is shown, so one point per distinct mixture in a row
+    train = [r for r in read_records(run / "loss.jsonl") if r.get("kind", "train") == "train"]
+    mixes = [tuple(round(v, 6) for _, v in sorted(r["weights"].items())) for r in train]
+    assert f'data-simplex-points="{1 + sum(a != b for a, b in zip(mixes, mixes[1:]))}"' in body
+    assert "focus now: " in dom and "curriculum warm-up until step 60" in dom and "chat: hermes3-general, chat" in dom
     shot = tmp_path / "dashboard.png"
     subprocess.run([CHROMIUM, *flags, "--window-size=1300,1000", f"--screenshot={shot}", f"{url}/"], capture_output=True, timeout=90)
     assert shot.exists() and shot.stat().st_size > 20_000  # a page with charts, not a blank one

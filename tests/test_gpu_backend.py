@@ -1080,3 +1080,28 @@ def test_engines_of_different_precisions_train_side_by_side():
             losses[p].append(next(runs[p]))
     for p, e in engines.items():
         assert (losses[p], e.host(e.w).tobytes()) == alone[p], p
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_attention_probabilities_on_the_gpu_are_the_forward_pass_own(precision):
+    """Backend.attn_probs on the GPU (the geometry views' attention maps): rows sum to one, nothing
+    on the future, P·V equals the attention output the forward pass computed (its own flash or
+    cuDNN kernels), and P equals the NumPy engine's on the same weights."""
+    cfg = ModelConfig(vocab_size=V, d_model=128, n_head=2, n_layer=2, context=64)
+    x = RNG.integers(0, V, (2, 49))
+    ge = Engine(cfg, batch_size=2, seq_len=48, backend="cupy", precision=precision)
+    ne = Engine(cfg, batch_size=2, seq_len=48)
+    for e in (ge, ne):
+        e.forward(x[:, :-1], x[:, 1:])
+    for l in range(cfg.n_layer):
+        a = ge.A.layer(l)
+        P = ge.be.attn_probs(a.qkv, a.att_lse)
+        assert isinstance(P, cp.ndarray) and P.dtype == cp.float32 and P.shape == (2, 2, 48, 48)
+        P = h(P)
+        assert np.allclose(P.sum(-1), 1, atol=1e-3 if precision == "bf16" else 1e-5)
+        assert not np.triu(P, 1).any()
+        v = h(ge.be.qkv_heads(a.qkv)[2]).astype(np.float32)
+        y = (P @ v).transpose(0, 2, 1, 3).reshape(2, 48, 128)
+        assert rel(y, h(a.att_y).astype(np.float32)) < (2e-2 if precision == "bf16" else 1e-5)
+        ref = ne.be.attn_probs(ne.A.layer(l).qkv, ne.A.layer(l).att_lse)
+        assert np.abs(P - ref).max() < (5e-2 if precision == "bf16" else 1e-4)

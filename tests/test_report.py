@@ -89,7 +89,7 @@ def report_results(report_html: Path) -> dict:
     return json.loads(re.search(r"var results = (\{.*?\});\n", text, re.S).group(1))
 
 
-# Appended to a copy of the report: clicks through the Audit and Data categories the way a reader
+# Appended to a copy of the report: clicks through the Data, Geometry and Audit categories the way a reader
 # would, shows every result, and records on <body> what the content pane displayed for each.
 DRIVER = """<script>
 function link(text) { return Array.from(document.querySelectorAll("#app a")).find(a => a.textContent.trim() === text); }
@@ -114,11 +114,11 @@ function visit(category, done) {
   }, 600);
 }
 window.addEventListener("load", function () {
-  setTimeout(function () { visit("Data", function () { visit("Audit", function () {
+  setTimeout(function () { visit("Data", function () { visit("Geometry", function () { visit("Audit", function () {
     const report = Array.from(document.querySelectorAll("#app tbody tr")).find(r => r.querySelector("td").textContent.trim() === "report");
     report.querySelector("td:last-child a").click();  // leave the audit's own page showing
     document.body.setAttribute("data-driven", "1");
-  }); }); }, 500);
+  }); }); }); }, 500);
 });
 </script>"""
 
@@ -156,6 +156,12 @@ def test_the_quickstart_report_shows_the_audit_its_plots_and_the_data_pages(work
     assert audit_shown["report"] == "html:Audit of ANDREA-tiny"  # the audit's own page, in the report
     for plot in ("loss", "validation", "coherence_training", "scores_by_domain"):
         assert re.fullmatch(r"png:\d{3,}", audit_shown[plot]), (plot, audit_shown)  # a drawn image, hundreds of pixels wide
+    geometry_shown = attr("geometry")  # the geometry's page and every plot of it
+    assert geometry_shown["geometry"] == "html:Geometry of ANDREA-tiny"
+    for plot in ("embedding", "embedding_checkpoints", "attention_0", "attention_heads", "interpolation", "surface", "simplex",
+                 "simplex_focus"):
+        assert re.fullmatch(r"png:\d{3,}", geometry_shown[plot]), (plot, geometry_shown)
+    assert "filter-normalised" in by_name["surface.png"]["caption"] and "Procrustes" in by_name["geometry.html"]["caption"]
     data_shown = attr("data")
     assert [v for k, v in data_shown.items() if k.startswith("shape filter")][0].startswith("html:Shape filter: ")
     assert [v for k, v in data_shown.items() if k.startswith("tokenizer N1024-")][0].startswith("html:Tokenizer: N=1024")

@@ -48,6 +48,7 @@ QUICK_TRAIN = {
     "train.ANDREA-tiny.sample_tokens": 20,
     "audit.max_new_tokens": 20,
     "audit.samples_per_prompt": 1,
+    "geometry.per_model.ANDREA-tiny.surface_grid": 5,  # the quickstart's geometry, smaller: it re-runs with training
 }
 
 
@@ -58,7 +59,7 @@ def test_pipeline_runs_and_reruns_only_what_changed(workflow_dir):
     res = workflow_dir / "results"
     # the closing lines say where the model, its report and the logs are
     for line in ("ANDREA-tiny:", "  checkpoint       results/ANDREA-tiny/ckpt/", "  audit report     results/ANDREA-tiny/audit/report.html",
-                 "logs: results/logs/"):
+                 "  geometry         results/ANDREA-tiny/geometry/geometry.html", "logs: results/logs/"):
         assert any(printed.startswith(line) for printed in done.stdout.splitlines()), (line, done.stdout)
     for stage, files in {
         "pull_hermes3": ["hermes3-general.parquet", "hermes3-creative.parquet", "hermes3-roleplay.parquet", "manifest.json"],
@@ -83,6 +84,12 @@ def test_pipeline_runs_and_reruns_only_what_changed(workflow_dir):
     (tok_version,) = stage_dirs(workflow_dir, "train_tokenizer")
     assert tok_version.startswith(f"N{cfg_value(workflow_dir, 'models.ANDREA-tiny.n_segments')}-")
     assert (res / "data" / "train_tokenizer" / tok_version / "saturation.json").exists()
+    # the geometry is part of the quickstart: its page, plots, numbers, log and benchmark
+    geo = json.loads((res / "ANDREA-tiny" / "geometry" / "geometry.json").read_text())
+    assert geo["step"] == 20 and geo["views"] == ["embedding", "attention", "surface", "simplex"]
+    assert len(geo["surface"]["alpha"]) == 5 and geo["interpolation"]["nodes"][0]["difference"] == 0
+    assert len(list((res / "ANDREA-tiny" / "geometry" / "plots").glob("attention_*.png"))) == 8 + 1  # 8 prompts, the heads
+    assert (res / "logs" / "geometry" / "ANDREA-tiny.log").stat().st_size > 0 and (res / "benchmarks" / "geometry" / "ANDREA-tiny.tsv").exists()
 
     # nothing changed: nothing runs
     again = snakemake(workflow_dir)
@@ -93,6 +100,7 @@ def test_pipeline_runs_and_reruns_only_what_changed(workflow_dir):
     plan = snakemake(workflow_dir, "--dry-run")
     text = plan.stdout + plan.stderr
     assert "rule audit" in text and "rule train:" not in text and "rule encode" not in text
+    assert "rule geometry" in text  # the attention maps' prompts are the audit's
     snakemake(workflow_dir)
     assert json.loads((res / "ANDREA-tiny" / "audit" / "summary.json").read_text())["samples"] == 1
 

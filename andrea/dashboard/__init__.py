@@ -1,7 +1,9 @@
 """Live loss dashboard: `andrea dashboard RUN_DIR` serves a page on localhost that asks for the
 run's files every few seconds and plots them with Chart.js (vendored in static/, MIT licence):
 loss (raw, EMA, SMMA), validation bits per byte (overall and per source), learning rate, gradient
-norm, the bandit's source weights over time, and the latest samples with their coherence scores.
+norm, the bandit's source weights over time and as a walk on the simplex of sources (the radial
+projection and the ternary plot of three source families, as andrea/geometry.py draws them after
+the run, here from the same incremental series), and the latest samples with their coherence scores.
 Its status line counts steps as the train log does (`step 500/500`: `steps_done`) and gives the
 run's tokens over its steps' wall time, with and without the work between them (RunLog.speed).
 
@@ -96,8 +98,10 @@ def loss_series(run_dir: Path) -> dict:
     return json.loads(LossData(Path(run_dir) / "loss.jsonl", poll_bytes=None).response())
 
 
-def overview(run_dir: Path) -> dict:
-    out = {"run_dir": str(run_dir)}
+def overview(run_dir: Path, families: dict | None = None) -> dict:
+    """The plan, a few fields of the run's state, and the source families of the walk on the
+    simplex (geometry.families of the config; None: the ternary plot is not drawn)."""
+    out = {"run_dir": str(run_dir), "families": families}
     for name in ("plan.json", "state.json"):
         p = run_dir / name
         if p.exists():
@@ -109,8 +113,8 @@ def overview(run_dir: Path) -> dict:
 
 
 class Handler(BaseHTTPRequestHandler):
-    def __init__(self, *args, run_dir: Path, loss: LossData, **kwargs):
-        self.run_dir, self.loss = run_dir, loss
+    def __init__(self, *args, run_dir: Path, loss: LossData, families: dict | None = None, **kwargs):
+        self.run_dir, self.loss, self.families = run_dir, loss, families
         super().__init__(*args, **kwargs)
 
     def log_message(self, fmt, *args):  # quiet: the terminal belongs to the user
@@ -142,18 +146,20 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(self.loss.response(lo, hi), "application/json")
         data = {
             "/data/samples": lambda: read_jsonl(self.run_dir / "samples.jsonl")[-20:],
-            "/data/overview": lambda: overview(self.run_dir),
+            "/data/overview": lambda: overview(self.run_dir, self.families),
         }.get(path)
         if data:
             return self._send(json.dumps(data()).encode(), "application/json")
         self._send(b"not found", "text/plain", 404)
 
 
-def make_server(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8050) -> ThreadingHTTPServer:
+def make_server(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8050, families: dict | None = None) -> ThreadingHTTPServer:
+    """`families`: the three source families of the ternary view of the curriculum's walk."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such run directory (results/<model>/runs/<key>/)")
-    return ThreadingHTTPServer((host, port), partial(Handler, run_dir=run_dir, loss=LossData(run_dir / "loss.jsonl")))
+    return ThreadingHTTPServer((host, port), partial(Handler, run_dir=run_dir, loss=LossData(run_dir / "loss.jsonl"),
+                                                     families=families))
 
 
 def find_run_dir(results: str | Path, model: str) -> Path:

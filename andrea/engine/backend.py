@@ -238,6 +238,22 @@ class Backend(abc.ABC):
     def attn_out_bwd(self, dout, y, wo, dy, dwo) -> None:
         """dy = dout·W_Oᵀ; dW_O += yᵀ·dout. dout is only read (it may be the residual stream's gradient)."""
 
+    def attn_probs(self, qkv, lse):
+        """The probabilities attn_fwd applied, P[b, h, i, j] = exp(q_i·k_j/√D − lse_i) for j ≤ i and
+        0 after, recomputed from the q, k and log-sum-exp the forward saved, as the backward pass
+        recomputes them ([B, H, T, T] fp32, a new array: for short sequences and the geometry
+        views, andrea/geometry.py; a flash forward never holds them). Written with the array
+        module over qkv_heads, so a backend on another device computes them there; the NumPy
+        backend's attn_bwd reads its own version of it."""
+        xp = self.xp
+        q, k, _ = self.qkv_heads(qkv)
+        f32 = xp.float32
+        s = xp.matmul(q.astype(f32), k.astype(f32).transpose(0, 1, 3, 2)) * f32(1.0 / math.sqrt(q.shape[-1]))
+        T = s.shape[-1]
+        s += xp.triu(xp.full((T, T), -xp.inf, dtype=f32), 1)  # key j > query i: the future
+        s -= lse.astype(f32)[..., None]
+        return xp.exp(s, out=s)
+
     def qkv_heads(self, qkv):
         """q, k, v of a qkv buffer as [B, H, T, D] views (the layout plan_buffer chose)."""
         return qkv[0], qkv[1], qkv[2]

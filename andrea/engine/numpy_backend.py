@@ -131,12 +131,20 @@ def attn_fwd(qkv, y, lse):
     y[:] = (p @ v).transpose(0, 2, 1, 3).reshape(B, T, H * D)
 
 
+def attn_probs(qkv, lse):
+    """The attention probabilities of the forward pass, P[b, h, i, j] = exp(q_i·k_j/√D − lse_i)
+    (0 for a future j), recomputed from the q, k and log-sum-exp it saved: what the backward
+    pass reads, and what the geometry views (andrea/geometry.py) show. [B, H, T, T], a new array."""
+    q, k = qkv[0], qkv[1]
+    return np.exp(_causal_scores(q, k, 1.0 / math.sqrt(q.shape[-1])) - lse[..., None])
+
+
 def attn_bwd(dy, qkv, y, lse, dqkv):
     """Gradients of q, k, v from dy[B, T, d], recomputing P = exp(S − lse)."""
     q, k, v = qkv[0], qkv[1], qkv[2]
     B, H, T, D = q.shape
     scale = 1.0 / math.sqrt(D)
-    p = np.exp(_causal_scores(q, k, scale) - lse[..., None])
+    p = attn_probs(qkv, lse)
     dyh = dy.reshape(B, T, H, D).transpose(0, 2, 1, 3)
     yh = y.reshape(B, T, H, D).transpose(0, 2, 1, 3)
     dqkv[2] = p.transpose(0, 1, 3, 2) @ dyh  # dv = Pᵀ·dy
@@ -402,6 +410,7 @@ class NumpyBackend(Backend):
     attn_qkv_bwd = staticmethod(attn_qkv_bwd)
     attn_fwd = staticmethod(attn_fwd)
     attn_bwd = staticmethod(attn_bwd)
+    attn_probs = staticmethod(attn_probs)
     attn_out_fwd = staticmethod(attn_out_fwd)
     attn_out_bwd = staticmethod(attn_out_bwd)
     mlp_fwd = staticmethod(mlp_fwd)

@@ -5,6 +5,8 @@ from pathlib import Path
 
 from andrea.config import (
     HERMES3_PARTS,
+    geometry_prompts,
+    geometry_settings,
     study_max_steps,
     study_run_config,
     train_settings,
