@@ -18,12 +18,16 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from andrea.geometry import KIND_NAMES, TRIANGLE
+# what andrea/geometry.py computes with as well (defined here, below it: geometry writes its views
+# through this module)
+KIND_NAMES = {"byte": "byte", "segment": "Harris segment", "word": "whole word", "BOS": "BOS", "unused": "unused ID"}
+TRIANGLE = np.array([[0.0, 0.0], [1.0, 0.0], [0.5, math.sqrt(3) / 2]])  # the ternary plot's vertices
 
 KIND_COLOURS = {"byte": "#9e9e9e", "segment": "#1f77b4", "word": "#d62728", "BOS": "#000000"}
 STATS = {  # the per-head summary: name, what it is
