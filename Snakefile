@@ -7,6 +7,7 @@
 #   snakemake --cores 1 filter_shape    one stage and whatever it needs
 #   snakemake --cores 1 --forcerun prep_megachat filter_shape
 #   snakemake --report report.html      after a run: the audit, its plots and the data pages in one page
+#   snakemake --cores 16 --resources gpu_share=4 study_NAME   a curriculum study (config studies:)
 #
 # Each stage writes into a directory named by a hash of its parameters and of the versions
 # upstream of it (andrea/versions.py): a changed parameter re-runs exactly that stage and the
@@ -56,6 +57,7 @@ include: "workflow/rules/audit.smk"
 include: "workflow/rules/geometry.smk"
 include: "workflow/rules/export.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/study.smk"
 
 
 QUICKSTART = model_profile(

@@ -16,7 +16,7 @@
     andrea dashboard RUN_DIR          live loss dashboard on http://127.0.0.1:8050
     andrea sample --ckpt DIR --prompt TEXT [--samples N]   continuations from a trained model
     andrea audit --model M            stage 7: samples, judges and a report
-    andrea geometry --model M [--views V ...]   embedding space, attention maps, loss surface, the bandit's walk
+    andrea geometry --model M [--views V ...]   embedding space, attention maps, loss surface, the curriculum's walk
     andrea export --ckpt DIR          a trained model as a Hugging Face directory (GPT-2 layout)
     andrea shape score TEXT | -       system-prompt-shape score of a text, with its features
     andrea shape eval                 precision and recall on the labelled set: held out and in-sample
@@ -335,7 +335,7 @@ def cmd_dashboard(args) -> int:
     else:
         run_dir = args.run_dir
         cfg = _config(args) if args.config.exists() else None  # a run directory needs no config
-    # the source families of the ternary view of the bandit's walk: the geometry's (geometry.families);
+    # the source families of the ternary view of the curriculum's walk: the geometry's (geometry.families);
     # without a config the page draws the radial view alone
     server = make_server(run_dir, args.host, args.port, families=cfg["geometry"]["families"] if cfg else None)
     print(f"dashboard for {run_dir}: http://{args.host}:{server.server_address[1]}/  (Ctrl-C to stop)", flush=True)
@@ -613,7 +613,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_audit)
 
     sp = with_config(sub.add_parser("geometry", help="the geometry views of a trained model: embedding space, attention maps, "
-                                                     "loss surface, the bandit's walk on the simplex"))
+                                                     "loss surface, the curriculum's walk on the simplex"))
     sp.add_argument("--model", required=True)
     sp.add_argument("--views", nargs="+", choices=["embedding", "attention", "surface", "simplex"],
                     help="only these views (default: geometry.views of the config)")

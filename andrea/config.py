@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from andrea.config_schema import HERMES3_PARTS, SCHEMA_PATH, ConfigError, load_schema  # noqa: F401 (re-exported)
+from andrea.config_schema import HERMES3_PARTS, SCHEMA_PATH, STATIC_MODES, ConfigError, load_schema  # noqa: F401 (re-exported)
 from andrea.hub import HUB_FORM, is_hub_location, parse_hub_location
 from andrea.io import read_document
 from andrea.profiles import (EMBEDDED, HERMES3_KEY, check_hermes3_location, check_profiles, profile_config, profile_entries,
@@ -97,6 +97,7 @@ def validate_config(config: dict, source: str = "config") -> dict:
             )
     _check_locations(config, source)
     check_profiles(config, source)
+    check_studies(config, source)
     for name in profile_names(config):
         if name != EMBEDDED:  # the sources' own locations were checked above
             _check_locations(profile_config({**config, "data_profile": None}, name), source, f"profiles.{name}: ")
@@ -339,3 +340,91 @@ def deep_merge(base: dict, extra: dict) -> dict:
         else:
             out[k] = copy.deepcopy(v)
     return out
+
+
+# ---------------------------------------------------------------------------- studies
+# A study (README, "Does the curriculum earn its keep?"; design §9.7) trains one model under several
+# curriculum settings (arms) and seeds at one token budget. Each arm × seed is a training run of
+# its own, with the config study_run_config makes: the model's settings under the study's
+# `train` and `curriculum`, the arm's curriculum, floors and caps on top, the seed, and max_steps
+# from the token budget.
+
+
+def study_tokens_per_step(config: dict, name: str) -> int:
+    """Training tokens per step of a study's runs: rows (batch_size × grad_accum × ranks) × T."""
+    st = config["studies"][name]
+    s = deep_merge(train_settings(config, st["model"]), st.get("train", {}))
+    return s["batch_size"] * s["grad_accum"] * s["ranks"] * (s["seq_len"] or config["models"][st["model"]]["context"])
+
+
+def study_max_steps(config: dict, name: str) -> int:
+    """Steps that train a study's token budget: rounded up to whole steps and up to a multiple of
+    eval_every, so that every run ends on a validation (the figures the study compares)."""
+    st = config["studies"][name]
+    every = deep_merge(train_settings(config, st["model"]), st.get("train", {}))["eval_every"]
+    steps = -(-st["tokens"] // study_tokens_per_step(config, name))
+    return -(-steps // every) * every if every > 0 else steps
+
+
+def study_run_config(config: dict, name: str, arm: str, seed: int) -> dict:
+    """The config of one run of a study: its model's train entry with the study's `train`, the
+    study's then the arm's `curriculum`, `seed` and the budget's max_steps; the arm's floors and
+    caps on the sources."""
+    st = config["studies"][name]
+    a = st["arms"][arm]
+    out = copy.deepcopy(config)
+    entry = deep_merge(out["train"].get(st["model"], {}), st.get("train", {}))
+    entry["curriculum"] = deep_merge(deep_merge(entry.get("curriculum", {}), st.get("curriculum", {})), a.get("curriculum", {}))
+    entry.update(seed=seed, max_steps=study_max_steps(config, name))
+    out["train"][st["model"]] = entry
+    for key, field in (("floors", "floor"), ("caps", "cap")):
+        values = a.get(key, {})
+        if not isinstance(values, dict):  # one number for every source
+            values = dict.fromkeys(out["sources"], values)
+        for src, value in values.items():
+            out["sources"][src][field] = value
+    return out
+
+
+def study_arm_mode(config: dict, name: str, arm: str) -> str:
+    """The curriculum.mode an arm of a study trains with."""
+    st = config["studies"][name]
+    return train_settings(study_run_config(config, name, arm, st["seeds"][0]), st["model"])["curriculum"]["mode"]
+
+
+def study_baselines(config: dict, name: str) -> list[str]:
+    """The arms a study's target comes from: `baselines`, else every arm of a static mode."""
+    st = config["studies"][name]
+    if st.get("baselines") is not None:
+        return list(st["baselines"])
+    return [a for a in st["arms"] if study_arm_mode(config, name, a) in STATIC_MODES]
+
+
+def check_studies(config: dict, source: str = "config") -> None:
+    """What the schema cannot say about `studies`: a model that exists, no seed or max_steps of
+    its own in `train` (the seeds and the budget set them), floors and caps of sources that exist,
+    baselines that are arms of a static mode, and validation (the figures a study compares)."""
+    def fail(key: str, what: str):
+        raise ConfigError(f"{source} is invalid:\n  studies.{key}: {what}")
+
+    for name, st in config.get("studies", {}).items():
+        if st["model"] not in config["models"]:
+            fail(f"{name}.model", f"no model {st['model']!r} in models ({', '.join(config['models'])})"
+                                  f"{_did_you_mean(st['model'], config['models'])}")
+        for key, why in (("seed", "seeds"), ("max_steps", "tokens")):
+            if key in st.get("train", {}):
+                fail(f"{name}.train.{key}", f"a study sets every run's {key} from its `{why}`; remove it here")
+        for arm, a in st["arms"].items():
+            for key in ("floors", "caps"):
+                for src in a.get(key, {}) if isinstance(a.get(key), dict) else ():
+                    if src not in config["sources"]:
+                        fail(f"{name}.arms.{arm}.{key}.{src}", f"no source of that name{_did_you_mean(src, config['sources'])}")
+        if deep_merge(train_settings(config, st["model"]), st.get("train", {}))["eval_every"] <= 0:
+            fail(f"{name}.train.eval_every", "a study compares validation curves: eval_every must be above 0")
+        for arm in st.get("baselines") or []:
+            if arm not in st["arms"]:
+                fail(f"{name}.baselines", f"{arm!r} is not one of its arms ({', '.join(st['arms'])})")
+            mode = study_arm_mode(config, name, arm)
+            if mode not in STATIC_MODES:
+                fail(f"{name}.baselines", f"arm {arm!r} trains with mode {mode}; a baseline is a static mode "
+                                          f"({', '.join(STATIC_MODES)})")

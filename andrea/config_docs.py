@@ -37,10 +37,12 @@ def _mirrored(sub: dict, schema: dict) -> str | None:
     return prefix if all(p["$ref"] == f"{prefix}/properties/{k}" for k, p in props.items()) else None
 
 
-def _resolve(sub: dict, schema: dict) -> tuple[dict, str | None]:
+def _resolve(sub: dict, schema: dict, where: str = "") -> tuple[dict, str | None]:
     """A property's schema with its local $refs followed (the referring schema's own keys win), and
     the $defs name. An override documents as what it mirrors: train.<model> shares the table of
-    train.defaults; a curriculum override is a row, "mapping: keys of `curriculum`"."""
+    train.defaults; a curriculum override is a row, "mapping: keys of `curriculum`", and so is a
+    training override outside `train` (a study's `train`: "mapping: keys of `train.defaults`";
+    `where`: the property's dotted path)."""
     name = None
     while "$ref" in sub:
         ref = sub["$ref"]
@@ -48,6 +50,8 @@ def _resolve(sub: dict, schema: dict) -> tuple[dict, str | None]:
             name = ref.removeprefix("#/$defs/")
         sub = {**resolve_pointer(ref, schema), **{k: v for k, v in sub.items() if k != "$ref"}}
     mirror = _mirrored(sub, schema)
+    if mirror == "#/$defs/train_settings" and where and where.split(".")[0] != "train":
+        return {"type": "object", "description": sub.get("description"), "mirror": "train.defaults"}, None
     if mirror and mirror.startswith("#/$defs/"):
         name = mirror.removeprefix("#/$defs/")
         sub = {**resolve_pointer(mirror, schema), "description": sub.get("description")}
@@ -110,14 +114,14 @@ def config_docs(schema: dict | None = None) -> str:
     def cell(value) -> str:
         return f"`{json.dumps(value, ensure_ascii=False)}`"
 
-    def table(node: dict, def_name: str | None) -> list[str]:
+    def table(node: dict, def_name: str | None, path: str = "") -> list[str]:
         train = def_name == "train_settings"
         head = ["| key | type | default | description |", "|---|---|---|---|"]
         if train:
             head = ["| key | type | default | changing it | description |", "|---|---|---|---|---|"]
         rows = []
         for key, raw in node.get("properties", {}).items():
-            sub, _ = _resolve(raw, schema)
+            sub, _ = _resolve(raw, schema, f"{path}.{key}" if path else key)
             if _is_section(sub):
                 continue
             if key in node.get("required", ()):
@@ -157,7 +161,7 @@ def config_docs(schema: dict | None = None) -> str:
                 children.append([title, schema["$defs"][name] if name else sub, name, [note]])
 
         for key, raw in node.get("properties", {}).items():
-            sub, _ = _resolve(raw, schema)
+            sub, _ = _resolve(raw, schema, f"{path}.{key}" if path else key)
             if _is_section(sub):
                 add(f"{path}.{key}" if path else key, raw, key)
             elif sub.get("type") == "array" and "properties" in sub.get("items", {}):
@@ -165,7 +169,7 @@ def config_docs(schema: dict | None = None) -> str:
         extra = node.get("additionalProperties")
         if isinstance(extra, dict) and _is_section(_resolve(extra, schema)[0]):
             add(f"{path}.{MAP_KEY_NAMES.get(path, '<name>')}", extra, None)
-        rows = table(node, def_name)
+        rows = table(node, def_name, path)
         if not rows and len(children) == 1 and path:  # a map of sections: one section for its entries
             title, sub, name, notes = children[0]
             walk(title, sub, name, sentences(description, *notes))

@@ -15,6 +15,9 @@ import yaml
 
 SCHEMA_PATH = Path(str(resources.files("andrea") / "schemas" / "config.schema.yaml"))
 HERMES3_PARTS = ("hermes3-general", "hermes3-creative", "hermes3-roleplay")
+# curriculum.mode's baselines: weights that never learn (andrea.curriculum.StaticMix); a study's
+# target comes from them (andrea.config.study_baselines)
+STATIC_MODES = ("proportional", "uniform", "fixed")
 
 
 class ConfigError(ValueError):

@@ -1,4 +1,9 @@
-"""The data bandit ("firehose", design §5): which sources the next batches come from.
+"""The curriculum (design §5): which sources the next batches come from. `curriculum.mode` picks
+how: the data bandit ("firehose", `bandit`, the default), described below; the static baselines
+it is measured against (`proportional`, `uniform`, `fixed`: StaticMix); Online Data Mixing's EXP3
+on the training loss (`exp3_loss`); EXP3-style weights from held-out progress
+(`heldout_progress`). They share the arms, the warm-up, floors and caps, drawing, attribution and
+the state (Curriculum); design §5.9 has every mode's equations.
 
 Arms are data sources. Every batch row drawn from a source is a pull; its loss is attributed back
 to the source (and the document it came from):
@@ -34,6 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from andrea.config_schema import STATIC_MODES  # noqa: F401 (the baselines: weights that never learn)
 from andrea.settings import CurriculumSettings
 
 
@@ -93,12 +99,62 @@ def epoch_penalty(lifetime_pulls: int, n_docs: int) -> float:
     return 1.0 / (1 + lifetime_pulls // max(1, n_docs))
 
 
-class Bandit:
-    def __init__(self, arms: dict[str, dict], ccfg: CurriculumSettings | Mapping, seed: int = 0):
-        """`arms`: name → {"n_docs", "floor", "cap"}; `ccfg`: a model's curriculum settings (or a
-        complete curriculum section as a mapping, e.g. load_config(...)["curriculum"])."""
+MODES = ("bandit", "proportional", "uniform", "fixed", "exp3_loss", "heldout_progress")
+NEVER = 2**62  # the phase end of a mode that re-plans only at the start and where the warm-up ends
+# The curriculum settings each mode reads, beside the ones every mode reads (the warm-up and the
+# held-out documents): what a run's key hashes (key_settings), so that a setting of another mode
+# never starts a new run
+COMMON_KEYS = ("warmup_steps", "heldout_every", "warmup_sources")
+MODE_KEYS = {
+    "bandit": ("ucb_c", "ema_alpha", "reward_scale", "phase_lengths", "focus_dice_warmup", "focus_dice",
+               "background_weight", "coverage_bonus"),
+    "proportional": (),
+    "uniform": (),
+    "fixed": ("weights",),
+    "exp3_loss": ("phase_lengths", "explore", "exp3_loss_scale"),
+    "heldout_progress": ("explore", "progress_smoothing", "progress_sharpness"),
+}
+VALIDATION_MODES = ("heldout_progress",)  # re-weighted by the trainer's validation (eval_every)
+
+
+def key_settings(c: Mapping) -> dict:
+    """The curriculum settings a run's weights depend on, for the run key (andrea.versions): its
+    mode's and the common ones. The bandit's are exactly the settings the key hashed before modes
+    existed, without `mode`, so a bandit run keeps its run directory across the upgrade."""
+    mode = c.get("mode", "bandit")
+    out = {k: c[k] for k in MODE_KEYS[mode] + COMMON_KEYS if k in c}
+    if mode != "bandit":
+        out["mode"] = mode
+    return out
+
+
+def _softmax_mix(x: np.ndarray, eps: float) -> np.ndarray:
+    """EXP3's sampling distribution: (1 − K·eps) · softmax(x) + eps."""
+    e = np.exp(x - x.max())
+    return (1.0 - len(x) * eps) * e / e.sum() + eps
+
+
+class Curriculum:
+    """What every mode shares (design §5): the arms and their statistics, the warm-up, floors and
+    caps, drawing rows, attributing their losses, the phases and the state. A mode sets the
+    policy-free weights (`raw`) at each re-plan (its `_plan`); `raw` is on the bandit's scale,
+    where a focus source weighs 1.0, so that floors and caps (in [0, 1]) mean the same in every
+    mode: every other mode scales its weights so that its heaviest active source weighs 1.0."""
+
+    mode = ""
+
+    def __init__(self, arms: dict[str, dict], ccfg: CurriculumSettings | Mapping, seed: int = 0, eval_every: int = 0):
+        """`arms`: name → {"n_docs", "floor", "cap"} (and "n_tokens", "weight" where a mode reads
+        them); `ccfg`: a model's curriculum settings (or a complete curriculum section as a
+        mapping, e.g. load_config(...)["curriculum"]); `eval_every`: the trainer's validation
+        cadence (heldout_progress re-weights at each validation)."""
         self.c = ccfg if isinstance(ccfg, CurriculumSettings) else CurriculumSettings.from_dict(ccfg)
+        if self.c.mode != self.mode:
+            raise ValueError(f"curriculum.mode is {self.c.mode!r}, but {type(self).__name__} is mode {self.mode!r}; "
+                             f"andrea.curriculum.make_curriculum builds the mode's class")
         self.seed = seed
+        self.eval_every = eval_every
+        self.spec = {k: dict(a) for k, a in arms.items()}
         self.arms = {k: Arm(k, a["n_docs"], a.get("floor", 0.0), a.get("cap", 1.0), heldout_every=self.c.heldout_every)
                      for k, a in arms.items()}
         self.rng = np.random.default_rng([seed, 0xBA4D17])
@@ -117,34 +173,27 @@ class Bandit:
         allowed = set(self.c.warmup_sources) if warm else set(self.arms)
         return [k for k, a in self.arms.items() if a.n_docs > 0 and k in allowed]
 
-    def ucb(self, name: str) -> float:
-        a = self.arms[name]
-        if a.pulls == 0:
-            return math.inf
-        return a.mean_reward + self.c.ucb_c * math.sqrt(math.log(max(1, self.total_pulls)) / a.pulls)
-
-    def replan(self, step: int) -> None:
-        """New phase: roll its length and focus size, pick the focus, set the weights."""
+    def _active(self, step: int) -> list[str]:
         active = self.active(step)
         if not active:
             raise ValueError(f"step {step}: no source with documents is active (check warmup_sources and the shards)")
+        return active
+
+    def replan(self, step: int) -> None:
+        """New phase from `step` on, in every mode: where it starts (the loss log's "phase", which
+        the geometry's walk on the simplex and the dashboard mark), then the mode's weights."""
         self.phase_start = step
-        self.phase_end = step + int(self.rng.choice(self.c.phase_lengths))
-        dice = self.c.focus_dice_warmup if step < self.c.warmup_steps else self.c.focus_dice
-        k = int(self.rng.integers(1, dice + 1))
-        # ties (e.g. several unpulled arms) broken by a seeded shuffle, not by config order
-        order = list(self.rng.permutation(len(active)))
-        ranked = sorted(range(len(active)), key=lambda i: (-self.ucb(active[i]), order[i]))
-        self.focus = [active[i] for i in ranked[:k]]
-        # the policy-free part of each weight is kept, so floors and caps changed between a
-        # stop and a resume apply from the resume on (apply_policy)
-        self.raw = {}
-        for name, a in self.arms.items():
-            if name not in active:
-                self.raw[name] = None
-                continue
-            tentative = 1.0 if name in self.focus else self.c.background_weight
-            self.raw[name] = tentative * coverage_bonus(a.coverage, self.c.coverage_bonus) * epoch_penalty(a.lifetime_pulls, a.n_train)
+        self._plan(step)
+
+    def _plan(self, step: int) -> None:
+        """The mode's weights from what it has observed (set `raw`, `focus`, `phase_end`)."""
+        raise NotImplementedError
+
+    def _set_raw(self, active: list[str], values: dict[str, float]) -> None:
+        """`raw` from a mode's weights over the active arms, scaled so that the heaviest weighs
+        1.0 (the bandit's scale, on which floors and caps apply); then the policy."""
+        top = max(values[k] for k in active)
+        self.raw = {k: ((values[k] / top if top > 0 else 0.0) if k in active else None) for k in self.arms}
         self.apply_policy()
 
     def apply_policy(self) -> None:
@@ -214,11 +263,20 @@ class Bandit:
             a.seen[doc] = True
             a.n_seen += 1
         self.total_pulls += 1
+        self._observed(name, float(loss))
         return reward
+
+    def _observed(self, name: str, loss: float) -> None:
+        """A mode's own bookkeeping of one row's loss (none for the bandit and the static modes)."""
+
+    def observe_validation(self, step: int, sources: Mapping[str, Mapping]) -> None:
+        """The trainer's validation at `step` (andrea.evaluation.summarise's `sources`: per source
+        its "loss" and "bpb" on held-out documents); only heldout_progress reads it."""
 
     # ------------------------------------------------------------------ state
     def state(self) -> dict:
         return {
+            "mode": self.mode,
             "seed": self.seed,
             "rng": self.rng.bit_generator.state,
             "phase_end": self.phase_end,
@@ -235,11 +293,21 @@ class Bandit:
                 }
                 for k, a in self.arms.items()
             },
+            **({"mode_state": self._mode_state()} if self.mode != "bandit" else {}),
         }
+
+    def _mode_state(self) -> dict:
+        return {}
+
+    def _load_mode_state(self, st: dict) -> None:
+        pass
 
     def load_state(self, st: dict) -> None:
         """Restore a saved state. Floors, caps and curriculum settings stay as configured now, so a
         policy changed between a stop and a resume applies from the resume on."""
+        saved = st.get("mode", "bandit")  # states written before modes existed are the bandit's
+        if saved != self.mode:
+            raise ValueError(f"the saved curriculum state is mode {saved!r}, this run's curriculum.mode is {self.mode!r}")
         self.rng.bit_generator.state = st["rng"]
         self.phase_end = st["phase_end"]
         self.phase_start = st.get("phase_start")  # None in states written before 2026-12-02: not known until the next phase
@@ -257,4 +325,217 @@ class Bandit:
             bits = np.frombuffer(base64.b64decode(s["seen"]), dtype=np.uint8)
             a.seen = np.unpackbits(bits)[: a.n_docs].astype(bool)
             a.n_seen = int(a.seen.sum())
+        self._load_mode_state(st.get("mode_state", {}))
         self.apply_policy()
+
+
+class Bandit(Curriculum):
+    """`mode: bandit`, design §5 as the original had it: UCB1 over each source's loss
+    improvements picks a focus for phases of 7–42 steps (the module docstring)."""
+
+    mode = "bandit"
+
+    def ucb(self, name: str) -> float:
+        a = self.arms[name]
+        if a.pulls == 0:
+            return math.inf
+        return a.mean_reward + self.c.ucb_c * math.sqrt(math.log(max(1, self.total_pulls)) / a.pulls)
+
+    def _plan(self, step: int) -> None:
+        """New phase: roll its length and focus size, pick the focus, set the weights."""
+        active = self._active(step)
+        self.phase_end = step + int(self.rng.choice(self.c.phase_lengths))
+        dice = self.c.focus_dice_warmup if step < self.c.warmup_steps else self.c.focus_dice
+        k = int(self.rng.integers(1, dice + 1))
+        # ties (e.g. several unpulled arms) broken by a seeded shuffle, not by config order
+        order = list(self.rng.permutation(len(active)))
+        ranked = sorted(range(len(active)), key=lambda i: (-self.ucb(active[i]), order[i]))
+        self.focus = [active[i] for i in ranked[:k]]
+        # the policy-free part of each weight is kept, so floors and caps changed between a
+        # stop and a resume apply from the resume on (apply_policy)
+        self.raw = {}
+        for name, a in self.arms.items():
+            if name not in active:
+                self.raw[name] = None
+                continue
+            tentative = 1.0 if name in self.focus else self.c.background_weight
+            self.raw[name] = tentative * coverage_bonus(a.coverage, self.c.coverage_bonus) * epoch_penalty(a.lifetime_pulls, a.n_train)
+        self.apply_policy()
+
+
+class StaticMix(Curriculum):
+    """The baselines (`proportional`, `uniform`, `fixed`): weights that never learn. Each source's
+    base weight — its tokens (proportional), 1 (uniform), or its configured weight (fixed:
+    curriculum.weights, else sources.<name>.weight) — is scaled so that the heaviest active
+    source weighs 1.0, then floors and caps apply as in every mode (Curriculum). Re-planned at
+    the start and where the warm-up ends (the active set changes), never otherwise."""
+
+    def __init__(self, arms: dict[str, dict], ccfg: CurriculumSettings | Mapping, seed: int = 0, eval_every: int = 0):
+        c = ccfg if isinstance(ccfg, CurriculumSettings) else CurriculumSettings.from_dict(ccfg)
+        if c.mode not in STATIC_MODES:
+            raise ValueError(f"StaticMix is the static modes ({', '.join(STATIC_MODES)}), not {c.mode!r}")
+        self.mode = c.mode
+        super().__init__(arms, c, seed, eval_every)
+        self.base = {k: self._base(k) for k in self.arms}
+
+    def _base(self, name: str) -> float:
+        a = self.spec[name]
+        if self.mode == "uniform":
+            return 1.0
+        if self.mode == "proportional":
+            if "n_tokens" not in a:
+                raise ValueError(f"curriculum.mode proportional weighs sources by their tokens, but source {name} has no n_tokens")
+            return float(a["n_tokens"])
+        configured = self.c.weights or {}
+        w = configured.get(name, a.get("weight"))
+        if w is None:
+            raise ValueError(f"curriculum.mode fixed: source {name} has no weight (curriculum.weights or sources.{name}.weight)")
+        return float(w)
+
+    def _plan(self, step: int) -> None:
+        active = self._active(step)
+        self.phase_end = NEVER
+        self.focus = []
+        self._set_raw(active, self.base)
+
+
+class Exp3Loss(Curriculum):
+    """`mode: exp3_loss`: Online Data Mixing (Albalak et al. 2023), EXP3 with the training loss as
+    the reward, with an exploration floor. Per phase (the bandit's phase lengths: re-weighting
+    only at phase boundaries keeps the next batch drawn ahead), for each active source k drawn
+    with probability p_k (the weights after floors and caps) in rows of n per step:
+
+        R_k += Σ(row losses of k in the phase) / (exp3_loss_scale · p_k · n)   importance-weighted,
+                                                       per step: an unbiased estimate of k's loss
+        η_t = min(1/K, sqrt(ln K / (K·t)))             t: the step; K: active sources
+        ε_t = min(1/K, max(explore, η_t))              the exploration floor
+        π_k = (1 − K·ε_t) · exp(η_{t'}·R_k) / Σ_j exp(η_{t'}·R_j) + ε_t      t': the previous re-plan
+
+    A source's loss stands for what is left to learn in it: the higher, the more it is drawn.
+    A source that becomes active (the warm-up ends) starts at the mean R of the others."""
+
+    mode = "exp3_loss"
+
+    def __init__(self, arms: dict[str, dict], ccfg: CurriculumSettings | Mapping, seed: int = 0, eval_every: int = 0):
+        super().__init__(arms, ccfg, seed, eval_every)
+        self.reward = {k: None for k in self.arms}  # R_k, None until the source is first active
+        self.eta_prev: float | None = None
+        self.phase_loss = {k: 0.0 for k in self.arms}
+        self.rows_per_step = 0
+
+    def draw(self, n_rows: int, rng: np.random.Generator) -> list[tuple[str, int]]:
+        self.rows_per_step = n_rows
+        return super().draw(n_rows, rng)
+
+    def _observed(self, name: str, loss: float) -> None:
+        self.phase_loss[name] += loss
+
+    def _plan(self, step: int) -> None:
+        active = self._active(step)
+        if self.rows_per_step:  # the phase that ends: its importance-weighted losses
+            for k, total in self.phase_loss.items():
+                if self.weights[k] > 0 and self.reward[k] is not None:
+                    self.reward[k] += total / (self.c.exp3_loss_scale * self.weights[k] * self.rows_per_step)
+        self.phase_loss = {k: 0.0 for k in self.arms}
+        known = [self.reward[k] for k in active if self.reward[k] is not None]
+        for k in active:
+            if self.reward[k] is None:
+                self.reward[k] = float(np.mean(known)) if known else 0.0
+        K = len(active)
+        eta = min(1.0 / K, math.sqrt(math.log(K) / (K * max(1, step))))
+        eps = min(1.0 / K, max(self.c.explore, eta))
+        rate = eta if self.eta_prev is None else self.eta_prev
+        pi = _softmax_mix(np.array([rate * self.reward[k] for k in active]), eps)
+        self.eta_prev = eta
+        self.phase_end = step + int(self.rng.choice(self.c.phase_lengths))
+        self.focus = [active[int(np.argmax(pi))]]
+        self._set_raw(active, dict(zip(active, pi.tolist())))
+
+    def _mode_state(self) -> dict:
+        return {"reward": self.reward, "eta_prev": self.eta_prev, "phase_loss": self.phase_loss,
+                "rows_per_step": self.rows_per_step}
+
+    def _load_mode_state(self, st: dict) -> None:
+        self.reward = {k: st["reward"].get(k) for k in self.arms}
+        self.eta_prev = st["eta_prev"]
+        self.phase_loss = {k: st["phase_loss"].get(k, 0.0) for k in self.arms}
+        self.rows_per_step = st["rows_per_step"]
+
+
+class HeldoutProgress(Curriculum):
+    """`mode: heldout_progress`: weights from each source's progress on its own held-out documents
+    (the trainer's validation, every eval_every steps), per share of the rows it was given. At
+    validation v, for each source k with a validation figure:
+
+        g_k = bpb_k(v−1) − bpb_k(v)                  held-out bits per byte gained (negative: worse)
+        u_k = g_k / max(s_k, explore)                per share s_k of the rows drawn since v−1
+        P_k ← (1 − progress_smoothing)·P_k + progress_smoothing·u_k     (the first u_k sets P_k)
+
+    and the weights until the next validation:
+
+        z_k = P_k / max_j |P_j|                      (a source without a validation figure: −1)
+        π_k = (1 − K·ε) · exp(progress_sharpness·z_k) / Σ_j exp(progress_sharpness·z_j) + ε,
+              ε = min(explore, 1/K)
+
+    Held-out progress is what the study measures, and bits per byte weigh every source alike
+    whatever its tokenizer; a source being memorised (its training loss still falling, its
+    held-out loss rising) loses weight instead of gaining it."""
+
+    mode = "heldout_progress"
+
+    def __init__(self, arms: dict[str, dict], ccfg: CurriculumSettings | Mapping, seed: int = 0, eval_every: int = 0):
+        super().__init__(arms, ccfg, seed, eval_every)
+        if eval_every <= 0:
+            raise ValueError("curriculum.mode heldout_progress re-weights the sources at every validation: "
+                             "set train.eval_every > 0")
+        self.last_bpb: dict[str, float] = {}
+        self.progress: dict[str, float | None] = {k: None for k in self.arms}
+        self.rows = {k: 0 for k in self.arms}  # rows drawn from each source since the last validation
+
+    def _observed(self, name: str, loss: float) -> None:
+        self.rows[name] += 1
+
+    def observe_validation(self, step: int, sources: Mapping[str, Mapping]) -> None:
+        total = sum(self.rows.values())
+        for k, v in sources.items():
+            bpb = v.get("bpb") if isinstance(v, Mapping) else None
+            if k not in self.arms or bpb is None:
+                continue
+            if k in self.last_bpb and total:
+                u = (self.last_bpb[k] - bpb) / max(self.rows[k] / total, self.c.explore)
+                p = self.progress[k]
+                self.progress[k] = u if p is None else (1 - self.c.progress_smoothing) * p + self.c.progress_smoothing * u
+            self.last_bpb[k] = float(bpb)
+        self.rows = {k: 0 for k in self.arms}
+
+    def _plan(self, step: int) -> None:
+        active = self._active(step)
+        known = [self.progress[k] for k in active if self.progress[k] is not None]
+        scale = max(map(abs, known), default=0.0)
+        # a source without a validation figure (too little held-out text for a window) cannot show
+        # progress: it gets the bottom of the scale, -1 (a tiny source would otherwise get a middle
+        # weight and be drawn through hundreds of epochs)
+        z = np.array([(self.progress[k] / scale if self.progress[k] is not None else -1.0) if scale > 0 else 0.0
+                      for k in active])
+        pi = _softmax_mix(self.c.progress_sharpness * z, min(self.c.explore, 1.0 / len(active)))
+        self.phase_end = (step // self.eval_every + 1) * self.eval_every  # the next validation's step
+        self.focus = [active[int(np.argmax(pi))]] if scale > 0 else []
+        self._set_raw(active, dict(zip(active, pi.tolist())))
+
+    def _mode_state(self) -> dict:
+        return {"last_bpb": self.last_bpb, "progress": self.progress, "rows": self.rows}
+
+    def _load_mode_state(self, st: dict) -> None:
+        self.last_bpb = {k: v for k, v in st["last_bpb"].items() if k in self.arms}
+        self.progress = {k: st["progress"].get(k) for k in self.arms}
+        self.rows = {k: st["rows"].get(k, 0) for k in self.arms}
+
+
+def make_curriculum(arms: dict[str, dict], ccfg: CurriculumSettings | Mapping, seed: int = 0,
+                    eval_every: int = 0) -> Curriculum:
+    """The curriculum of `ccfg.mode` (Bandit, StaticMix, Exp3Loss or HeldoutProgress)."""
+    c = ccfg if isinstance(ccfg, CurriculumSettings) else CurriculumSettings.from_dict(ccfg)
+    cls = {"bandit": Bandit, "exp3_loss": Exp3Loss, "heldout_progress": HeldoutProgress}.get(c.mode, StaticMix)
+    if c.mode not in MODES:
+        raise ValueError(f"curriculum.mode: unknown mode {c.mode!r}; the modes are {', '.join(MODES)}")
+    return cls(arms, c, seed, eval_every)

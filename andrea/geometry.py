@@ -30,7 +30,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 import re
 import time
 from dataclasses import dataclass
@@ -38,9 +37,11 @@ from pathlib import Path
 
 import numpy as np
 
+from andrea import geometry_report
 from andrea.checkpoint import read_weights
 from andrea.engine import Engine, resolve_backend
 from andrea.evaluation import EvalSet, build_eval_set, evaluate, prepare_batches
+from andrea.geometry_report import KIND_NAMES, TRIANGLE
 from andrea.io import atomic_dir, progress, read_document
 from andrea.model import ModelConfig, init_weights, n_params, param_layout
 from andrea.runlog import _lines_backwards
@@ -52,7 +53,6 @@ log = logging.getLogger("andrea.geometry")
 
 VIEWS = ("embedding", "attention", "surface", "simplex")
 KINDS = ("byte", "segment", "word", "BOS", "unused")  # what a token ID stands for (token_kinds)
-KIND_NAMES = {"byte": "byte", "segment": "Harris segment", "word": "whole word", "BOS": "BOS", "unused": "unused ID"}
 STEP_CKPT = re.compile(r"step_(\d+)\.bin$")
 
 
@@ -97,7 +97,7 @@ def load_run(ckpt_dir: str | Path, shards_json: str | Path) -> Run:
     run_dir = Path(meta["run_dir"]) if meta.get("run_dir") else None
     if run_dir is not None and not run_dir.is_dir():
         log.warning("%s: the run directory named in %s is not there: views that need its checkpoints and loss.jsonl "
-                    "(the trajectory, the bandit's walk) are left out", run_dir, ckpt_dir / "run.json")
+                    "(the trajectory, the curriculum's walk) are left out", run_dir, ckpt_dir / "run.json")
         run_dir = None
     return Run(meta, cfg, tok, seg_doc["segments"], meta.get("train", {}), ckpt_dir, run_dir, shards, final.weights, final.step)
 
@@ -451,7 +451,7 @@ def surface_view(ev: Evaluator, run: Run, grid: int, span: float, tokens: int, s
             "centre_loss": float(loss[grid // 2, grid // 2]) if grid % 2 else None}
 
 
-# ----------------------------------------------------------------------------- the bandit's walk
+# ----------------------------------------------------------------------------- the curriculum's walk
 def radial_vertices(n: int) -> np.ndarray:
     """The N vertices of the radial projection: evenly on the unit circle, the first at the top,
     clockwise."""
@@ -466,8 +466,6 @@ def radial_coords(W: np.ndarray) -> np.ndarray:
     W = W / np.maximum(W.sum(axis=1, keepdims=True), 1e-300)
     return W @ radial_vertices(W.shape[1])
 
-
-TRIANGLE = np.array([[0.0, 0.0], [1.0, 0.0], [0.5, math.sqrt(3) / 2]])  # the ternary plot's vertices
 
 
 def ternary_coords(W: np.ndarray, sources: list[str], families: dict[str, list[str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -575,8 +573,6 @@ def run_geometry(ckpt_dir: str | Path, shards_json: str | Path, g: dict, out_dir
     geometry.json, the Parquet tables, plots/*.png and geometry.html (andrea/geometry_report.py).
     `g`: a model's effective geometry settings (andrea.config.geometry_settings); `prompts`: the
     attention maps' prompts (g["attention_prompts"], else the audit's)."""
-    from andrea import geometry_report
-
     t_start = time.perf_counter()
     views = list(views or g["views"])
     unknown = [v for v in views if v not in VIEWS]

@@ -18,12 +18,16 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from andrea.geometry import KIND_NAMES, TRIANGLE
+# what andrea/geometry.py computes with as well (defined here, below it: geometry writes its views
+# through this module)
+KIND_NAMES = {"byte": "byte", "segment": "Harris segment", "word": "whole word", "BOS": "BOS", "unused": "unused ID"}
+TRIANGLE = np.array([[0.0, 0.0], [1.0, 0.0], [0.5, math.sqrt(3) / 2]])  # the ternary plot's vertices
 
 KIND_COLOURS = {"byte": "#9e9e9e", "segment": "#1f77b4", "word": "#d62728", "BOS": "#000000"}
 STATS = {  # the per-head summary: name, what it is
@@ -81,7 +85,7 @@ CAPTIONS = {
         "a flat minimum; tight or stretched ones: a sharp one. Contour levels up to the 95th percentile of "
         "the grid, so the basin stays readable."),
     "simplex": (
-        "The bandit's walk on the simplex of sources: one dot per phase (its mixture weights), joined in "
+        "The curriculum's walk on the simplex of sources: one dot per phase (its mixture weights), joined in "
         "order, coloured by the step the phase began. Left, the radial projection: each source a vertex on "
         "the circle (sources of a family side by side), a mixture the weighted mean of the vertices, so "
         "all weight on one source lands on its vertex and an even mix at the centre. Right, the ternary plot "
@@ -89,8 +93,9 @@ CAPTIONS = {
         "dots are phases of the curriculum warm-up, when only the warm-up sources are active; the large "
         "dot is the last phase. Floors keep the walk away from the vertices."),
     "simplex_focus": (
-        "The focus set of every phase (the sources the bandit chose by UCB, weight 1 before the floors, "
-        "caps and bonuses), along the steps; the shaded band is the curriculum warm-up. Each change of "
+        "The focus set of every phase (the bandit's: the sources it chose by UCB, weight 1 before the "
+        "floors, caps and bonuses; exp3_loss's and heldout_progress's: the heaviest source; a static "
+        "mode has none), along the steps; the shaded band is the curriculum warm-up. Each change of "
         "colour along a row is a phase boundary."),
 }
 
@@ -349,7 +354,7 @@ def plots(out: dict, d: Path) -> dict[str, tuple[str, Path]]:
     if out.get("surface"):
         figs["surface"] = ("Loss surface around the final weights", plot_surface(out["surface"], where))
     if out.get("simplex"):
-        figs["simplex"] = ("The bandit's walk on the simplex of sources", plot_simplex(out["simplex"], where))
+        figs["simplex"] = ("The curriculum's walk on the simplex of sources", plot_simplex(out["simplex"], where))
         figs["simplex_focus"] = ("The focus set, phase by phase", plot_simplex_focus(out["simplex"], where))
     return figs
 

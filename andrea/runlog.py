@@ -7,9 +7,9 @@ record per step,
 
     {"step", "loss", "ema", "smma", "lr", "grad_norm", "clipped", "skipped", "tokens_per_s",
      "step_s", "rows": rows in the batch, "mix": {source: rows drawn from it}, "weights": {...},
-     "focus": [...], "phase": first step of the bandit's phase}
+     "focus": [...], "phase": first step of the curriculum's phase}
 
-where `weights` (the bandit's source weights), `focus` and `phase` (since 2026-12-02) are written
+where `weights` (the curriculum's source weights), `focus` and `phase` (since 2026-12-02) are written
 only when they differ from the ones last written (at phase boundaries) and on the first record a
 trainer process writes; a reader carries them forward. `step_s` is the step's wall time (since 2026-12-02; its tokens/s is
 the batch's tokens over it), without the work between steps, which has records of its own:

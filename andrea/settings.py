@@ -24,8 +24,9 @@ from andrea.config import ConfigError, load_schema, train_settings
 
 @dataclass(frozen=True)
 class CurriculumSettings:
-    """The data bandit's settings (the config's `curriculum` section, with a model's overrides)."""
+    """The curriculum's settings (the config's `curriculum` section, with a model's overrides)."""
 
+    mode: str
     ucb_c: float
     ema_alpha: float
     reward_scale: float
@@ -37,6 +38,11 @@ class CurriculumSettings:
     warmup_steps: int
     heldout_every: int
     warmup_sources: tuple[str, ...]
+    weights: dict | None
+    explore: float
+    exp3_loss_scale: float
+    progress_smoothing: float
+    progress_sharpness: float
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "curriculum") -> CurriculumSettings:

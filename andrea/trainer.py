@@ -62,7 +62,7 @@ from andrea.comm import from_environment, launch_info
 from andrea.config import (
     train_settings,  # noqa: F401  (re-exported: callers import it from here)
 )
-from andrea.curriculum import Bandit
+from andrea.curriculum import VALIDATION_MODES, make_curriculum
 from andrea.engine import Engine, load_backend, materialise, resolve_backend
 from andrea.evaluation import build_eval_set, evaluate, prepare_batches
 from andrea.io import atomic_dir, link_or_copy, write_json_atomic
@@ -160,11 +160,15 @@ class Trainer:
         if not self.shards:
             raise ValueError(f"{shards_json}: every shard is empty; nothing to train on")
         arms = {
-            src: {"n_docs": sh.n_docs, "floor": config["sources"].get(src, {}).get("floor", 0.0),
-                  "cap": config["sources"].get(src, {}).get("cap", 1.0)}
+            src: {"n_docs": sh.n_docs, "n_tokens": sh.n_tokens,
+                  "floor": config["sources"].get(src, {}).get("floor", 0.0),
+                  "cap": config["sources"].get(src, {}).get("cap", 1.0),
+                  "weight": config["sources"].get(src, {}).get("weight", 1.0)}
             for src, sh in self.shards.items()
         }
-        self.bandit = Bandit(arms, self.s.curriculum, seed=self.s.seed)
+        # the curriculum of curriculum.mode (design §5): the data bandit unless a baseline or another
+        # mode is asked for; `bandit` is its name throughout the trainer
+        self.bandit = make_curriculum(arms, self.s.curriculum, seed=self.s.seed, eval_every=self.s.eval_every)
         self.rng = np.random.default_rng([self.s.seed, 0xDA7A])
         self.step = 0
         self.ema = None
@@ -452,6 +456,7 @@ class Trainer:
     def validate(self) -> dict:
         """Loss on the fixed held-out set, recorded; best.bin follows the best validation loss."""
         r = evaluate(self.engine, self.eval_set, self.eval_batches)
+        self.bandit.observe_validation(self.step, r["sources"])  # heldout_progress's reward (every rank alike)
         rec = {"kind": "eval", "step": self.step, **r}
         if self.precision == "fp8":  # what this rank's fp8 casts lost so far
             c = self.engine.be.fp8_counts()
@@ -550,6 +555,9 @@ class Trainer:
                     self.eval_set = None
                 else:
                     self.eval_batches = prepare_batches(self.engine, self.eval_set)  # once: the windows are fixed
+            if self.eval_set is None and s.curriculum.mode in VALIDATION_MODES:
+                raise ValueError(f"curriculum.mode {s.curriculum.mode} re-weights the sources from the validation, but this run "
+                                 f"has none (train.eval_every {s.eval_every}, or no source with a held-out window)")
             mem = self.engine.memory_plan()
             warm = self._warmup()
             if resumed:
@@ -843,7 +851,7 @@ class Trainer:
             "rows": len(batch.rows), "mix": dict(sorted(mix.items())),  # the mix as row counts
             "weights": {k: round(v, 6) for k, v in self.bandit.weights.items()},
             "focus": list(self.bandit.focus),
-            "phase": self.bandit.phase_start,  # the first step of the bandit's phase (written where it changes)
+            "phase": self.bandit.phase_start,  # the first step of the curriculum's phase, in every mode (written where it changes)
         })
         done_step = res.step + 1
         if done_step % 10 == 0 or done_step == s.max_steps:

@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from andrea.config import train_settings
+from andrea.curriculum import VALIDATION_MODES, key_settings
 from andrea.io import write_json_atomic
 from andrea.model import ModelConfig, flops_per_token
 from andrea.profiles import default_profile, model_profile, profile_config
@@ -100,10 +101,16 @@ def train_run_key(config: dict, model: str) -> str:
     trained weights depend on — the architecture, the data (the encode stage's version, which
     covers the sources, filter and tokenizer), the training and curriculum settings and the seed —
     except `max_steps` and the bandit's floors and caps, so that raising max_steps, or changing the
-    policy between a stop and a resume (the "polish pivot"), continues the same run."""
+    policy between a stop and a resume (the "polish pivot"), continues the same run. Of the
+    curriculum settings, those its mode reads (andrea.curriculum.key_settings: `mode` itself
+    unless it is the bandit)."""
     s = train_settings(config, model)
-    for k in WATCH_KEYS + CONTINUE_KEYS:
+    # a mode re-weighted by the validation depends on its cadence and windows: kept in its key
+    watch = [k for k in WATCH_KEYS if not (s["curriculum"]["mode"] in VALIDATION_MODES and k in ("eval_every", "eval_tokens"))]
+    for k in watch + list(CONTINUE_KEYS):
         s.pop(k, None)
+    # the curriculum settings its mode reads (a bandit run's key is what it was before modes existed)
+    s["curriculum"] = key_settings(s["curriculum"])
     return _digest({"model": config["models"][model], "data": stage_versions(model_config(config, model))["encode"], "train": s})
 
 

@@ -199,3 +199,276 @@ def test_epoch_order_visits_every_training_document_once():
     docs = [d for _ in range(490 // 10) for _, d in b.draw(10, rng)]
     assert sorted(docs) == [i for i in range(500) if i % 50 != 49]  # a permutation of the training docs
     assert b.arms["s"].epoch == 0 and b.draw(1, rng) and b.arms["s"].epoch == 1
+
+
+# ---------------------------------------------------------------------------- modes (design §5.9)
+from andrea.curriculum import MODES, STATIC_MODES, make_curriculum  # noqa: E402
+
+
+def test_the_bandit_is_unchanged_by_the_modes():
+    """`mode: bandit` stays design §5 exactly: a seeded run of it (weights, focus and phase at every
+    step, and the state it ends in) digests to what it did before the other modes were added."""
+    import hashlib
+
+    spec = {"fast": {"n_docs": 300}, "flat": {"n_docs": 120, "floor": 0.3}, "slow": {"n_docs": 900, "cap": 0.6},
+            "tiny": {"n_docs": 7}}
+    b = Bandit(spec, {**CC, "warmup_steps": 100, "warmup_sources": ["fast", "flat", "tiny"], "heldout_every": 10}, seed=5)
+    rng = np.random.default_rng(3)
+    level = {"fast": 5.0, "flat": 3.0, "slow": 4.0, "tiny": 3.5}
+    rate = {"fast": 0.004, "flat": 0.0, "slow": 0.001, "tiny": 0.002}
+    h = hashlib.sha256()
+    for step in range(400):
+        b.maybe_replan(step)
+        h.update(json.dumps([step, b.weights, b.focus, b.phase_end], sort_keys=True).encode())
+        for src, doc in b.draw(8, rng):
+            level[src] = max(0.5, level[src] - rate[src])
+            b.observe(src, doc, level[src] + float(rng.normal(0, 0.01)))
+    st = b.state()
+    h.update(json.dumps([st["rng"], st["raw"], st["total_pulls"], st["arms"]], sort_keys=True).encode())
+    assert h.hexdigest() == "66361ae2560f3ade777189eeafc981c0c0a287e2adb04b672592db67f73f3d87"
+
+
+SPEC4 = {"big": {"n_docs": 400, "n_tokens": 60_000, "weight": 1.0},
+         "mid": {"n_docs": 300, "n_tokens": 30_000, "weight": 0.5},
+         "small": {"n_docs": 200, "n_tokens": 9_000, "weight": 0.2},
+         "tiny": {"n_docs": 100, "n_tokens": 1_000, "weight": 0.3}}
+
+
+@pytest.mark.parametrize("mode, expected", [
+    ("proportional", {"big": 60, "mid": 30, "small": 9, "tiny": 1}),
+    ("uniform", {"big": 1, "mid": 1, "small": 1, "tiny": 1}),
+    ("fixed", {"big": 1.0, "mid": 0.5, "small": 0.2, "tiny": 0.3}),
+])
+def test_static_modes_draw_each_source_at_its_weight(mode, expected):
+    """proportional by tokens, uniform alike, fixed by the configured weights: the weights are
+    exactly those, and the rows drawn (seeded, 40,000) fall within 4 standard deviations of them."""
+    c = make_curriculum(SPEC4, {**CC, "mode": mode, "warmup_steps": 0, "heldout_every": 0}, seed=1)
+    rng = np.random.default_rng(7)
+    counts = dict.fromkeys(SPEC4, 0)
+    n = 0
+    for step in range(500):
+        c.maybe_replan(step)
+        for src, doc in c.draw(80, rng):
+            counts[src] += 1
+            c.observe(src, doc, 2.0)
+            n += 1
+    total = sum(expected.values())
+    for k, w in expected.items():
+        p = w / total
+        assert c.weights[k] == pytest.approx(p, rel=1e-12)
+        assert abs(counts[k] - n * p) <= 4 * math.sqrt(n * p * (1 - p)), (k, counts[k], n * p)
+    assert c.focus == [] and c.phase_end > 10**12  # re-planned once: a static mix never moves
+
+
+def test_fixed_mode_reads_curriculum_weights_before_the_sources_weights():
+    c = make_curriculum(SPEC4, {**CC, "mode": "fixed", "warmup_steps": 0, "weights": {"tiny": 2.0, "big": 0.0}})
+    c.replan(0)
+    # tiny 2.0 (the heaviest: 1.0 after scaling), mid 0.5, small 0.2 from their `weight`, big 0
+    assert c.raw == pytest.approx({"big": 0.0, "mid": 0.25, "small": 0.1, "tiny": 1.0})
+    assert c.weights["big"] == 0.0 and c.weights["tiny"] == pytest.approx(1.0 / 1.35)
+
+
+def drive(c, steps, rng, start=0, rows=8):
+    """Synthetic training: each source's loss falls at its own rate; a validation every 10 steps
+    (heldout_progress reads it), in which `small` gets worse (memorised) and the others better."""
+    level = {"big": 5.0, "mid": 4.0, "small": 3.0, "tiny": 4.5}
+    held = {k: 3.0 for k in level}
+    for step in range(start, start + steps):
+        c.maybe_replan(step)
+        for src, doc in c.draw(rows, rng):
+            c.observe(src, doc, level[src] - 0.002 * step + float(rng.normal(0, 0.05)))
+        if (step + 1) % 10 == 0:
+            for k in held:
+                held[k] += 0.01 if k == "small" else -0.02 * (1 + c.weights[k])
+            c.observe_validation(step + 1, {k: {"loss": v, "bpb": v / 2} for k, v in held.items()})
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_floors_caps_and_the_warmup_hold_in_every_mode(mode):
+    spec = {k: {**v} for k, v in SPEC4.items()}
+    spec["tiny"]["floor"] = 0.6  # the least-favoured source in most modes
+    spec["big"]["cap"] = 0.3
+    cc = {**CC, "mode": mode, "warmup_steps": 40, "warmup_sources": ["big", "mid", "tiny"], "heldout_every": 0}
+    c = make_curriculum(spec, cc, seed=2, eval_every=10)
+    rng = np.random.default_rng(0)
+    level = 4.0
+    for step in range(160):
+        c.maybe_replan(step)
+        active = ["big", "mid", "tiny"] if step < 40 else list(spec)
+        total = sum(min(spec[k].get("cap", 1.0), max(spec[k].get("floor", 0.0), c.raw[k])) for k in active)
+        for k in spec:
+            if k not in active:  # the warm-up: 0 whatever its floor, never drawn
+                assert c.raw[k] is None and c.weights[k] == 0.0
+                continue
+            clipped = min(spec[k].get("cap", 1.0), max(spec[k].get("floor", 0.0), c.raw[k]))
+            assert c.weights[k] == pytest.approx(clipped / total)
+            if mode != "bandit":  # every other mode's heaviest source weighs 1 before floors and caps
+                assert 0.0 <= c.raw[k] <= 1.0
+        assert max(c.raw[k] for k in active) == pytest.approx(1.0) or mode == "bandit"
+        assert c.weights["tiny"] >= 0.6 / len(active)  # the floor, whatever the others weigh
+        drawn = c.draw(8, rng)
+        assert all(src in active for src, _ in drawn)
+        for src, doc in drawn:
+            c.observe(src, doc, level + float(rng.normal(0, 0.1)))
+        level -= 0.005
+        if (step + 1) % 10 == 0:
+            c.observe_validation(step + 1, {k: {"bpb": 2.0 - 0.001 * step} for k in spec})
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_state_round_trips_exactly_in_every_mode(mode):
+    """A state saved mid-run (as JSON, as the checkpoint holds it) and loaded into a new instance
+    continues exactly as the run that was not stopped: weights, draws, statistics."""
+    cc = {**CC, "mode": mode, "warmup_steps": 25, "warmup_sources": ["big", "mid"], "heldout_every": 0}
+    c1 = make_curriculum(SPEC4, cc, seed=11, eval_every=10)
+    r1 = np.random.default_rng(1)
+    drive(c1, 60, r1)
+    saved = json.loads(json.dumps(c1.state()))
+    c2 = make_curriculum(SPEC4, cc, seed=11, eval_every=10)
+    c2.load_state(saved)
+    assert json.dumps(c2.state(), sort_keys=True) == json.dumps(c1.state(), sort_keys=True)
+    r2 = np.random.default_rng()
+    r2.bit_generator.state = r1.bit_generator.state
+    drive(c1, 90, r1, start=60)
+    drive(c2, 90, r2, start=60)
+    assert json.dumps(c2.state(), sort_keys=True) == json.dumps(c1.state(), sort_keys=True)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_marks_where_its_phases_start(mode):
+    """`phase_start` (the loss log's "phase", where the geometry's walk on the simplex turns) is the
+    step of the latest re-plan in every mode: the static modes' start and warm-up end, the
+    bandit's and exp3_loss's phase boundaries, heldout_progress's validations. A state saved before
+    the mark existed loads as unknown (None) until the next re-plan."""
+    cc = {**CC, "mode": mode, "warmup_steps": 25, "warmup_sources": ["big", "mid"], "heldout_every": 0}
+    c = make_curriculum(SPEC4, cc, seed=4, eval_every=10)
+    rng = np.random.default_rng(2)
+    starts = []
+    level = 4.0
+    for step in range(120):
+        if c.maybe_replan(step):
+            starts.append(step)
+        assert c.phase_start == starts[-1]
+        for src, doc in c.draw(8, rng):
+            c.observe(src, doc, level + float(rng.normal(0, 0.1)))
+        level -= 0.005
+        if (step + 1) % 10 == 0:
+            c.observe_validation(step + 1, {k: {"bpb": 2.0 - 0.001 * step} for k in SPEC4})
+    if mode in STATIC_MODES:
+        assert starts == [0, 25]
+    elif mode == "heldout_progress":
+        assert starts == [0, 10, 20, 25, *range(30, 120, 10)]  # every validation, and the warm-up end
+    else:
+        assert len(starts) >= 4 and 25 in starts
+    old = json.loads(json.dumps(c.state()))
+    del old["phase_start"]
+    c2 = make_curriculum(SPEC4, cc, seed=4, eval_every=10)
+    c2.load_state(old)
+    assert c2.phase_start is None
+    c2.replan(120)
+    assert c2.phase_start == 120
+
+
+def test_a_state_of_another_mode_is_refused():
+    b = make_curriculum(SPEC4, {**CC, "warmup_steps": 0})
+    u = make_curriculum(SPEC4, {**CC, "mode": "uniform", "warmup_steps": 0})
+    with pytest.raises(ValueError, match="mode 'uniform'.*'bandit'"):
+        b.load_state(json.loads(json.dumps(u.state())))
+
+
+def test_exp3_loss_worked_by_hand():
+    """ODM's update on two sources: importance-weighted losses per step, η from the step, the
+    exploration floor."""
+    spec = {"a": {"n_docs": 100}, "b": {"n_docs": 100}}
+    c = make_curriculum(spec, {**CC, "mode": "exp3_loss", "warmup_steps": 0, "phase_lengths": [10], "explore": 0.05,
+                               "exp3_loss_scale": 10, "heldout_every": 0})
+    c.replan(0)  # nothing observed: both at R 0 → alike
+    assert c.weights == pytest.approx({"a": 0.5, "b": 0.5}) and c.phase_end == 10
+    rng = np.random.default_rng(0)
+    rows = {"a": 0, "b": 0}
+    for _ in range(10):
+        for src, doc in c.draw(4, rng):
+            rows[src] += 1
+            c.observe(src, doc, 6.0 if src == "a" else 2.0)
+    c.replan(10)
+    # R_k = Σ losses / (10 · p_k · 4 rows): a's rows sum 6·n_a, p 0.5 → 6·n_a / 20; b's 2·n_b / 20
+    ra, rb = 6.0 * rows["a"] / 20, 2.0 * rows["b"] / 20
+    assert c.reward == pytest.approx({"a": ra, "b": rb})
+    # η at step 0 was min(1/2, sqrt(ln 2 / (2·1))) = 0.5 (the rate of this update), at step 10
+    # min(1/2, sqrt(ln 2 / 20)) = 0.186; ε = max(0.05, 0.186) = 0.186
+    eta10 = math.sqrt(math.log(2) / 20)
+    e = np.exp(0.5 * np.array([ra, rb]) - 0.5 * max(ra, rb))
+    pi = (1 - 2 * eta10) * e / e.sum() + eta10
+    assert c.weights["a"] == pytest.approx(pi[0] / pi.sum()) and c.weights["a"] > 0.5
+    assert c.eta_prev == pytest.approx(eta10)
+
+
+def test_exp3_loss_favours_the_higher_loss_source_above_its_exploration_floor():
+    spec = {"hard": {"n_docs": 500}, "easy": {"n_docs": 500}, "mid": {"n_docs": 500}}
+    c = make_curriculum(spec, {**CC, "mode": "exp3_loss", "warmup_steps": 0, "explore": 0.05, "heldout_every": 0})
+    rng = np.random.default_rng(4)
+    loss = {"hard": 5.0, "easy": 1.0, "mid": 3.0}
+    for step in range(2000):
+        c.maybe_replan(step)
+        for src, doc in c.draw(8, rng):
+            c.observe(src, doc, loss[src] + float(rng.normal(0, 0.3)))
+    assert c.weights["hard"] > c.weights["mid"] > c.weights["easy"]
+    assert c.weights["easy"] >= 0.05 - 1e-12  # the exploration floor (no floors or caps here)
+
+
+def test_heldout_progress_worked_by_hand():
+    spec = {"a": {"n_docs": 100}, "b": {"n_docs": 100}, "c": {"n_docs": 100}}
+    cc = {**CC, "mode": "heldout_progress", "warmup_steps": 0, "explore": 0.05, "progress_smoothing": 0.5,
+          "progress_sharpness": 2.0, "heldout_every": 0}
+    h = make_curriculum(spec, cc, eval_every=100)
+    h.observe_validation(0, {"a": {"bpb": 3.0}, "b": {"bpb": 3.0}})  # c: no validation figure
+    h.replan(0)
+    assert h.weights == pytest.approx({"a": 1 / 3, "b": 1 / 3, "c": 1 / 3}) and h.phase_end == 100
+    for src, n in (("a", 30), ("b", 60), ("c", 10)):
+        for i in range(n):
+            h.observe(src, i, 2.0)
+    h.observe_validation(100, {"a": {"bpb": 2.7}, "b": {"bpb": 2.94}})
+    # a: gained 0.3 on 30 % of the rows → 1.0; b: 0.06 on 60 % → 0.1; c: no figure → the bottom, −1
+    assert h.progress["a"] == pytest.approx(1.0) and h.progress["b"] == pytest.approx(0.1) and h.progress["c"] is None
+    assert not h.replans_at(99) and h.replans_at(100)
+    h.replan(100)
+    x = np.exp(2.0 * np.array([1.0, 0.1, -1.0]))
+    pi = 0.85 * x / x.sum() + 0.05
+    assert [h.weights[k] for k in "abc"] == pytest.approx(list(pi / pi.max() / (pi / pi.max()).sum()))
+    assert h.focus == ["a"] and h.phase_end == 200
+    # a next validation where a got worse (memorised): −0.1 on half the rows, −0.2, and its running
+    # progress 0.5 · 1.0 + 0.5 · (−0.2) = 0.4
+    for i in range(50):
+        h.observe("a", i, 2.0)
+        h.observe("b", i, 2.0)
+    h.observe_validation(200, {"a": {"bpb": 2.8}, "b": {"bpb": 2.9}})
+    assert h.progress["a"] == pytest.approx(0.4)
+
+
+def test_heldout_progress_draws_less_of_a_source_whose_held_out_loss_rises():
+    c = make_curriculum(SPEC4, {**CC, "mode": "heldout_progress", "warmup_steps": 0, "heldout_every": 0}, eval_every=10)
+    drive(c, 300, np.random.default_rng(1))
+    assert c.weights["small"] == min(c.weights.values())
+    assert c.weights["small"] < 0.5 / len(SPEC4)
+
+
+def test_heldout_progress_needs_validation():
+    with pytest.raises(ValueError, match="eval_every > 0"):
+        make_curriculum(SPEC4, {**CC, "mode": "heldout_progress"}, eval_every=0)
+
+
+def test_the_mode_is_part_of_the_run_key_and_other_modes_settings_are_not(config):
+    from andrea.versions import train_run_key
+
+    base = train_run_key(config, "ANDREA-tiny")
+    # settings the bandit does not read leave a bandit run where it was (its run continues)
+    assert train_run_key({**config, "curriculum": {**config["curriculum"], "explore": 0.3}}, "ANDREA-tiny") == base
+    keys = {m: train_run_key({**config, "curriculum": {**config["curriculum"], "mode": m}}, "ANDREA-tiny") for m in MODES}
+    assert len(set(keys.values())) == len(MODES) and keys["bandit"] == base
+    # a static mode does not read the bandit's settings; heldout_progress reads the validation's cadence
+    uni = {**config, "curriculum": {**config["curriculum"], "mode": "uniform"}}
+    assert train_run_key({**uni, "curriculum": {**uni["curriculum"], "ucb_c": 1.0}}, "ANDREA-tiny") == keys["uniform"]
+    held = {**config, "curriculum": {**config["curriculum"], "mode": "heldout_progress"}}
+    more = {**held, "train": {**held["train"], "ANDREA-tiny": {**held["train"]["ANDREA-tiny"], "eval_every": 25}}}
+    assert train_run_key(more, "ANDREA-tiny") != keys["heldout_progress"]
+    assert STATIC_MODES == ("proportional", "uniform", "fixed")

@@ -113,7 +113,7 @@ def test_page_draws_the_curves_in_a_browser(server, tmp_path):
     assert "step 240/240 · loss" in dom and "tokens/s over the steps' wall time" in dom
     weights = int(re.search(r'data-weight-series="(\d+)"', body).group(1))
     assert weights >= 5  # one curve per source
-    # the bandit's walk on the simplex: every step is shown, so one point per distinct mixture in a row
+    # the curriculum's walk on the simplex: every step is shown, so one point per distinct mixture in a row
     train = [r for r in read_records(run / "loss.jsonl") if r.get("kind", "train") == "train"]
     mixes = [tuple(round(v, 6) for _, v in sorted(r["weights"].items())) for r in train]
     assert f'data-simplex-points="{1 + sum(a != b for a, b in zip(mixes, mixes[1:]))}"' in body

@@ -199,6 +199,30 @@ def test_sigterm_then_resume_equals_the_straight_run(shards, straight, tmp_path)
     assert without_timing(eval_lines(run)) == without_timing(eval_lines(straight))
 
 
+@pytest.mark.parametrize("mode", ["exp3_loss", "heldout_progress"])
+def test_a_learning_mode_resumes_on_its_trajectory(shards, tmp_path, mode):
+    """The modes that learn from the run (exp3_loss from the row losses, heldout_progress from the
+    validation) carry what they learned in the checkpoint: stopped by SIGTERM and resumed, a run
+    equals the one that was not stopped, weights and bandit weights step for step."""
+    cfg = write_config(tmp_path / "config.yaml", curriculum={"warmup_steps": 60, "mode": mode})
+    straight = tmp_path / "straight"
+    p = train(cfg, shards, straight)
+    assert p.returncode == 0, p.stderr[-3000:]
+    run = tmp_path / "run"
+    rc, err = interrupt(cfg, shards, run, 130)
+    assert rc == 5, err[-2000:]
+    assert 130 <= json.loads((run / "state.json").read_text())["step"] < 240
+    p = train(cfg, shards, run)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert (run / "final.bin").read_bytes() == (straight / "final.bin").read_bytes()
+    lines = loss_lines(straight)
+    assert without_timing(loss_lines(run)) == without_timing(lines)
+    # the mode moved the weights away from their start (it learned something to carry)
+    assert len({json.dumps(r["weights"], sort_keys=True) for r in lines[60:]}) > 1
+    state = json.loads((straight / "state.json").read_text())["bandit"]
+    assert state["mode"] == mode and state["mode_state"]
+
+
 def test_validation_is_recorded_and_picks_best(straight):
     evals = eval_lines(straight)
     assert [e["step"] for e in evals] == [0, 60, 120, 180, 240]

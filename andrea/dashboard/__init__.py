@@ -154,7 +154,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def make_server(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8050, families: dict | None = None) -> ThreadingHTTPServer:
-    """`families`: the three source families of the ternary view of the bandit's walk."""
+    """`families`: the three source families of the ternary view of the curriculum's walk."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such run directory (results/<model>/runs/<key>/)")

@@ -7,6 +7,8 @@ from andrea.config import (
     HERMES3_PARTS,
     geometry_prompts,
     geometry_settings,
+    study_max_steps,
+    study_run_config,
     train_settings,
 )
 from andrea.fetch import wanted
@@ -157,6 +159,42 @@ def partition(kind):
 
 def train_partition(wildcards):
     return partition("gpu" if train_resources(wildcards) else "cpu")
+
+
+# Curriculum studies (config `studies:`, workflow/rules/study.smk)
+STUDIES = config["studies"]
+
+
+def study_pattern(names):
+    return "|".join(re.escape(n) for n in names) or "(?!)"
+
+
+def study_run(wildcards):
+    """The config and model of one run of a study (andrea.config.study_run_config)."""
+    st = STUDIES[wildcards.study]
+    return (
+        study_run_config(config, wildcards.study, wildcards.arm, int(wildcards.seed)),
+        st["model"],
+    )
+
+
+def study_train_version(wildcards):
+    """What the run's result depends on (andrea.versions.train_version of its config): any change
+    re-runs it, into a run directory of that version."""
+    return train_version(*study_run(wildcards))
+
+
+def study_gpu(wildcards):
+    return 1 if train_needs_gpu(*study_run(wildcards)) else 0
+
+
+def study_ckpts(wildcards):
+    st = STUDIES[wildcards.study]
+    return [
+        f"{RESULTS}/studies/{wildcards.study}/runs/{arm}/seed{seed}/ckpt"
+        for arm in st["arms"]
+        for seed in st["seeds"]
+    ]
 
 
 # Which settings made a stage's version new since the last build (andrea.versions.version_changes):

@@ -1,6 +1,6 @@
 rule geometry:
     """The geometry of a trained model (design §10.6): its embedding space, attention maps, loss
-    surface and the bandit's walk on the simplex of sources, as plots, one page and their numbers.
+    surface and the curriculum's walk on the simplex of sources, as plots, one page and their numbers.
     Its parameters are the geometry section (the model's effective settings) and the prompts of
     its attention maps: changing them re-runs the geometry only, never training."""
     input:

@@ -1,0 +1,162 @@
+"""Curriculum studies (design §9.7): each arm × seed is a run of its own config; the study's table,
+plots and tokens-to-target figure from their validation curves; a tiny study end to end through
+Snakemake."""
+
+import json
+import math
+
+import pytest
+import yaml
+
+from andrea.config import (ConfigError, load_config, study_baselines, study_max_steps, study_run_config,
+                           train_settings)
+from andrea.study import mean_spread, summarise, tokens_to_target, weighted_bpb
+from andrea.versions import train_version
+from conftest import REPO, snakemake
+
+STUDY = {
+    "model": "ANDREA-tiny",
+    "tokens": 30_000,
+    "seeds": [0, 1, 2],
+    "train": {"eval_every": 10, "eval_tokens": 512, "sample_every": 1000},
+    "curriculum": {"warmup_steps": 10},
+    "arms": {
+        "bandit": {},
+        "flat": {"curriculum": {"background_weight": 1.0, "coverage_bonus": 0.0}},
+        "uniform": {"curriculum": {"mode": "uniform"}},
+        "prop": {"curriculum": {"mode": "proportional"}, "floors": {"chat": 0.0}, "caps": {"gutenberg": 0.5}},
+        "bare": {"floors": 0.0},
+    },
+}
+
+
+def study_config(**changes):
+    return load_config(REPO / "config" / "config.yaml", overrides={"studies": {"s": {**STUDY, **changes}}})
+
+
+def test_each_run_is_the_model_under_the_study_the_arm_and_its_seed():
+    c = study_config()
+    # ANDREA-tiny: 8 rows × 128 tokens a step; 30,000 tokens → 30 steps, a multiple of eval_every
+    assert study_max_steps(c, "s") == 30
+    assert study_max_steps(study_config(tokens=31_000), "s") == 40  # 31 steps, up to the next validation
+    rc = study_run_config(c, "s", "prop", 2)
+    s = train_settings(rc, "ANDREA-tiny")
+    assert (s["seed"], s["max_steps"], s["eval_every"], s["lr"]) == (2, 30, 10, 2.0e-3)  # lr: the model's own
+    assert s["curriculum"]["mode"] == "proportional" and s["curriculum"]["warmup_steps"] == 10
+    assert rc["sources"]["chat"]["floor"] == 0.0 and rc["sources"]["gutenberg"]["cap"] == 0.5
+    assert c["sources"]["chat"]["floor"] == 0.8  # the study's config is left as it was
+    bare = study_run_config(c, "s", "bare", 0)["sources"]  # one number: every source's floor
+    assert {v["floor"] for v in bare.values()} == {0.0} and {v["floor"] for v in c["sources"].values()} > {0.0}
+    # every arm × seed is a run of its own, and the run of a floor-only arm is versioned apart too
+    keys = {(a, seed): train_version(study_run_config(c, "s", a, seed), "ANDREA-tiny") for a in STUDY["arms"] for seed in (0, 1, 2)}
+    assert len(set(keys.values())) == len(keys)
+    assert study_baselines(c, "s") == ["uniform", "prop"]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model": "ANDREA-3M"}, "studies.s.model: no model 'ANDREA-3M'"),
+    ({"train": {"seed": 4}}, "studies.s.train.seed: a study sets every run's seed from its `seeds`"),
+    ({"train": {"max_steps": 4}}, "studies.s.train.max_steps: a study sets every run's max_steps from its `tokens`"),
+    ({"baselines": ["flat"]}, "arm 'flat' trains with mode bandit; a baseline is a static mode"),
+    ({"baselines": ["nope"]}, "'nope' is not one of its arms"),
+    ({"arms": {"a": {"floors": {"chatt": 0.1}}}}, "studies.s.arms.a.floors.chatt: no source of that name; did you mean `chat`"),
+    ({"train": {"eval_every": 0}}, "eval_every must be above 0"),
+])
+def test_a_study_that_cannot_run_is_refused_naming_the_key(change, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        study_config(**change)
+
+
+def test_a_study_arm_name_must_be_a_folder_name():
+    with pytest.raises(ConfigError, match="arms"):
+        study_config(arms={"a/b": {}})
+
+
+def test_tokens_to_target_interpolates_between_validations():
+    curve = [{"tokens": 0, "mean": 4.0}, {"tokens": 100, "mean": 3.0}, {"tokens": 200, "mean": 2.0}, {"tokens": 300, "mean": 2.2}]
+    assert tokens_to_target(curve, 2.5) == pytest.approx(150.0)
+    assert tokens_to_target(curve, 2.0) == pytest.approx(200.0)
+    assert tokens_to_target(curve, 4.5) == 0  # already there at the start
+    assert tokens_to_target(curve, 1.9) is None  # never reached
+
+
+def test_overall_figures_weigh_sources_as_documented():
+    # two sources: a big one at 1 bit/byte, a small one at 3 (nats/token and bytes/token differ)
+    src = {"big": {"loss": 2.0, "bpb": 1.0}, "small": {"loss": 6.0, "bpb": 3.0}}
+    # token-weighted by corpus tokens 99:1 → close to the big one's; exactly Σ W·nats / Σ W·nats/bpb
+    assert weighted_bpb(src, {"big": 99, "small": 1}) == pytest.approx((99 * 2 + 6) / (99 * 2 / 1 + 6 / 3))
+    assert weighted_bpb(src, {"big": 1, "small": 1}) == pytest.approx(8 / 4)
+    assert mean_spread([1.0, 3.0]) == {"mean": 2.0, "spread": pytest.approx(math.sqrt(2)), "n": 2, "values": [1.0, 3.0]}
+    assert mean_spread([2.5])["spread"] == 0.0
+
+
+def fake_run(finals: dict, budget: float, start=4.0, points=11) -> dict:
+    """A run whose every source falls linearly from `start` to its final value over the budget."""
+    curve = []
+    for i in range(points):
+        f = i / (points - 1)
+        s = {k: start + f * (v - start) for k, v in finals.items()}
+        curve.append({"step": i, "tokens": f * budget, "validation_overall": None, "mean": sum(s.values()) / len(s),
+                      "weighted": sum(s.values()) / len(s), "sources": s})
+    return {"curve": curve, "drawn": {"a": budget / 2, "b": budget / 2}, "tokens": budget, "step": points - 1, "run_dir": ""}
+
+
+def test_the_verdict_needs_the_saving_on_every_seed_and_no_source_worse():
+    c = study_config(arms={"uniform": {"curriculum": {"mode": "uniform"}}, "fast": {"curriculum": {"mode": "exp3_loss"}},
+                           "lopsided": {"curriculum": {"mode": "heldout_progress"}}})
+    budget = study_max_steps(c, "s") * 1024
+    runs = {}
+    for seed, jitter in zip((0, 1, 2), (-0.01, 0.0, 0.01)):
+        runs[("uniform", seed)] = fake_run({"a": 2.0 + jitter, "b": 2.0 - jitter}, budget)
+        # reaches 2.0 at (4 − 2.0) / (4 − 1.5) = 80 % of the budget: 20 % fewer tokens, both sources better
+        runs[("fast", seed)] = fake_run({"a": 1.5 + jitter, "b": 1.5}, budget)
+        # a better mean, bought with source b worse than the baseline by far more than its spread
+        runs[("lopsided", seed)] = fake_run({"a": 0.5, "b": 2.3 + jitter}, budget)
+    out = summarise(c, "s", runs, {"a": 1000, "b": 1000})
+    assert out["best_baseline"] == "uniform" and out["target"] == pytest.approx(2.0)
+    fast = out["arms"]["fast"]["to_target"]
+    assert fast["reached"] == 3 and fast["saving"] == pytest.approx(0.2, abs=0.01) and fast["worse_sources"] == []
+    assert fast["meets_goal"] == (fast["saving"] >= 0.2)
+    lop = out["arms"]["lopsided"]["to_target"]
+    assert lop["saving"] > 0.2 and lop["worse_sources"] == ["b"] and not lop["meets_goal"]
+    assert out["arms"]["uniform"]["final"]["mean"]["mean"] == pytest.approx(2.0)
+    assert out["arms"]["fast"]["epochs"] == {"a": pytest.approx(budget / 2 / 1000), "b": pytest.approx(budget / 2 / 1000)}
+
+
+@pytest.mark.slow
+def test_a_tiny_study_runs_end_to_end_through_snakemake(workflow_dir):
+    """2 arms × 2 seeds of ANDREA-tiny on the embedded corpus, 30 steps each, through the
+    workflow: the table, the plots, the tokens-to-target figure, and the report."""
+    study = {"model": "ANDREA-tiny", "tokens": 30_000, "seeds": [0, 1],
+             "train": {"eval_every": 10, "eval_tokens": 512, "sample_every": 1000, "checkpoint_every": 10},
+             # more held-out documents, so that several sources of the small corpus have a validation window
+             "curriculum": {"warmup_steps": 10, "heldout_every": 4},
+             "arms": {"bandit": {"description": "the data bandit as shipped"}, "uniform": {"curriculum": {"mode": "uniform"}}}}
+    overlay = workflow_dir / "study.yaml"
+    overlay.write_text(yaml.safe_dump({"sources": {"repo-docstrings": {"max_docs": 200}}, "studies": {"tiny": study}}))
+    snakemake(workflow_dir, "study_tiny", "--configfile", "config/config.yaml", str(overlay), "--cores", "2", timeout=600)
+    out = workflow_dir / "results" / "studies" / "tiny"
+    for name in ("report.html", "table.md", "summary.json", "curves.png", "sources.png", "mix.png"):
+        assert (out / name).stat().st_size > 0, name
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["best_baseline"] == "uniform" and summary["budget_tokens"] == 30 * 1024
+    assert len(summary["sources"]) >= 3 and set(summary["arms"]) == {"bandit", "uniform"}
+    for arm, a in summary["arms"].items():
+        assert a["final"]["mean"]["n"] == 2 and 0 < a["final"]["mean"]["mean"] < 8
+        assert 0 < a["final"]["weighted"]["mean"] < 8 and set(a["sources"]) == set(summary["sources"])
+        tt = a["to_target"]
+        assert tt["of"] == 2 and all(t is None or 0 <= t <= summary["budget_tokens"] for t in tt["per_seed"])
+    # the target is the baseline's mean final figure: at least one of its own seeds reaches it
+    assert summary["target"] == pytest.approx(summary["arms"]["uniform"]["final"]["mean"]["mean"])
+    assert summary["arms"]["uniform"]["to_target"]["reached"] >= 1
+    for key, curves in summary["curves"].items():
+        assert curves[0]["tokens"] == 0 and curves[-1]["tokens"] == summary["budget_tokens"], key
+        assert curves[-1]["mean"] < curves[0]["mean"]  # the runs learned
+    table = (out / "table.md").read_text()
+    assert "uniform (best baseline)" in table and "Verdict:" in table and "tokens to target" in table
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 3 and "Verdict:" in page
+    # each run trained in its own run directory, resumable; nothing left to do on a second call
+    assert len(list((out / "runs").glob("*/seed*/*/checkpoints"))) == 4
+    again = snakemake(workflow_dir, "study_tiny", "--configfile", "config/config.yaml", str(overlay))
+    assert "Nothing to be done" in again.stdout + again.stderr
