@@ -465,7 +465,8 @@ class Exp3Loss(Curriculum):
 class HeldoutProgress(Curriculum):
     """`mode: heldout_progress`: weights from each source's progress on its own held-out documents
     (the trainer's validation, every eval_every steps), per share of the rows it was given. At
-    validation v, for each source k with a validation figure:
+    validation v, for each source k with a validation figure that was drawn since v−1 (one that was
+    not, e.g. outside the warm-up, only has its bpb_k(v) recorded, its P_k left as it was):
 
         g_k = bpb_k(v−1) − bpb_k(v)                  held-out bits per byte gained (negative: worse)
         u_k = g_k / max(s_k, explore)                per share s_k of the rows drawn since v−1
@@ -501,7 +502,11 @@ class HeldoutProgress(Curriculum):
             bpb = v.get("bpb") if isinstance(v, Mapping) else None
             if k not in self.arms or bpb is None:
                 continue
-            if k in self.last_bpb and total:
+            # only a source that was drawn since the last validation has progress of its own: one
+            # left out (the warm-up) moves by transfer alone, and that gain over a share floored at
+            # `explore` would be multiplied ×1/explore and win it the mix the moment it is allowed.
+            # Its figure is still recorded, so its next gain counts from here
+            if k in self.last_bpb and total and self.rows[k] > 0:
                 u = (self.last_bpb[k] - bpb) / max(self.rows[k] / total, self.c.explore)
                 p = self.progress[k]
                 self.progress[k] = u if p is None else (1 - self.c.progress_smoothing) * p + self.c.progress_smoothing * u

@@ -472,3 +472,26 @@ def test_the_mode_is_part_of_the_run_key_and_other_modes_settings_are_not(config
     more = {**held, "train": {**held["train"], "ANDREA-tiny": {**held["train"]["ANDREA-tiny"], "eval_every": 25}}}
     assert train_run_key(more, "ANDREA-tiny") != keys["heldout_progress"]
     assert STATIC_MODES == ("proportional", "uniform", "fixed")
+
+
+def test_heldout_progress_does_not_credit_a_source_left_out_by_the_warmup():
+    """Every source improves by the same held-out amount at every validation. Those outside the
+    warm-up got no rows, so that gain is transfer, not their own progress: the weights must not
+    jump toward them when the warm-up ends (their gain over a floored share would count ×1/explore)."""
+    cc = {**CC, "mode": "heldout_progress", "warmup_steps": 30, "warmup_sources": ["big", "mid"], "heldout_every": 0,
+          "explore": 0.02}
+    spec = {k: {k2: v2 for k2, v2 in v.items() if k2 != "floor"} for k, v in SPEC4.items()}
+    c = make_curriculum(spec, cc, seed=3, eval_every=10)
+    rng = np.random.default_rng(2)
+    bpb = 3.0
+    for step in range(30):
+        c.maybe_replan(step)
+        for src, doc in c.draw(8, rng):
+            c.observe(src, doc, 3.0)
+        if (step + 1) % 10 == 0:
+            bpb -= 0.05
+            c.observe_validation(step + 1, {k: {"loss": 2 * bpb, "bpb": bpb} for k in spec})
+    assert c.progress["small"] is None and c.progress["tiny"] is None  # never drawn: no progress of their own
+    assert c.last_bpb["small"] == pytest.approx(bpb)  # but the next gain counts from their last figure
+    c.maybe_replan(30)  # the warm-up ends: every source is allowed
+    assert max(c.weights["small"], c.weights["tiny"]) <= min(c.weights["big"], c.weights["mid"]) + 1e-12
