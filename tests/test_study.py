@@ -8,7 +8,7 @@ import math
 import pytest
 import yaml
 
-from andrea.config import (ConfigError, load_config, study_baselines, study_max_steps, study_run_config,
+from andrea.config import (ConfigError, known_sources, load_config, study_baselines, study_max_steps, study_run_config,
                            train_settings)
 from andrea.study import _verdict, mean_spread, summarise, tables, tokens_to_target, weighted_bpb
 from andrea.versions import train_version
@@ -65,6 +65,33 @@ def test_each_run_is_the_model_under_the_study_the_arm_and_its_seed():
 def test_a_study_that_cannot_run_is_refused_naming_the_key(change, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         study_config(**change)
+
+
+@pytest.mark.parametrize("where", ["top", "train", "study", "arm"])
+@pytest.mark.parametrize("key, value", [("weights", {"chatt": 1.0}), ("warmup_sources", ["chat", "chatt"])])
+def test_a_misspelt_source_in_a_curriculum_is_refused_wherever_it_is(where, key, value):
+    curriculum = {key: value}
+    overrides = {"top": {"curriculum": curriculum}, "train": {"train": {"ANDREA-tiny": {"curriculum": curriculum}}},
+                 "study": {"studies": {"s": {**STUDY, "curriculum": curriculum}}},
+                 "arm": {"studies": {"s": {**STUDY, "arms": {"a": {"curriculum": curriculum}}}}}}[where]
+    key_path = {"top": "curriculum", "train": "train.ANDREA-tiny.curriculum", "study": "studies.s.curriculum",
+                "arm": "studies.s.arms.a.curriculum"}[where]
+    with pytest.raises(ConfigError, match=rf"{key_path}\.{key}: no source 'chatt' .*did you mean `chat`"):
+        load_config(REPO / "config" / "config.yaml", overrides=overrides)
+
+
+def test_a_source_of_a_data_profile_or_disabled_is_a_name_a_curriculum_may_weigh():
+    c = load_config(REPO / "config" / "config.yaml")
+    profile_only = sorted(known_sources(c) - set(c["sources"]))
+    disabled = {"sources": {"chat": {"enabled": False}}}
+    load_config(REPO / "config" / "config.yaml", overrides={**disabled, "curriculum": {"weights": {"chat": 0.5}}})
+    if profile_only:  # a source only a data profile has
+        load_config(REPO / "config" / "config.yaml", overrides={"curriculum": {"warmup_sources": profile_only[:1]}})
+
+
+def test_two_studies_with_one_workflow_target_are_refused_naming_both():
+    with pytest.raises(ConfigError, match=r"study_a_b is also study 'a-b'"):
+        load_config(REPO / "config" / "config.yaml", overrides={"studies": {"a-b": STUDY, "a_b": STUDY}})
 
 
 def test_a_study_arm_name_must_be_a_folder_name():
