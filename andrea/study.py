@@ -59,6 +59,9 @@ def read_run(ckpt_dir: str | Path, corpus_tokens: dict[str, int]) -> dict:
         run = json.loads((ckpt_dir / "run.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ValueError(f"{ckpt_dir / 'run.json'}: cannot read the run's record ({e}); train it again") from None
+    missing = [k for k in ("run_dir", "tokens_seen", "step") if k not in run] if isinstance(run, dict) else ["run_dir"]
+    if missing:
+        raise ValueError(f"{ckpt_dir / 'run.json'}: no {', '.join(map(repr, missing))} in the run's record; train it again")
     run_dir = Path(run["run_dir"])
     train, evals = read_run_log(run_dir / "loss.jsonl")
     if not evals:
@@ -124,6 +127,11 @@ def summarise(config: dict, name: str, runs: dict[tuple[str, int], dict], corpus
     seeds = list(st["seeds"])
     arms = list(st["arms"])
     budget = study_max_steps(config, name) * study_tokens_per_step(config, name)
+    for (arm, seed), r in runs.items():
+        if r["curve"][-1]["mean"] is None:
+            raise ValueError(f"study {name}: arm {arm} seed {seed} ({r['run_dir']}) has no source with a validation figure "
+                             f"at its last validation (too little held-out text for a window of eval_tokens): "
+                             f"lower curriculum.heldout_every or train.eval_tokens")
     sources = sorted({k for r in runs.values() for k in r["curve"][-1]["sources"]})
     out_arms: dict[str, dict] = {}
     for arm in arms:
@@ -371,8 +379,13 @@ def write_study(config: dict, name: str, ckpts: dict[tuple[str, int], str | Path
     """Read every run of study `name` (`ckpts`: (arm, seed) → its ckpt directory), then write
     `out`'s files: "summary" (JSON), "table" (Markdown), "curves", "sources", "mix" (PNG), "report"
     (HTML). Returns the summary."""
-    meta = json.loads(Path(shards_json).read_text(encoding="utf-8"))
-    corpus = {k: int(v["n_tokens"]) for k, v in meta["sources"].items() if v["n_tokens"] > 0}
+    try:
+        meta = json.loads(Path(shards_json).read_text(encoding="utf-8"))
+        corpus = {k: int(v["n_tokens"]) for k, v in meta["sources"].items() if v["n_tokens"] > 0}
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{shards_json}: cannot read the shards' record ({e}); build the shards again") from None
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{shards_json}: no {e} in the shards' record (sources.<name>.n_tokens); build the shards again") from None
     runs = {key: read_run(path, corpus) for key, path in ckpts.items()}
     summary = summarise(config, name, runs, corpus)
     out = {k: Path(v) for k, v in out.items()}

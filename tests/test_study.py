@@ -10,7 +10,7 @@ import yaml
 
 from andrea.config import (ConfigError, known_sources, load_config, study_baselines, study_max_steps, study_run_config,
                            train_settings)
-from andrea.study import _verdict, mean_spread, summarise, tables, tokens_to_target, weighted_bpb
+from andrea.study import _verdict, mean_spread, read_run, summarise, tables, tokens_to_target, weighted_bpb, write_study
 from andrea.versions import train_version
 from conftest import REPO, snakemake
 
@@ -196,6 +196,25 @@ def test_the_goal_needs_every_seed_to_reach_the_target_and_three_seeds():
     assert tt["reached"] == 2 and not tt["meets_goal"]
     assert out["arms"]["uniform"]["epochs"] == {"a": pytest.approx(out["budget_tokens"] / 2 / 1000),
                                                 "b": pytest.approx(out["budget_tokens"] / 2 / 1000)}
+
+
+def test_a_damaged_run_or_shards_record_is_named_with_what_is_missing(tmp_path):
+    (tmp_path / "run.json").write_text(json.dumps({"run_dir": str(tmp_path), "step": 3}))
+    with pytest.raises(ValueError, match=r"run\.json: no 'tokens_seen' in the run's record"):
+        read_run(tmp_path, {})
+    shards = tmp_path / "shards.json"
+    shards.write_text(json.dumps({"sources": {"chat": {"n_docs": 3}}}))
+    with pytest.raises(ValueError, match=r"shards\.json: no 'n_tokens' in the shards' record"):
+        write_study(study_config(), "s", {}, shards, {})
+
+
+def test_a_run_without_a_validated_source_is_named():
+    c = study_config(arms={"uniform": {"curriculum": {"mode": "uniform"}}})
+    runs = {("uniform", s): fake_run({"a": 2.0}, 1000) for s in (0, 1, 2)}
+    for p in runs[("uniform", 1)]["curve"]:
+        p.update(mean=None, sources={})
+    with pytest.raises(ValueError, match="arm uniform seed 1 .* no source with a validation figure"):
+        summarise(c, "s", runs, {"a": 1000})
 
 
 @pytest.mark.slow
