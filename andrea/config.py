@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import difflib
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -97,6 +98,7 @@ def validate_config(config: dict, source: str = "config") -> dict:
             )
     _check_locations(config, source)
     check_profiles(config, source)
+    check_curriculum_sources(config, source)
     check_studies(config, source)
     for name in profile_names(config):
         if name != EMBEDDED:  # the sources' own locations were checked above
@@ -350,10 +352,22 @@ def deep_merge(base: dict, extra: dict) -> dict:
 # from the token budget.
 
 
+def study_train_settings(config: dict, name: str) -> dict:
+    """The training settings every run of a study shares: its model's, with the study's `train` over them."""
+    st = config["studies"][name]
+    return deep_merge(train_settings(config, st["model"]), st.get("train", {}))
+
+
+def study_rule_name(name: str) -> str:
+    """The Snakemake rule of a study, `study_<name>` with characters other than letters, digits and
+    _ as _ (workflow/rules/study.smk)."""
+    return "study_" + re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
 def study_tokens_per_step(config: dict, name: str) -> int:
     """Training tokens per step of a study's runs: rows (batch_size × grad_accum × ranks) × T."""
     st = config["studies"][name]
-    s = deep_merge(train_settings(config, st["model"]), st.get("train", {}))
+    s = study_train_settings(config, name)
     return s["batch_size"] * s["grad_accum"] * s["ranks"] * (s["seq_len"] or config["models"][st["model"]]["context"])
 
 
@@ -361,7 +375,7 @@ def study_max_steps(config: dict, name: str) -> int:
     """Steps that train a study's token budget: rounded up to whole steps and up to a multiple of
     eval_every, so that every run ends on a validation (the figures the study compares)."""
     st = config["studies"][name]
-    every = deep_merge(train_settings(config, st["model"]), st.get("train", {}))["eval_every"]
+    every = study_train_settings(config, name)["eval_every"]
     steps = -(-st["tokens"] // study_tokens_per_step(config, name))
     return -(-steps // every) * every if every > 0 else steps
 
@@ -400,6 +414,34 @@ def study_baselines(config: dict, name: str) -> list[str]:
     return [a for a in st["arms"] if study_arm_mode(config, name, a) in STATIC_MODES]
 
 
+def known_sources(config: dict) -> set[str]:
+    """Every source name the config knows: its sources and every data profile's (a source that is
+    disabled, or absent from one profile, is still a name a curriculum may weigh)."""
+    names = set(config.get("sources", {}))
+    for p in profile_names(config):
+        names |= set(profile_entries(config, p))
+    return names
+
+
+def check_curriculum_sources(config: dict, source: str = "config") -> None:
+    """`curriculum.weights` and `curriculum.warmup_sources` name sources that exist, wherever a
+    curriculum section is (top level, train.<model>, a study and its arms): a misspelt name would
+    otherwise be ignored (its source weighed by `weight`, or never in the warm-up)."""
+    known = known_sources(config)
+    sections = [("curriculum", config.get("curriculum") or {})]
+    sections += [(f"train.{m}.curriculum", t["curriculum"]) for m, t in config.get("train", {}).items()
+                 if isinstance(t, dict) and t.get("curriculum")]
+    for name, st in config.get("studies", {}).items():
+        sections.append((f"studies.{name}.curriculum", st.get("curriculum") or {}))
+        sections += [(f"studies.{name}.arms.{a}.curriculum", arm.get("curriculum") or {}) for a, arm in st["arms"].items()]
+    for where, c in sections:
+        for key, names in (("weights", list(c.get("weights") or {})), ("warmup_sources", list(c.get("warmup_sources") or []))):
+            for src in names:
+                if src not in known:
+                    raise ConfigError(f"{source} is invalid:\n  {where}.{key}: no source {src!r} in sources or any data "
+                                      f"profile{_did_you_mean(src, sorted(known))}")
+
+
 def check_studies(config: dict, source: str = "config") -> None:
     """What the schema cannot say about `studies`: a model that exists, no seed or max_steps of
     its own in `train` (the seeds and the budget set them), floors and caps of sources that exist,
@@ -407,6 +449,12 @@ def check_studies(config: dict, source: str = "config") -> None:
     def fail(key: str, what: str):
         raise ConfigError(f"{source} is invalid:\n  studies.{key}: {what}")
 
+    rules: dict[str, str] = {}
+    for name in config.get("studies", {}):
+        other = rules.setdefault(study_rule_name(name), name)
+        if other != name:
+            fail(name, f"its workflow target {study_rule_name(name)} is also study {other!r}'s "
+                       f"(characters other than letters, digits and _ become _); rename one of them")
     for name, st in config.get("studies", {}).items():
         if st["model"] not in config["models"]:
             fail(f"{name}.model", f"no model {st['model']!r} in models ({', '.join(config['models'])})"
@@ -419,7 +467,7 @@ def check_studies(config: dict, source: str = "config") -> None:
                 for src in a.get(key, {}) if isinstance(a.get(key), dict) else ():
                     if src not in config["sources"]:
                         fail(f"{name}.arms.{arm}.{key}.{src}", f"no source of that name{_did_you_mean(src, config['sources'])}")
-        if deep_merge(train_settings(config, st["model"]), st.get("train", {}))["eval_every"] <= 0:
+        if study_train_settings(config, name)["eval_every"] <= 0:
             fail(f"{name}.train.eval_every", "a study compares validation curves: eval_every must be above 0")
         for arm in st.get("baselines") or []:
             if arm not in st["arms"]:

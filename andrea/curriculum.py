@@ -1,7 +1,7 @@
 """The curriculum (design §5): which sources the next batches come from. `curriculum.mode` picks
 how: the data bandit ("firehose", `bandit`, the default), described below; the static baselines
 it is measured against (`proportional`, `uniform`, `fixed`: StaticMix); Online Data Mixing's EXP3
-on the training loss (`exp3_loss`); EXP3-style weights from held-out progress
+with a smoothed training-loss reward (`exp3_loss`); EXP3-style weights from held-out progress
 (`heldout_progress`). They share the arms, the warm-up, floors and caps, drawing, attribution and
 the state (Curriculum); design §5.9 has every mode's equations.
 
@@ -111,7 +111,7 @@ MODE_KEYS = {
     "proportional": (),
     "uniform": (),
     "fixed": ("weights",),
-    "exp3_loss": ("phase_lengths", "explore", "exp3_loss_scale"),
+    "exp3_loss": ("phase_lengths", "explore", "exp3_loss_scale", "exp3_smoothing"),
     "heldout_progress": ("explore", "progress_smoothing", "progress_sharpness"),
 }
 VALIDATION_MODES = ("heldout_progress",)  # re-weighted by the trainer's validation (eval_every)
@@ -400,25 +400,34 @@ class StaticMix(Curriculum):
 
 
 class Exp3Loss(Curriculum):
-    """`mode: exp3_loss`: Online Data Mixing (Albalak et al. 2023), EXP3 with the training loss as
-    the reward, with an exploration floor. Per phase (the bandit's phase lengths: re-weighting
-    only at phase boundaries keeps the next batch drawn ahead), for each active source k drawn
-    with probability p_k (the weights after floors and caps) in rows of n per step:
+    """`mode: exp3_loss`: Online Data Mixing (Albalak et al. 2023, arXiv 2312.02406), EXP3 with the
+    training loss as the reward and a smoothed (moving-average) reward estimate, with an
+    exploration floor. Per phase of ℓ steps (the bandit's phase lengths: re-weighting only at
+    phase boundaries keeps the next batch drawn ahead), for each active source k drawn with
+    probability p_k (the weights after floors and caps) in rows of n per step:
 
-        R_k += Σ(row losses of k in the phase) / (exp3_loss_scale · p_k · n)   importance-weighted,
-                                                       per step: an unbiased estimate of k's loss
+        r̂_k = Σ(row losses of k in the phase) / (exp3_loss_scale · p_k · n · ℓ)   importance-weighted:
+                                                       an unbiased estimate of k's loss per step
+        R̂_k ← α^ℓ · R̂_k + (1 − α^ℓ) · r̂_k              α = exp3_smoothing: ℓ per-step updates
         η_t = min(1/K, sqrt(ln K / (K·t)))             t: the step; K: active sources
         ε_t = min(1/K, max(explore, η_t))              the exploration floor
-        π_k = (1 − K·ε_t) · exp(η_{t'}·R_k) / Σ_j exp(η_{t'}·R_j) + ε_t      t': the previous re-plan
+        π_k = (1 − K·ε_t) · exp(η_{t'}·R̂_k) / Σ_j exp(η_{t'}·R̂_j) + ε_t      t': the previous re-plan
 
     A source's loss stands for what is left to learn in it: the higher, the more it is drawn.
-    A source that becomes active (the warm-up ends) starts at the mean R of the others."""
+    The moving average is ODM's (its SmoothedMeanWeightUpdater, "the data mixing implementation
+    described in the paper"); a plain sum of rewards, classic EXP3, grows like t while η shrinks
+    like 1/√t, so η·R grows like √t and the mix collapses onto the highest-loss source.
+    Differences from ODM's code: there the reward is exp(loss) of a batch of one domain, not
+    importance-weighted, updated every step; here batches mix sources, so the estimate is the
+    importance-weighted loss over a phase (design §5.9). A source that becomes active (the
+    warm-up ends) starts at the mean R̂ of the others."""
 
     mode = "exp3_loss"
 
     def __init__(self, arms: dict[str, dict], ccfg: CurriculumSettings | Mapping, seed: int = 0, eval_every: int = 0):
         super().__init__(arms, ccfg, seed, eval_every)
-        self.reward = {k: None for k in self.arms}  # R_k, None until the source is first active
+        self.reward = {k: None for k in self.arms}  # R̂_k, None until the source is first active
+        self.phase_started: int | None = None  # the step the phase being observed started
         self.eta_prev: float | None = None
         self.phase_loss = {k: 0.0 for k in self.arms}
         self.rows_per_step = 0
@@ -432,10 +441,14 @@ class Exp3Loss(Curriculum):
 
     def _plan(self, step: int) -> None:
         active = self._active(step)
-        if self.rows_per_step:  # the phase that ends: its importance-weighted losses
+        steps = step - (self.phase_started if self.phase_started is not None else step)
+        if self.rows_per_step and steps > 0:  # the phase that ends: its importance-weighted losses, per step
+            keep = self.c.exp3_smoothing ** steps  # ℓ per-step updates with the phase's estimate
             for k, total in self.phase_loss.items():
                 if self.weights[k] > 0 and self.reward[k] is not None:
-                    self.reward[k] += total / (self.c.exp3_loss_scale * self.weights[k] * self.rows_per_step)
+                    r = total / (self.c.exp3_loss_scale * self.weights[k] * self.rows_per_step * steps)
+                    self.reward[k] = keep * self.reward[k] + (1 - keep) * r
+        self.phase_started = step
         self.phase_loss = {k: 0.0 for k in self.arms}
         known = [self.reward[k] for k in active if self.reward[k] is not None]
         for k in active:
@@ -453,19 +466,21 @@ class Exp3Loss(Curriculum):
 
     def _mode_state(self) -> dict:
         return {"reward": self.reward, "eta_prev": self.eta_prev, "phase_loss": self.phase_loss,
-                "rows_per_step": self.rows_per_step}
+                "rows_per_step": self.rows_per_step, "phase_started": self.phase_started}
 
     def _load_mode_state(self, st: dict) -> None:
         self.reward = {k: st["reward"].get(k) for k in self.arms}
         self.eta_prev = st["eta_prev"]
         self.phase_loss = {k: st["phase_loss"].get(k, 0.0) for k in self.arms}
         self.rows_per_step = st["rows_per_step"]
+        self.phase_started = st.get("phase_started")
 
 
 class HeldoutProgress(Curriculum):
     """`mode: heldout_progress`: weights from each source's progress on its own held-out documents
     (the trainer's validation, every eval_every steps), per share of the rows it was given. At
-    validation v, for each source k with a validation figure:
+    validation v, for each source k with a validation figure that was drawn since v−1 (one that was
+    not, e.g. outside the warm-up, only has its bpb_k(v) recorded, its P_k left as it was):
 
         g_k = bpb_k(v−1) − bpb_k(v)                  held-out bits per byte gained (negative: worse)
         u_k = g_k / max(s_k, explore)                per share s_k of the rows drawn since v−1
@@ -501,7 +516,11 @@ class HeldoutProgress(Curriculum):
             bpb = v.get("bpb") if isinstance(v, Mapping) else None
             if k not in self.arms or bpb is None:
                 continue
-            if k in self.last_bpb and total:
+            # only a source that was drawn since the last validation has progress of its own: one
+            # left out (the warm-up) moves by transfer alone, and that gain over a share floored at
+            # `explore` would be multiplied ×1/explore and win it the mix the moment it is allowed.
+            # Its figure is still recorded, so its next gain counts from here
+            if k in self.last_bpb and total and self.rows[k] > 0:
                 u = (self.last_bpb[k] - bpb) / max(self.rows[k] / total, self.c.explore)
                 p = self.progress[k]
                 self.progress[k] = u if p is None else (1 - self.c.progress_smoothing) * p + self.c.progress_smoothing * u

@@ -41,6 +41,7 @@ class CurriculumSettings:
     weights: dict | None
     explore: float
     exp3_loss_scale: float
+    exp3_smoothing: float
     progress_smoothing: float
     progress_sharpness: float
 

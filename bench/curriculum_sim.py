@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from andrea.config import deep_merge, read_config_file, train_settings, validate_config  # noqa: E402
 from andrea.curriculum import make_curriculum  # noqa: E402
 from andrea.evaluation import heldout_coverage  # noqa: E402
+from andrea.io import write_text_atomic  # noqa: E402
 from andrea.shards import Shard  # noqa: E402
 
 # the arms of the issue: the modes, the bandit with flat weights (the issue's "flat" arm), and the
@@ -163,7 +164,7 @@ def main() -> None:
         if any(fs.values()):
             print(f"  {arm}: " + ", ".join(f"{k} {100 * fs[k]:.0f} %" for k in names))
     if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=1))
+        write_text_atomic(Path(args.out), json.dumps(out, indent=1))  # never a half-written table under its name
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ overlay() {  # .device/study.yaml: the study as the environment asks (seeds, tok
   rm -f .device/study.yaml
   merged > "$WORK/config.json" || return 1
   python3 - "$STUDY" "$NAME" "${SEEDS:-}" "${TOKENS:-}" "${ARMS:-}" "$WORK/config.json" <<'PY'
-import json, sys, yaml
+import json, os, sys, yaml
 from andrea.config import validate_config
 study, name, seeds, tokens, arms, merged = sys.argv[1:]
 cfg = validate_config(json.load(open(merged)))
@@ -92,7 +92,9 @@ if arms:
     if missing:
         sys.exit(f"study {study} has no arm {', '.join(missing)} (its arms: {', '.join(st['arms'])})")
     st["arms"] = {a: st["arms"][a] for a in arms.split()}
-yaml.safe_dump({"studies": {name: st}}, open(".device/study.yaml", "w"), sort_keys=False)
+with open(".device/study.yaml.tmp", "w") as f:  # renamed into place: a killed run leaves no half overlay
+    yaml.safe_dump({"studies": {name: st}}, f, sort_keys=False)
+os.replace(".device/study.yaml.tmp", ".device/study.yaml")
 print(f"study {name}: {cfg['studies'][study]['model']}, {len(st['arms'])} arms x {len(st['seeds'])} seeds, {st['tokens']:,} tokens")
 PY
 }

@@ -377,11 +377,11 @@ def test_a_state_of_another_mode_is_refused():
 
 
 def test_exp3_loss_worked_by_hand():
-    """ODM's update on two sources: importance-weighted losses per step, η from the step, the
-    exploration floor."""
+    """ODM's update on two sources: the moving average of importance-weighted losses per step, η
+    from the step, the exploration floor."""
     spec = {"a": {"n_docs": 100}, "b": {"n_docs": 100}}
     c = make_curriculum(spec, {**CC, "mode": "exp3_loss", "warmup_steps": 0, "phase_lengths": [10], "explore": 0.05,
-                               "exp3_loss_scale": 10, "heldout_every": 0})
+                               "exp3_loss_scale": 10, "exp3_smoothing": 0.9, "heldout_every": 0})
     c.replan(0)  # nothing observed: both at R 0 → alike
     assert c.weights == pytest.approx({"a": 0.5, "b": 0.5}) and c.phase_end == 10
     rng = np.random.default_rng(0)
@@ -391,8 +391,10 @@ def test_exp3_loss_worked_by_hand():
             rows[src] += 1
             c.observe(src, doc, 6.0 if src == "a" else 2.0)
     c.replan(10)
-    # R_k = Σ losses / (10 · p_k · 4 rows): a's rows sum 6·n_a, p 0.5 → 6·n_a / 20; b's 2·n_b / 20
-    ra, rb = 6.0 * rows["a"] / 20, 2.0 * rows["b"] / 20
+    # r̂_k = Σ losses / (10 · p_k · 4 rows · 10 steps): a's rows sum 6·n_a, p 0.5 → 6·n_a / 200; b's
+    # 2·n_b / 200; R̂_k = 0.9^10 · 0 + (1 − 0.9^10) · r̂_k (ten per-step updates of the moving average)
+    keep = 0.9**10
+    ra, rb = (1 - keep) * 6.0 * rows["a"] / 200, (1 - keep) * 2.0 * rows["b"] / 200
     assert c.reward == pytest.approx({"a": ra, "b": rb})
     # η at step 0 was min(1/2, sqrt(ln 2 / (2·1))) = 0.5 (the rate of this update), at step 10
     # min(1/2, sqrt(ln 2 / 20)) = 0.186; ε = max(0.05, 0.186) = 0.186
@@ -463,6 +465,10 @@ def test_the_mode_is_part_of_the_run_key_and_other_modes_settings_are_not(config
     base = train_run_key(config, "ANDREA-tiny")
     # settings the bandit does not read leave a bandit run where it was (its run continues)
     assert train_run_key({**config, "curriculum": {**config["curriculum"], "explore": 0.3}}, "ANDREA-tiny") == base
+    assert train_run_key({**config, "curriculum": {**config["curriculum"], "exp3_smoothing": 0.5}}, "ANDREA-tiny") == base
+    exp3 = {**config, "curriculum": {**config["curriculum"], "mode": "exp3_loss"}}
+    assert (train_run_key({**exp3, "curriculum": {**exp3["curriculum"], "exp3_smoothing": 0.5}}, "ANDREA-tiny")
+            != train_run_key(exp3, "ANDREA-tiny"))
     keys = {m: train_run_key({**config, "curriculum": {**config["curriculum"], "mode": m}}, "ANDREA-tiny") for m in MODES}
     assert len(set(keys.values())) == len(MODES) and keys["bandit"] == base
     # a static mode does not read the bandit's settings; heldout_progress reads the validation's cadence
@@ -472,3 +478,47 @@ def test_the_mode_is_part_of_the_run_key_and_other_modes_settings_are_not(config
     more = {**held, "train": {**held["train"], "ANDREA-tiny": {**held["train"]["ANDREA-tiny"], "eval_every": 25}}}
     assert train_run_key(more, "ANDREA-tiny") != keys["heldout_progress"]
     assert STATIC_MODES == ("proportional", "uniform", "fixed")
+
+
+def test_heldout_progress_does_not_credit_a_source_left_out_by_the_warmup():
+    """Every source improves by the same held-out amount at every validation. Those outside the
+    warm-up got no rows, so that gain is transfer, not their own progress: the weights must not
+    jump toward them when the warm-up ends (their gain over a floored share would count ×1/explore)."""
+    cc = {**CC, "mode": "heldout_progress", "warmup_steps": 30, "warmup_sources": ["big", "mid"], "heldout_every": 0,
+          "explore": 0.02}
+    spec = {k: {k2: v2 for k2, v2 in v.items() if k2 != "floor"} for k, v in SPEC4.items()}
+    c = make_curriculum(spec, cc, seed=3, eval_every=10)
+    rng = np.random.default_rng(2)
+    bpb = 3.0
+    for step in range(30):
+        c.maybe_replan(step)
+        for src, doc in c.draw(8, rng):
+            c.observe(src, doc, 3.0)
+        if (step + 1) % 10 == 0:
+            bpb -= 0.05
+            c.observe_validation(step + 1, {k: {"loss": 2 * bpb, "bpb": bpb} for k in spec})
+    assert c.progress["small"] is None and c.progress["tiny"] is None  # never drawn: no progress of their own
+    assert c.last_bpb["small"] == pytest.approx(bpb)  # but the next gain counts from their last figure
+    c.maybe_replan(30)  # the warm-up ends: every source is allowed
+    assert max(c.weights["small"], c.weights["tiny"]) <= min(c.weights["big"], c.weights["mid"]) + 1e-12
+
+
+def test_exp3_loss_does_not_collapse_onto_the_highest_loss_source():
+    """Constant losses 5, 3 and 1 nats for 20,000 steps. With ODM's moving average the estimate
+    R̂_k stays near each loss, so η·R̂ shrinks with η and the mix stays spread; a plain sum of
+    rewards grows like t, η·R like √t, and the mix ends on the hardest source at 1 − 2ε."""
+    spec = {"hard": {"n_docs": 500}, "easy": {"n_docs": 500}, "mid": {"n_docs": 500}}
+    c = make_curriculum(spec, {**CC, "mode": "exp3_loss", "warmup_steps": 0, "explore": 0.02, "heldout_every": 0})
+    rng = np.random.default_rng(4)
+    loss = {"hard": 5.0, "easy": 1.0, "mid": 3.0}
+    seen = {}
+    for step in range(20_000):
+        c.maybe_replan(step)
+        if step in (2_000, 19_999):
+            seen[step] = dict(c.weights)
+        for src, doc in c.draw(8, rng):
+            c.observe(src, doc, loss[src])
+    assert c.reward["hard"] == pytest.approx(0.5, rel=0.25) and c.reward["easy"] == pytest.approx(0.1, rel=0.25)
+    assert seen[19_999]["hard"] < 0.5 and seen[19_999]["easy"] > 0.2  # spread, not collapsed
+    assert seen[19_999]["hard"] <= seen[2_000]["hard"] + 0.01  # and not drifting toward one source
+    assert c.weights["hard"] > c.weights["mid"] > c.weights["easy"]

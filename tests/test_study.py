@@ -8,9 +8,9 @@ import math
 import pytest
 import yaml
 
-from andrea.config import (ConfigError, load_config, study_baselines, study_max_steps, study_run_config,
+from andrea.config import (ConfigError, known_sources, load_config, study_baselines, study_max_steps, study_run_config,
                            train_settings)
-from andrea.study import mean_spread, summarise, tokens_to_target, weighted_bpb
+from andrea.study import _verdict, mean_spread, read_run, summarise, tables, tokens_to_target, weighted_bpb, write_study
 from andrea.versions import train_version
 from conftest import REPO, snakemake
 
@@ -67,6 +67,33 @@ def test_a_study_that_cannot_run_is_refused_naming_the_key(change, message):
         study_config(**change)
 
 
+@pytest.mark.parametrize("where", ["top", "train", "study", "arm"])
+@pytest.mark.parametrize("key, value", [("weights", {"chatt": 1.0}), ("warmup_sources", ["chat", "chatt"])])
+def test_a_misspelt_source_in_a_curriculum_is_refused_wherever_it_is(where, key, value):
+    curriculum = {key: value}
+    overrides = {"top": {"curriculum": curriculum}, "train": {"train": {"ANDREA-tiny": {"curriculum": curriculum}}},
+                 "study": {"studies": {"s": {**STUDY, "curriculum": curriculum}}},
+                 "arm": {"studies": {"s": {**STUDY, "arms": {"a": {"curriculum": curriculum}}}}}}[where]
+    key_path = {"top": "curriculum", "train": "train.ANDREA-tiny.curriculum", "study": "studies.s.curriculum",
+                "arm": "studies.s.arms.a.curriculum"}[where]
+    with pytest.raises(ConfigError, match=rf"{key_path}\.{key}: no source 'chatt' .*did you mean `chat`"):
+        load_config(REPO / "config" / "config.yaml", overrides=overrides)
+
+
+def test_a_source_of_a_data_profile_or_disabled_is_a_name_a_curriculum_may_weigh():
+    c = load_config(REPO / "config" / "config.yaml")
+    profile_only = sorted(known_sources(c) - set(c["sources"]))
+    disabled = {"sources": {"chat": {"enabled": False}}}
+    load_config(REPO / "config" / "config.yaml", overrides={**disabled, "curriculum": {"weights": {"chat": 0.5}}})
+    if profile_only:  # a source only a data profile has
+        load_config(REPO / "config" / "config.yaml", overrides={"curriculum": {"warmup_sources": profile_only[:1]}})
+
+
+def test_two_studies_with_one_workflow_target_are_refused_naming_both():
+    with pytest.raises(ConfigError, match=r"study_a_b is also study 'a-b'"):
+        load_config(REPO / "config" / "config.yaml", overrides={"studies": {"a-b": STUDY, "a_b": STUDY}})
+
+
 def test_a_study_arm_name_must_be_a_folder_name():
     with pytest.raises(ConfigError, match="arms"):
         study_config(arms={"a/b": {}})
@@ -101,26 +128,93 @@ def fake_run(finals: dict, budget: float, start=4.0, points=11) -> dict:
     return {"curve": curve, "drawn": {"a": budget / 2, "b": budget / 2}, "tokens": budget, "step": points - 1, "run_dir": ""}
 
 
-def test_the_verdict_needs_the_saving_on_every_seed_and_no_source_worse():
-    c = study_config(arms={"uniform": {"curriculum": {"mode": "uniform"}}, "fast": {"curriculum": {"mode": "exp3_loss"}},
-                           "lopsided": {"curriculum": {"mode": "heldout_progress"}}})
+def reaching_run(at: float, finals: dict, budget: float) -> dict:
+    """A run whose every source falls linearly from 4 to just under 2.0 bits/byte at fraction `at`
+    of the budget (the mean over sources reaches the target 2.0 there), then on to `finals`."""
+    grid = sorted({i / 10 for i in range(11)} | ({at} if at <= 1 else set()))
+    curve = []
+    for f in grid:
+        if f <= at:
+            s = {k: 4.0 + f / at * (1.9999 - 4.0) for k in finals}
+        else:
+            s = {k: 1.9999 + (f - at) / (1 - at) * (v - 1.9999) for k, v in finals.items()}
+        mean = sum(s.values()) / len(s)
+        curve.append({"step": f, "tokens": f * budget, "validation_overall": None, "mean": mean, "weighted": mean, "sources": s})
+    return {"curve": curve, "drawn": {"a": budget / 2, "b": budget / 2}, "tokens": budget, "step": 10, "run_dir": ""}
+
+
+def goal_study(arms: dict[str, tuple[list[float], dict]]):
+    """A study of a uniform baseline (final 2.0 ± 0.01 on both sources, mean over sources 2.0)
+    and learning arms: name → (where each of 3 seeds reaches the target, final per-source figures)."""
+    c = study_config(arms={"uniform": {"curriculum": {"mode": "uniform"}},
+                           **{a: {"curriculum": {"mode": "exp3_loss"}} for a in arms}})
     budget = study_max_steps(c, "s") * 1024
     runs = {}
     for seed, jitter in zip((0, 1, 2), (-0.01, 0.0, 0.01)):
         runs[("uniform", seed)] = fake_run({"a": 2.0 + jitter, "b": 2.0 - jitter}, budget)
-        # reaches 2.0 at (4 − 2.0) / (4 − 1.5) = 80 % of the budget: 20 % fewer tokens, both sources better
-        runs[("fast", seed)] = fake_run({"a": 1.5 + jitter, "b": 1.5}, budget)
-        # a better mean, bought with source b worse than the baseline by far more than its spread
-        runs[("lopsided", seed)] = fake_run({"a": 0.5, "b": 2.3 + jitter}, budget)
+        for arm, (at, finals) in arms.items():
+            runs[(arm, seed)] = reaching_run(at[seed], finals, budget)
     out = summarise(c, "s", runs, {"a": 1000, "b": 1000})
     assert out["best_baseline"] == "uniform" and out["target"] == pytest.approx(2.0)
-    fast = out["arms"]["fast"]["to_target"]
-    assert fast["reached"] == 3 and fast["saving"] == pytest.approx(0.2, abs=0.01) and fast["worse_sources"] == []
-    assert fast["meets_goal"] == (fast["saving"] >= 0.2)
-    lop = out["arms"]["lopsided"]["to_target"]
-    assert lop["saving"] > 0.2 and lop["worse_sources"] == ["b"] and not lop["meets_goal"]
-    assert out["arms"]["uniform"]["final"]["mean"]["mean"] == pytest.approx(2.0)
-    assert out["arms"]["fast"]["epochs"] == {"a": pytest.approx(budget / 2 / 1000), "b": pytest.approx(budget / 2 / 1000)}
+    return out
+
+
+def test_the_goal_is_the_mean_saving_over_seeds_with_the_worst_seed_beside_it():
+    same = {"a": 1.9, "b": 1.9}
+    out = goal_study({"mean": ([0.5, 0.5, 1.0], same), "under": ([0.81] * 3, same), "over": ([0.79] * 3, same)})
+    # 50 %, 50 % and 100 % of the budget: mean tokens 2/3 of it, a saving of 1/3 meets the goal,
+    # though the worst seed saves nothing, and the table says so
+    tt = out["arms"]["mean"]["to_target"]
+    assert tt["saving"] == pytest.approx(1 / 3, abs=1e-3) and tt["min_saving"] == pytest.approx(0.0, abs=1e-3)
+    assert tt["meets_goal"] and tt["worse_sources"] == []
+    # just under 20 % and just over it
+    assert out["arms"]["under"]["to_target"]["saving"] == pytest.approx(0.19, abs=1e-3)
+    assert not out["arms"]["under"]["to_target"]["meets_goal"]
+    assert out["arms"]["over"]["to_target"]["saving"] == pytest.approx(0.21, abs=1e-3)
+    assert out["arms"]["over"]["to_target"]["meets_goal"]
+    head, rows = tables(out)["Validation bits per byte at the end of the budget (mean ± spread over seeds)"]
+    row = dict(zip(head, next(r for r in rows if r[0] == "mean")))
+    assert row["fewer tokens than the budget (mean over seeds)"] == "33.3 %" and row["worst seed"] == "0.0 %"
+    assert row["goal"] == "MET"
+    verdict = _verdict(out)
+    assert verdict.startswith("Verdict: mean, over meet the goal") and "worst seed 0.0 %" in verdict
+
+
+def test_a_source_worse_than_the_baseline_by_more_than_its_seed_spread_fails_the_goal():
+    # the baseline's source b: 2.01, 2.0, 1.99 → 2.0 ± 0.01; a mean over sources better than the target
+    out = goal_study({"within": ([0.5] * 3, {"a": 1.5, "b": 2.005}), "beyond": ([0.5] * 3, {"a": 1.5, "b": 2.05})})
+    assert out["arms"]["uniform"]["sources"]["b"]["spread"] == pytest.approx(0.01)
+    within, beyond = out["arms"]["within"]["to_target"], out["arms"]["beyond"]["to_target"]
+    assert within["worse_sources"] == [] and within["meets_goal"]
+    assert beyond["worse_sources"] == ["b"] and not beyond["meets_goal"]
+    assert beyond["saving"] == pytest.approx(0.5, abs=1e-3)  # the saving alone would have met it
+
+
+def test_the_goal_needs_every_seed_to_reach_the_target_and_three_seeds():
+    out = goal_study({"two": ([0.5, 0.5, 2.0], {"a": 1.9, "b": 1.9})})  # seed 2 never reaches it
+    tt = out["arms"]["two"]["to_target"]
+    assert tt["reached"] == 2 and not tt["meets_goal"]
+    assert out["arms"]["uniform"]["epochs"] == {"a": pytest.approx(out["budget_tokens"] / 2 / 1000),
+                                                "b": pytest.approx(out["budget_tokens"] / 2 / 1000)}
+
+
+def test_a_damaged_run_or_shards_record_is_named_with_what_is_missing(tmp_path):
+    (tmp_path / "run.json").write_text(json.dumps({"run_dir": str(tmp_path), "step": 3}))
+    with pytest.raises(ValueError, match=r"run\.json: no 'tokens_seen' in the run's record"):
+        read_run(tmp_path, {})
+    shards = tmp_path / "shards.json"
+    shards.write_text(json.dumps({"sources": {"chat": {"n_docs": 3}}}))
+    with pytest.raises(ValueError, match=r"shards\.json: no 'n_tokens' in the shards' record"):
+        write_study(study_config(), "s", {}, shards, {})
+
+
+def test_a_run_without_a_validated_source_is_named():
+    c = study_config(arms={"uniform": {"curriculum": {"mode": "uniform"}}})
+    runs = {("uniform", s): fake_run({"a": 2.0}, 1000) for s in (0, 1, 2)}
+    for p in runs[("uniform", 1)]["curve"]:
+        p.update(mean=None, sources={})
+    with pytest.raises(ValueError, match="arm uniform seed 1 .* no source with a validation figure"):
+        summarise(c, "s", runs, {"a": 1000})
 
 
 @pytest.mark.slow

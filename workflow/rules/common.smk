@@ -8,6 +8,7 @@ from andrea.config import (
     geometry_prompts,
     geometry_settings,
     study_max_steps,
+    study_rule_name,
     study_run_config,
     train_settings,
 )

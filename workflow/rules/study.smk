@@ -97,7 +97,7 @@ for _s in STUDIES:
 
     rule:
         name:
-            f"study_{re.sub(r'[^A-Za-z0-9_]', '_', _s)}"
+            study_rule_name(_s)
         input:
             f"{RESULTS}/studies/{_s}/report.html",
         localrule: True
