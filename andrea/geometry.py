@@ -42,7 +42,7 @@ from andrea.checkpoint import read_weights
 from andrea.engine import Engine, resolve_backend
 from andrea.evaluation import EvalSet, build_eval_set, evaluate, prepare_batches
 from andrea.geometry_report import KIND_NAMES, TRIANGLE
-from andrea.io import atomic_dir, progress, read_document
+from andrea.io import atomic_dir, check_replaceable, progress, read_document
 from andrea.model import ModelConfig, init_weights, n_params, param_layout
 from andrea.runlog import _lines_backwards
 from andrea.sampling import chat_prompt
@@ -578,6 +578,7 @@ def run_geometry(ckpt_dir: str | Path, shards_json: str | Path, g: dict, out_dir
     unknown = [v for v in views if v not in VIEWS]
     if unknown:
         raise ValueError(f"unknown view(s) {', '.join(unknown)}; the views are {', '.join(VIEWS)}")
+    check_replaceable(out_dir, "geometry.json")  # before the work: a wrong --out is refused, not deleted at the end
     run = load_run(ckpt_dir, shards_json)
     backend, precision, why = geometry_precision(g["backend"], run.meta.get("precision"))
     log.info("geometry of %s at step %d: %s on %s/%s (%s)", run.meta["model"], run.step, ", ".join(views), backend, precision, why)
@@ -616,7 +617,7 @@ def run_geometry(ckpt_dir: str | Path, shards_json: str | Path, g: dict, out_dir
         if out["simplex"] is None:
             log.warning("no bandit weights in the run's loss.jsonl: no walk on the simplex")
         timed["simplex"] = round(time.perf_counter() - t, 2)
-    with atomic_dir(out_dir) as tmp:  # the directory appears complete, or not at all
+    with atomic_dir(out_dir, "geometry.json") as tmp:  # the directory appears complete, or not at all
         t = time.perf_counter()
         figs = geometry_report.plots(out, tmp)
         timed["plots"] = round(time.perf_counter() - t, 2)

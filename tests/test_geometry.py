@@ -241,6 +241,12 @@ def test_views_can_be_chosen_and_a_bad_one_is_named(trained, shards, tmp_path): 
     assert out["views"] == ["simplex"] and "surface" not in out and (tmp_path / "g" / "simplex.parquet").exists()
     with pytest.raises(ValueError, match="unknown view.*the views are embedding, attention, surface, simplex"):
         run_geometry(tmp / "ckpt", shards, g, tmp_path / "h", [], views=["embeddings"])
+    # a previous geometry output is replaced; any other directory (here the checkpoint) is refused, untouched
+    run_geometry(tmp / "ckpt", shards, g, tmp_path / "g", [], cfg["megachat"], views=["simplex"])
+    before = sorted(p.name for p in (tmp / "ckpt").iterdir())
+    with pytest.raises(FileExistsError, match="ckpt: exists and is a directory without geometry.json"):
+        run_geometry(tmp / "ckpt", shards, g, tmp / "ckpt", [], cfg["megachat"], views=["simplex"])
+    assert sorted(p.name for p in (tmp / "ckpt").iterdir()) == before and "final.bin" in before
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
