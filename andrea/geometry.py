@@ -137,9 +137,10 @@ def recorded_evals(run: Run) -> dict[int, dict]:
 
 
 def geometry_precision(backend: str, trained: str | None) -> tuple[str, str, str]:
-    """The backend and precision of the views' forward passes, and why: the GPU in the precision
-    the model was trained in (so that the loss surface's ends equal the run's validation), bf16
-    for fp8 (a training recipe) and for fp32 trained on the CPU; NumPy in fp32."""
+    """The backend and precision of the views' forward passes, and why: on the GPU, the precision
+    the model was trained in when it is fp32, bf16 or fp16 (so that the loss surface's ends equal
+    the run's validation; a model trained on the CPU was trained in fp32 and is read in fp32), and
+    bf16 for fp8 (a training recipe) or a run.json that names none; NumPy in fp32."""
     be, prec, why = resolve_backend(backend, "auto")
     if be == "cupy" and trained in ("fp32", "bf16", "fp16"):
         prec = trained
