@@ -30,7 +30,7 @@ from andrea.geometry import (
 )
 from andrea.model import ModelConfig, init_weights, param_layout
 from andrea.trainer import Trainer
-from conftest import REPO, write_jsonl
+from conftest import REPO
 from test_trainer import MODEL, TRAIN, shards  # noqa: F401  (fixture)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
