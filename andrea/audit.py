@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from andrea.contamination import NGRAM, check_prompts, shard_documents
-from andrea.io import atomic_dir, progress, read_jsonl
+from andrea.io import atomic_dir, check_replaceable, progress, read_jsonl
 from andrea.evaluation import heldout_documents, heldout_report
 from andrea.judges import ExternalJudge, builtin_scores
 from andrea.runlog import RunLog
@@ -149,10 +149,11 @@ def plots(run_dir: Path | None, df: pd.DataFrame, out: Path) -> dict[str, Path]:
 def run_audit(ckpt_dir: str | Path, shards_json: str | Path, acfg: dict, heldout_every: int, out_dir: str | Path,
               mcfg: dict | None = None) -> dict:
     ckpt_dir, out = Path(ckpt_dir), Path(out_dir)
+    check_replaceable(out, "summary.json")  # before loading the model: a wrong --out is refused, not deleted
     lm = load_model(ckpt_dir, backend=acfg.get("backend", "auto"))  # samples on the GPU when there is one
     judge = ExternalJudge.from_config(acfg["judge"])
     try:
-        with atomic_dir(out) as tmp:  # the audit directory appears complete, or not at all
+        with atomic_dir(out, "summary.json") as tmp:  # the audit directory appears complete, or not at all
             return _audit(lm, judge, shards_json, acfg, heldout_every, tmp, mcfg)
     finally:
         if judge is not None:

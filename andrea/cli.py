@@ -332,12 +332,21 @@ def cmd_dashboard(args) -> int:
             raise ValueError("give a run directory, or --model to use that model's latest run")
         cfg = _config(args)
         run_dir = find_run_dir(cfg["results_dir"], args.model)
+        families = cfg["geometry"]["families"]
     else:
         run_dir = args.run_dir
-        cfg = _config(args) if args.config.exists() else None  # a run directory needs no config
+        families = None  # a run directory needs no config: it only names the ternary view's families
+        if args.config.exists():
+            from andrea.config import ConfigError
+
+            try:
+                families = _config(args)["geometry"]["families"]
+            except ConfigError as e:
+                log.warning("%s does not load: the dashboard runs without it (the walk on the simplex without the "
+                            "ternary view of the source families, geometry.families)\n%s", args.config, e)
     # the source families of the ternary view of the curriculum's walk: the geometry's (geometry.families);
     # without a config the page draws the radial view alone
-    server = make_server(run_dir, args.host, args.port, families=cfg["geometry"]["families"] if cfg else None)
+    server = make_server(run_dir, args.host, args.port, families=families)
     print(f"dashboard for {run_dir}: http://{args.host}:{server.server_address[1]}/  (Ctrl-C to stop)", flush=True)
     try:
         server.serve_forever()

@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from andrea.checkpoint import read_weights
-from andrea.io import Manifest, atomic_dir, atomic_path, read_document, sha256_file
+from andrea.io import Manifest, atomic_dir, atomic_path, check_replaceable, read_document, sha256_file
 from andrea.model import LN_EPS, ModelConfig, n_params, param_layout, views
 from andrea.tokenizer import BOS, FIRST_SEGMENT, N_BYTES, HarrisTokenizer, trie_pattern
 
@@ -356,6 +356,7 @@ def export_hf(ckpt_dir: str | Path, out_dir: str | Path, which: str = "final", s
                                 "(results/<model>/ckpt; --which picks final.bin or best.bin in it)")
     if which not in ("final", "best"):
         raise ValueError(f"which must be final or best, not {which!r}")
+    check_replaceable(out, "model.safetensors")  # a wrong --out is refused, not deleted
     safetensors_numpy = _require("safetensors.numpy")
     meta = read_document(ckpt_dir / "run.json", "file (a trained model's ckpt directory has one: results/<model>/ckpt)")
     cfg = ModelConfig(**meta["model_config"])
@@ -380,7 +381,7 @@ def export_hf(ckpt_dir: str | Path, out_dir: str | Path, which: str = "final", s
 
     t, bos = hf_tokenizer(tok)
     check_tokenizer(t, tok)
-    with atomic_dir(out) as tmp:  # into a temporary directory, renamed when complete
+    with atomic_dir(out, "model.safetensors") as tmp:  # into a temporary directory, renamed when complete
         tensors = gpt2_tensors(cfg, ck.weights)
         with atomic_path(tmp / "model.safetensors") as st:
             mode = stat.S_IMODE(st.stat().st_mode)  # what a plain open() gives here: 0o666 less the umask

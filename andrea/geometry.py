@@ -28,7 +28,6 @@ andrea/geometry_report.py for the plots and the page.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import re
 import time
@@ -42,9 +41,9 @@ from andrea.checkpoint import read_weights
 from andrea.engine import Engine, resolve_backend
 from andrea.evaluation import EvalSet, build_eval_set, evaluate, prepare_batches
 from andrea.geometry_report import KIND_NAMES, TRIANGLE
-from andrea.io import atomic_dir, progress, read_document
+from andrea.io import atomic_dir, check_replaceable, progress, read_document
 from andrea.model import ModelConfig, init_weights, n_params, param_layout
-from andrea.runlog import _lines_backwards
+from andrea.runlog import eval_records, phases
 from andrea.sampling import chat_prompt
 from andrea.shards import Shard
 from andrea.tokenizer import BOS, N_BYTES, HarrisTokenizer, load_segments_file
@@ -85,11 +84,16 @@ class Run:
 def load_run(ckpt_dir: str | Path, shards_json: str | Path) -> Run:
     ckpt_dir = Path(ckpt_dir)
     meta = read_document(ckpt_dir / "run.json", "ckpt directory's run.json (train the model first: snakemake results/<model>/ckpt)")
+    _require_keys(meta, ("model", "model_config", "segments"), ckpt_dir / "run.json", "a trained model's ckpt directory")
     cfg = ModelConfig(**meta["model_config"])
     final = read_weights(ckpt_dir / "final.bin", expected_n_params=n_params(cfg))
     seg_doc = load_segments_file(meta["segments"])
     tok = HarrisTokenizer([s["text"] for s in seg_doc["segments"]], vocab_size=seg_doc["vocab_size"])
     smeta = read_document(shards_json, "shards.json (run the shards stage)")
+    _require_keys(smeta, ("shard_dir", "tokenizer_hash", "sources"), shards_json, "the shards stage's output")
+    bad = [s for s, c in smeta["sources"].items() if not isinstance(c, dict) or "n_docs" not in c]
+    if bad:
+        raise ValueError(f"{shards_json}: sources.{bad[0]} has no n_docs: not the shards stage's output (run it again)")
     # sizes checked against the shard manifests; the trainer checked their SHA-256 (reading a
     # real corpus's 3 GB of shards again would cost more than the views)
     shards = {s: Shard(smeta["shard_dir"], s, verify_hash=False, tokenizer_hash=smeta["tokenizer_hash"])
@@ -100,6 +104,12 @@ def load_run(ckpt_dir: str | Path, shards_json: str | Path) -> Run:
                     "(the trajectory, the curriculum's walk) are left out", run_dir, ckpt_dir / "run.json")
         run_dir = None
     return Run(meta, cfg, tok, seg_doc["segments"], meta.get("train", {}), ckpt_dir, run_dir, shards, final.weights, final.step)
+
+
+def _require_keys(doc: dict, keys: tuple[str, ...], path, what: str) -> None:
+    missing = [k for k in keys if k not in doc]
+    if missing:
+        raise ValueError(f"{path}: no {', '.join(missing)}: not {what}, or written by an older version (write it again)")
 
 
 def trajectory(run: Run) -> list[tuple[str, int, object]]:
@@ -122,24 +132,14 @@ def trajectory(run: Run) -> list[tuple[str, int, object]]:
 
 def recorded_evals(run: Run) -> dict[int, dict]:
     """The validation records of the run's loss.jsonl, by step ({} without the run directory)."""
-    if run.run_dir is None or not (run.run_dir / "loss.jsonl").exists():
-        return {}
-    out = {}
-    with open(run.run_dir / "loss.jsonl", "rb") as fh:
-        for line in fh:  # only the validation lines are decoded: a 200,000-step log reads in a second
-            if b'"kind": "eval"' in line and line.endswith(b"\n"):
-                try:
-                    r = json.loads(line)
-                    out[int(r["step"])] = r
-                except (ValueError, KeyError, TypeError):
-                    continue
-    return out
+    return {} if run.run_dir is None else eval_records(run.run_dir / "loss.jsonl")
 
 
 def geometry_precision(backend: str, trained: str | None) -> tuple[str, str, str]:
-    """The backend and precision of the views' forward passes, and why: the GPU in the precision
-    the model was trained in (so that the loss surface's ends equal the run's validation), bf16
-    for fp8 (a training recipe) and for fp32 trained on the CPU; NumPy in fp32."""
+    """The backend and precision of the views' forward passes, and why: on the GPU, the precision
+    the model was trained in when it is fp32, bf16 or fp16 (so that the loss surface's ends equal
+    the run's validation; a model trained on the CPU was trained in fp32 and is read in fp32), and
+    bf16 for fp8 (a training recipe) or a run.json that names none; NumPy in fp32."""
     be, prec, why = resolve_backend(backend, "auto")
     if be == "cupy" and trained in ("fp32", "bf16", "fp16"):
         prec = trained
@@ -471,7 +471,9 @@ def radial_coords(W: np.ndarray) -> np.ndarray:
 def ternary_coords(W: np.ndarray, sources: list[str], families: dict[str, list[str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each mixture summed by family (three) and normalised over them, as a point of the triangle
     TRIANGLE (the families' vertices in their config order): (xy [n, 2], the family shares
-    [n, 3], the share of the weight outside the three families [n])."""
+    [n, 3], the share of the weight outside the three families [n]). A mixture with no weight in
+    the families has no place in the triangle: its xy and shares are NaN (left out of the plot, as
+    the dashboard leaves it out), its outside share 1."""
     W = np.asarray(W, np.float64)
     F = np.zeros((W.shape[0], len(families)))
     for f, members in enumerate(families.values()):
@@ -479,62 +481,9 @@ def ternary_coords(W: np.ndarray, sources: list[str], families: dict[str, list[s
         F[:, f] = W[:, cols].sum(axis=1) if cols else 0.0
     total = W.sum(axis=1)
     inside = F.sum(axis=1)
-    shares = F / np.maximum(inside[:, None], 1e-300)
+    shares = np.where(inside[:, None] > 0, F / np.maximum(inside[:, None], 1e-300), np.nan)
     outside = np.where(total > 0, 1 - inside / np.maximum(total, 1e-300), 0.0)
     return shares @ TRIANGLE[: len(families)], shares, outside
-
-
-def read_phases(path: Path) -> dict:
-    """The bandit's phases from a loss.jsonl, read fast (only the lines that set weights, focus or
-    phase are decoded): [{"start", "end", "weights", "focus"}] in step order, and the last step.
-    A log with `phase` (since 2026-12-02) marks every boundary; an older one, every change of the
-    weights or the focus (a phase that drew the same weights and focus as the one before cannot
-    be seen there)."""
-    phases: list[dict] = []
-    cur: dict = {"weights": None, "focus": None, "phase": None}
-    marks = (b'"weights"', b'"focus"', b'"phase"')
-    bad = 0
-    with open(path, "rb") as fh:
-        for line in fh:
-            if not line.endswith(b"\n"):
-                break  # a line being written
-            if not any(m in line for m in marks) or (b'"kind"' in line and b'"kind": "train"' not in line):
-                continue
-            try:
-                r = json.loads(line)
-                step = int(r["step"])
-            except (ValueError, KeyError, TypeError):
-                bad += 1
-                continue
-            changed = {k for k in cur if k in r and r[k] != cur[k]}
-            cur.update({k: r[k] for k in changed})
-            if not changed:  # the first record of a resumed trainer: what was already in force
-                continue
-            # a new point of the walk: a new phase, or the weights changed inside one (a resume
-            # under new floors or caps); a new phase starts where the log says it did
-            start = cur["phase"] if "phase" in changed and cur["phase"] is not None else step
-            phases.append({"start": int(start), "weights": dict(cur["weights"] or {}), "focus": list(cur["focus"] or []),
-                           "phase": cur["phase"]})
-        last_step = _last_train_step(fh)
-    for a, b in zip(phases, phases[1:]):
-        a["end"] = b["start"]
-    if phases:
-        phases[-1]["end"] = max(last_step + 1, phases[-1]["start"] + 1)
-    if bad:
-        log.warning("%s: %d malformed line(s) skipped", path, bad)
-    return {"phases": phases, "last_step": last_step, "marks_phases": any(p["phase"] is not None for p in phases)}
-
-
-def _last_train_step(fh) -> int:
-    """The step of the last training record of an open log, read from its end."""
-    for _, line in _lines_backwards(fh, fh.seek(0, 2)):
-        if not line.strip() or (b'"kind"' in line and b'"kind": "train"' not in line):
-            continue
-        try:
-            return int(json.loads(line)["step"])
-        except (ValueError, KeyError, TypeError):
-            continue
-    return -1
 
 
 def vertex_order(sources: list[str], families: dict[str, list[str]]) -> list[str]:
@@ -547,7 +496,7 @@ def simplex_view(run: Run, families: dict[str, list[str]]) -> dict | None:
     """The walk: one point per phase on both projections, with its steps, focus and warm-up mark."""
     if run.run_dir is None or not (run.run_dir / "loss.jsonl").exists():
         return None
-    ph = read_phases(run.run_dir / "loss.jsonl")
+    ph = phases(run.run_dir / "loss.jsonl")
     if not ph["phases"]:
         return None
     seen = list(dict.fromkeys(s for p in ph["phases"] for s in p["weights"]))
@@ -578,6 +527,7 @@ def run_geometry(ckpt_dir: str | Path, shards_json: str | Path, g: dict, out_dir
     unknown = [v for v in views if v not in VIEWS]
     if unknown:
         raise ValueError(f"unknown view(s) {', '.join(unknown)}; the views are {', '.join(VIEWS)}")
+    check_replaceable(out_dir, "geometry.json")  # before the work: a wrong --out is refused, not deleted at the end
     run = load_run(ckpt_dir, shards_json)
     backend, precision, why = geometry_precision(g["backend"], run.meta.get("precision"))
     log.info("geometry of %s at step %d: %s on %s/%s (%s)", run.meta["model"], run.step, ", ".join(views), backend, precision, why)
@@ -616,7 +566,7 @@ def run_geometry(ckpt_dir: str | Path, shards_json: str | Path, g: dict, out_dir
         if out["simplex"] is None:
             log.warning("no bandit weights in the run's loss.jsonl: no walk on the simplex")
         timed["simplex"] = round(time.perf_counter() - t, 2)
-    with atomic_dir(out_dir) as tmp:  # the directory appears complete, or not at all
+    with atomic_dir(out_dir, "geometry.json") as tmp:  # the directory appears complete, or not at all
         t = time.perf_counter()
         figs = geometry_report.plots(out, tmp)
         timed["plots"] = round(time.perf_counter() - t, 2)

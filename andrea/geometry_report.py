@@ -308,10 +308,14 @@ def plot_simplex(sx: dict, out: Path) -> Path:
         bx.annotate(f"{name}\n({', '.join(m for m in members if m in sx['sources']) or 'no source'})", (x, y),
                     xytext=(0, -14 if y == 0 else 10), textcoords="offset points", ha="center",
                     va="top" if y == 0 else "bottom", fontsize=7, wrap=True)
-    _walk(bx, np.array([[p["tx"], p["ty"]] for p in ph]), starts, warm)
+    txy = np.array([[p["tx"], p["ty"]] for p in ph], float)
+    placed = np.isfinite(txy).all(axis=1)  # a phase with no weight in the families has no place in the triangle
+    if placed.any():
+        _walk(bx, txy[placed], starts[placed], warm[placed])
     outside = np.mean([p["outside_families"] for p in ph])
     bx.set_aspect("equal"), bx.set_xlim(-0.15, 1.15), bx.set_ylim(-0.3, 1.05), bx.axis("off")
-    bx.set_title(f"Ternary plot of the families ({100 * outside:.0f}% of the weight outside them, on average)", fontsize=10)
+    bx.set_title(f"Ternary plot of the families ({100 * outside:.0f}% of the weight outside them, on average"
+                 + (f"; {int((~placed).sum())} phase(s) with none in them left out" if not placed.all() else "") + ")", fontsize=10)
     fig.colorbar(sc, ax=[ax, bx], fraction=0.02, pad=0.01, label="step the phase began")
     return _save(fig, out / "simplex.png")
 

@@ -64,21 +64,41 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_dir(path: str | os.PathLike, marker: str) -> Iterator[Path]:
     """Yield a fresh temporary directory beside `path`; when the block succeeds it replaces
-    `path` whole (a directory output is then either the old one or the complete new one)."""
+    `path` whole (a directory output is then either the old one or the complete new one).
+
+    `marker` is a file every output of this writer holds (the geometry's geometry.json, the
+    audit's summary.json): an existing `path` is replaced only when it is empty or holds it, so an
+    output directory given by mistake (`--out results/<model>` or a checkpoint directory) is
+    refused before any work, not deleted."""
     import shutil
 
     path = Path(path)
+    check_replaceable(path, marker)
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         yield tmp
+        check_replaceable(path, marker)  # again: something may have been put there meanwhile
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_replaceable(path: str | os.PathLike, marker: str) -> None:
+    """Raise FileExistsError unless `path` is absent, an empty directory, or a directory holding
+    `marker` (a previous output of the writer that means to replace it)."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return
+    if path.is_dir() and not path.is_symlink() and (not any(path.iterdir()) or (path / marker).is_file()):
+        return
+    what = "a file" if not path.is_dir() or path.is_symlink() else f"a directory without {marker}"
+    raise FileExistsError(f"{path}: exists and is {what}, so it is not a previous output of this command; it would be "
+                          f"replaced whole: give a new or empty directory, or remove it yourself")
 
 
 def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:

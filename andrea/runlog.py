@@ -150,6 +150,117 @@ def _lines_backwards(fh, size: int, chunk: int = 1 << 16):
         buf = parts[0] if first else b""
 
 
+def _train_line(line: bytes) -> bool:
+    """A training record's line, told without decoding it (a record without a kind is one)."""
+    return b'"kind"' not in line or b'"kind": "train"' in line
+
+
+def eval_records(path: str | os.PathLike) -> dict[int, dict]:
+    """The validation records of a loss.jsonl, by step ({} for a missing file). Only their lines
+    are decoded: a 200,000-step log reads in about a second. A torn last line is left out, a
+    malformed one skipped."""
+    path = Path(path)
+    if not path.exists():
+        return {}
+    out = {}
+    with open(path, "rb") as fh:
+        for line in fh:
+            if b'"kind": "eval"' in line and line.endswith(b"\n"):
+                try:
+                    r = json.loads(line)
+                    out[int(r["step"])] = r
+                except (ValueError, KeyError, TypeError):
+                    continue
+    return out
+
+
+def last_train_step(path: str | os.PathLike) -> int:
+    """The step of the last training record of a loss.jsonl, read from its end (-1: none)."""
+    path = Path(path)
+    if not path.exists():
+        return -1
+    with open(path, "rb") as fh:
+        for _, line in _lines_backwards(fh, fh.seek(0, os.SEEK_END)):
+            if not line.strip() or not _train_line(line):
+                continue
+            try:
+                return int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError):
+                continue
+    return -1
+
+
+PHASE_KEYS = ("weights", "focus", "phase")
+
+
+class PhaseTracker:
+    """The curriculum's phases from training records in file order: a new phase where the record
+    marks one (`phase`, since 2026-12-02), or where the weights or the focus change (a resume under
+    new floors or caps inside a phase; in an older log, with no mark, every boundary that changed
+    them: a phase that drew the same weights and focus as the one before cannot be seen there). The
+    full record a resumed trainer writes first repeats what is in force: not a new phase."""
+
+    def __init__(self):
+        self.cur: dict = dict.fromkeys(PHASE_KEYS)
+        self.phases: list[dict] = []  # {"start", "weights", "focus", "phase"}; each ends where the next starts
+        self.marks = False  # the log marks its phases
+
+    def add(self, step: int, written: dict) -> bool:
+        """A training record at `step` that wrote `written` (some of weights, focus, phase).
+        True when it starts a phase."""
+        changed = {k for k in PHASE_KEYS if k in written and _same(k, written[k]) != _same(k, self.cur[k])}
+        if not changed:
+            return False
+        self.cur.update({k: written[k] for k in changed})
+        self.marks |= self.cur["phase"] is not None
+        start = self.cur["phase"] if "phase" in changed and self.cur["phase"] is not None else step
+        self.phases.append({"start": int(start), "weights": dict(self.cur["weights"] or {}),
+                            "focus": list(self.cur["focus"] or []), "phase": self.cur["phase"]})
+        return True
+
+    def view(self, last_step: int) -> dict:
+        """The phases with their ends ([start, end) steps), the last ending after `last_step`."""
+        out = [dict(p) for p in self.phases]
+        for a, b in zip(out, out[1:]):
+            a["end"] = b["start"]
+        if out:
+            out[-1]["end"] = max(last_step + 1, out[-1]["start"] + 1)
+        return {"phases": out, "last_step": last_step, "marks_phases": any(p["phase"] is not None for p in out)}
+
+
+def _same(key: str, value):
+    """A value as compared for a change: weights without their zeros (a record may name a source
+    at 0 that another leaves out)."""
+    if key == "weights" and isinstance(value, dict):
+        return {k: v for k, v in value.items() if v}
+    return value
+
+
+def phases(path: str | os.PathLike) -> dict:
+    """The curriculum's phases in a loss.jsonl (PhaseTracker), read fast (only the lines that set
+    weights, focus or phase are decoded): {"phases": [{"start", "end", "weights", "focus",
+    "phase"}] in step order, "last_step", "marks_phases": whether the log marks its phases}."""
+    path = Path(path)
+    tracker, bad = PhaseTracker(), 0
+    marks = tuple(f'"{k}"'.encode() for k in PHASE_KEYS)
+    with open(path, "rb") as fh:
+        for line in fh:
+            if not line.endswith(b"\n"):
+                break  # a line being written
+            if not any(m in line for m in marks) or not _train_line(line):
+                continue
+            try:
+                r = json.loads(line)
+                step = int(r["step"])
+            except (ValueError, KeyError, TypeError):
+                bad += 1
+                continue
+            tracker.add(step, {k: r[k] for k in PHASE_KEYS if k in r})
+    if bad:
+        log.warning("%s: %d malformed line(s) skipped", path, bad)
+    return tracker.view(last_train_step(path))
+
+
 def truncate_log(path: str | os.PathLike, keep: Callable[[dict], bool]) -> int:
     """Cut a JSON-lines log back to its last record that `keep` accepts (a resume: the records of
     steps that will run again go). Records are in step order, so what goes is a tail: it is found
@@ -267,6 +378,10 @@ def _append(path: Path, data: bytes) -> None:
 
 
 # ----------------------------------------------------------------------------- decoding
+def _number(v) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+
+
 def _numeric(t: pa.DataType) -> bool:
     return pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_null(t)
 
@@ -309,7 +424,7 @@ def _table(data: bytes, nl: np.ndarray) -> tuple[pa.Table, np.ndarray, int, dict
     try:
         # blocks of 512 KiB: Arrow decodes them on all cores (~2x on two cores for the former format)
         ro = pa_json.ReadOptions(block_size=1 << 19)
-        changes = _find_all(data, b'"weights": ') + _find_all(data, b'"focus": ')
+        changes = _find_all(data, b'"weights": ') + _find_all(data, b'"focus": ') + _find_all(data, b'"phase": ')
         if len(changes) * 4 < n_lines:
             t = pa_json.read_json(pa.BufferReader(data), read_options=ro, parse_options=pa_json.ParseOptions(
                 explicit_schema=SCALAR_SCHEMA, unexpected_field_behavior="ignore"))
@@ -338,6 +453,8 @@ def _table(data: bytes, nl: np.ndarray) -> tuple[pa.Table, np.ndarray, int, dict
             rec["weights"] = {str(k): float(v) for k, v in w.items()} if isinstance(w, dict) else None
             f = r.get("focus")
             rec["focus"] = [str(x) for x in f] if isinstance(f, list) else None
+            p = r.get("phase")
+            rec["phase"] = p if isinstance(p, int) and not isinstance(p, bool) else None
         except (ValueError, KeyError, TypeError, AttributeError):
             bad += 1
             continue
@@ -350,8 +467,10 @@ def _table(data: bytes, nl: np.ndarray) -> tuple[pa.Table, np.ndarray, int, dict
 
 class Decoded:
     """One stretch of the log as arrays: training steps with their scalars and weights (carried
-    forward from `carry`), where each training line starts, focus where written, and the
-    positions of the validation lines and of the other records (the work between steps)."""
+    forward from `carry`), where each training line starts, focus where written, the rows that
+    may start a phase of the curriculum (`marks`: (training row, what it wrote of weights, focus
+    and phase), for PhaseTracker), and the positions of the validation lines and of the other
+    records (the work between steps)."""
 
     def __init__(self, data: bytes, base: int, carry: dict[str, float], sources: list[str]):
         nl = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
@@ -381,7 +500,8 @@ class Decoded:
         given: dict[str, np.ndarray] = {}
         present = np.zeros(m, bool)
         self._focus_sparse: dict[int, list] | None = None
-        if sparse is not None:  # the few lines that set weights or focus, by training row
+        self.marks: list[tuple[int, dict]] = []
+        if sparse is not None:  # the few lines that set weights, focus or phase, by training row
             train_row = np.cumsum(tr) - 1
             self._focus_sparse = {}
             focus_present = np.zeros(m, bool)
@@ -390,6 +510,9 @@ class Decoded:
                 if not tr[line]:
                     continue
                 k = int(train_row[line])
+                written = {key: r[key] for key in PHASE_KEYS if key in r}
+                if written:
+                    self.marks.append((k, written))
                 if isinstance(r.get("weights"), dict):
                     ks.append(k)
                     ws.append(r["weights"])
@@ -414,6 +537,7 @@ class Decoded:
                 given[f.name] = pc.struct_field(w, f.name).cast(pa.float64()).to_numpy(zero_copy_only=False)[tr]
                 if f.name not in self.sources:
                     self.sources.append(f.name)
+        w_present = present
         last = np.maximum.accumulate(np.where(present, np.arange(m), -1)) if m else np.zeros(0, np.int64)
         self.weights = np.empty((m, len(self.sources)))
         for j, s in enumerate(self.sources):
@@ -427,6 +551,39 @@ class Decoded:
                        if self.focus_col is not None else np.zeros(m, bool))
         self._focus_last = np.maximum.accumulate(np.where(present, np.arange(m), -1)) if m else np.zeros(0, np.int64)
         self._focus_rows = np.flatnonzero(tr)
+        if sparse is None and m:  # every line may carry weights and focus (the earlier format): the rows where they change
+            self.marks = self._changes(t, tr, w_present, present, carry)
+
+    def _changes(self, t: pa.Table, tr: np.ndarray, w_present: np.ndarray, f_present: np.ndarray, carry: dict) -> list:
+        """The rows of a stretch with weights and focus on every line where either (or a phase
+        mark) changes: compared as arrays, only those rows decoded (a 137 MB log reads no slower)."""
+        prev = np.vstack(([carry.get(s, 0.0) for s in self.sources], self.weights[:-1]))
+        rows = np.flatnonzero(w_present & (self.weights != prev).any(axis=1))
+
+        def changes(values: np.ndarray, present: np.ndarray) -> np.ndarray:
+            at = np.flatnonzero(present)
+            v = values[at]
+            return at[np.r_[True, v[1:] != v[:-1]]] if len(at) else at
+
+        focus_at = np.zeros(0, np.int64)
+        if self.focus_col is not None and f_present.any():
+            joined = pc.binary_join(self.focus_col.take(self._focus_rows), "\x1f").to_numpy(zero_copy_only=False)
+            focus_at = changes(joined, f_present)
+        phase = None
+        if "phase" in t.column_names and _numeric(t.schema.field("phase").type):
+            phase = t.column("phase").cast(pa.float64()).to_numpy(zero_copy_only=False)[tr]
+            rows = np.union1d(rows, changes(phase, ~np.isnan(phase)))
+        rows = np.union1d(rows, focus_at)
+        focus = dict(zip(rows.tolist(), self.focus_col.take(self._focus_rows[rows]).to_pylist())) if self.focus_col is not None else {}
+        out = []
+        for k in rows.tolist():
+            written = {"weights": dict(zip(self.sources, self.weights[k].tolist()))} if w_present[k] else {}
+            if focus.get(k) is not None:
+                written["focus"] = focus[k]
+            if phase is not None and not np.isnan(phase[k]):
+                written["phase"] = int(phase[k])
+            out.append((k, written))
+        return out
 
     def focus_before(self, k: int, carry: list) -> list:
         """The focus in force before training row k (`carry` when no row before k wrote one)."""
@@ -593,6 +750,11 @@ class RunLog:
         self.buckets = Buckets(self.limit)
         self.index_steps: list[int] = []  # first step of each block
         self.index: list[tuple[int, dict, list]] = []  # (byte offset, weights and focus in force there)
+        # the curriculum's phases (the walk on the simplex): one entry per phase, ~30 bytes and the
+        # weights each (a 200,000-step run of 7–42-step phases holds ~10,000)
+        self.phases = PhaseTracker()
+        self._walk_start: list[int] = []  # the phases as columns, grown as they come (walk: no pass over them per answer)
+        self._walk_cols: dict[str, list[float]] = {}
         self.evals: list[dict] = []
         # the validation records as columns too, grown as they come (the dashboard sends them all)
         self.eval_cols: dict[str, list] = {"step": [], "loss": [], "bpb": []}
@@ -680,6 +842,9 @@ class RunLog:
             self.out_of_order += int((~ok).sum())
         idx = np.flatnonzero(ok)
         m = len(idx)
+        for k, written in d.marks:
+            if ok[k]:
+                self.phases.add(int(d.step[k]), written)
         if m:
             step, W = d.step[idx], d.weights[idx]
             scalars = {k: v[idx] for k, v in d.scalars.items()}
@@ -736,6 +901,46 @@ class RunLog:
                     "sources": {s: col(v) for s, v in sorted(self.eval_sources.items())}}
 
     # ------------------------------------------------------------------ views
+    def walk(self, max_points: int = MAX_POINTS, lo: int | None = None, hi: int | None = None) -> dict:
+        """The curriculum's phases overlapping steps [lo, hi] as columns: first step, end (the next
+        phase's first step), the weights and the focus of each; more than max_points phases are
+        merged g at a time (`phases_per_point`: the weights their mean over their steps, the focus
+        the last one's). `marks_phases`: the log marks its phases (else a phase is a change of the
+        weights or the focus, PhaseTracker)."""
+        with self.lock:
+            ph = self.phases.phases
+            for p in ph[len(self._walk_start):]:
+                n = len(self._walk_start)
+                for src in p["weights"]:
+                    self._walk_cols.setdefault(src, [0.0] * n)
+                for src, col in self._walk_cols.items():
+                    col.append(_number(p["weights"].get(src)))
+                self._walk_start.append(p["start"])
+            start = np.asarray(self._walk_start, np.int64)
+            n = len(start)
+            end = np.append(start[1:], max(self.last_step + 1, int(start[-1]) + 1)) if n else start
+            sel = np.ones(n, bool)
+            if lo is not None:
+                sel &= end > lo
+            if hi is not None:
+                sel &= start <= hi
+            rows = np.flatnonzero(sel)
+            sources = list(self._walk_cols)
+            W = np.array([np.asarray(self._walk_cols[src])[rows] for src in sources]).T.reshape(len(rows), len(sources))
+            start, end = start[rows], end[rows]
+            focus = [ph[i]["focus"] for i in rows]
+            marks = self.phases.marks
+        g = -(-len(rows) // max_points) if len(rows) > max_points else 1
+        if g > 1:
+            ids = np.arange(len(rows)) // g
+            first = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+            steps = (end - start).astype(float)
+            W = np.add.reduceat(W * steps[:, None], first) / np.add.reduceat(steps, first)[:, None]
+            last = np.r_[first[1:], len(rows)] - 1
+            start, end, focus = start[first], end[last], [focus[i] for i in last]
+        return {"start": start, "end": end, "weights": {s: W[:, j] for j, s in enumerate(sources)}, "focus": focus,
+                "phases_per_point": g, "marks_phases": marks, "n_phases": len(rows)}
+
     def series(self, max_points: int = MAX_POINTS) -> dict:
         with self.lock:
             return self._meta() | self.buckets.view(max_points)

@@ -65,7 +65,7 @@ from andrea.config import (
 from andrea.curriculum import VALIDATION_MODES, make_curriculum
 from andrea.engine import Engine, load_backend, materialise, resolve_backend
 from andrea.evaluation import build_eval_set, evaluate, prepare_batches
-from andrea.io import atomic_dir, link_or_copy, write_json_atomic
+from andrea.io import atomic_dir, check_replaceable, link_or_copy, write_json_atomic
 from andrea.model import ModelConfig, flops_per_token, n_params
 from andrea.optim import NonFiniteCounter, NonFiniteHalt, OptimConfig, launch_step, reads_ahead
 from andrea.runlog import RunLogWriter, cut_run_records
@@ -477,6 +477,8 @@ class Trainer:
     def run(self, out_dir: str | Path | None = None) -> dict:
         if not self.root:
             return self._run_rank(out_dir)
+        if out_dir is not None:  # before the run: a wrong --out is refused, not deleted by the export at its end
+            check_replaceable(out_dir, "run.json")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.ckpt_dir.mkdir(exist_ok=True)
         lock = open(self.run_dir / ".lock", "w")
@@ -886,7 +888,7 @@ class Trainer:
             "tokenizer_hash": self.shards_meta["tokenizer_hash"],
             "run_dir": str(self.run_dir),
         }
-        with atomic_dir(out) as tmp:
+        with atomic_dir(out, "run.json") as tmp:  # a ckpt directory, or nothing of value
             link_or_copy(self.run_dir / "final.bin", tmp / "final.bin")
             link_or_copy(self.run_dir / "best.bin", tmp / "best.bin")
             (tmp / "run.json").write_text(json.dumps(meta, indent=2))

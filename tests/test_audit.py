@@ -30,6 +30,22 @@ def trained(shards, tmp_path_factory):  # noqa: F811
     return cfg, tmp / "ckpt", shards
 
 
+def test_audit_refuses_an_out_that_is_not_an_audit(trained, tmp_path):
+    """`andrea audit --out results/<model>/ckpt` would have replaced the checkpoint: refused before
+    any work, the directory left as it was."""
+    cfg, ckpt, shards = trained  # noqa: F811
+    before = sorted(p.name for p in ckpt.iterdir())
+    with pytest.raises(FileExistsError, match="ckpt: exists and is a directory without summary.json"):
+        run_audit(ckpt, shards, audit_cfg(cfg), cfg["curriculum"]["heldout_every"], ckpt)
+    assert sorted(p.name for p in ckpt.iterdir()) == before
+    # and `andrea train --out` at a directory that is not a ckpt directory, before any step
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="notes: exists and is a directory without run.json"):
+        Trainer(cfg, "micro", shards, tmp_path / "run").run(out_dir=tmp_path / "notes")
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me" and not (tmp_path / "run" / "loss.jsonl").exists()
+
+
 def audit_cfg(cfg, **judge):
     a = json.loads(json.dumps(cfg["audit"]))
     a["prompts"] = a["prompts"][:3]

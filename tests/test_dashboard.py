@@ -12,7 +12,7 @@ import pytest
 
 from andrea.dashboard import MAX_POINTS, loss_series, make_server
 from andrea.io import read_run_log
-from andrea.runlog import read_records
+from andrea.runlog import phases
 from test_trainer import shards, straight  # noqa: F401  (fixtures: a real run on the embedded corpus)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
@@ -44,6 +44,14 @@ def test_data_endpoints_serve_the_run(server):
     assert evals and d["eval"]["step"] == [r["step"] for r in evals] and d["eval"]["bpb"] == [r["bpb"] for r in evals]
     assert "dictionary" in d["eval"]["sources"]
     assert "chat" in d["weights"] and len(d["weights"]["chat"]) == n
+    # the curriculum's walk: one point per phase the trainer marked, as the geometry's reader finds them
+    ph = phases(run / "loss.jsonl")
+    assert ph["marks_phases"] and d["walk"]["marks_phases"] and d["walk"]["phases_per_point"] == 1
+    assert d["walk"]["start"] == [p["start"] for p in ph["phases"]] and d["walk"]["end"] == [p["end"] for p in ph["phases"]]
+    assert d["walk"]["focus"] == [p["focus"] for p in ph["phases"]]
+    assert d["walk"]["weights"]["chat"] == [p["weights"].get("chat", 0) for p in ph["phases"]]
+    z = json.loads(get(f"{url}/data/loss?from=100&to=130")[1])["walk"]  # a zoom: the phases overlapping it
+    assert z["start"] == [p["start"] for p in ph["phases"] if p["end"] > 100 and p["start"] <= 130]
     assert len(json.loads(get(f"{url}/data/samples")[1])) == 3
     assert json.loads(get(f"{url}/data/overview")[1])["plan"]["model"] == "micro"
     assert get(f"{url}/static/chart.umd.min.js")[1].startswith(b"/*!\n * Chart.js")
@@ -113,11 +121,38 @@ def test_page_draws_the_curves_in_a_browser(server, tmp_path):
     assert "step 240/240 · loss" in dom and "tokens/s over the steps' wall time" in dom
     weights = int(re.search(r'data-weight-series="(\d+)"', body).group(1))
     assert weights >= 5  # one curve per source
-    # the curriculum's walk on the simplex: every step is shown, so one point per distinct mixture in a row
-    train = [r for r in read_records(run / "loss.jsonl") if r.get("kind", "train") == "train"]
-    mixes = [tuple(round(v, 6) for _, v in sorted(r["weights"].items())) for r in train]
-    assert f'data-simplex-points="{1 + sum(a != b for a, b in zip(mixes, mixes[1:]))}"' in body
+    # the curriculum's walk on the simplex: one point per phase the trainer marked in loss.jsonl
+    ph = phases(run / "loss.jsonl")
+    assert ph["marks_phases"] and f'data-simplex-points="{len(ph["phases"])}"' in body
     assert "focus now: " in dom and "curriculum warm-up until step 60" in dom and "chat: hermes3-general, chat" in dom
     shot = tmp_path / "dashboard.png"
     subprocess.run([CHROMIUM, *flags, "--window-size=1300,1000", f"--screenshot={shot}", f"{url}/"], capture_output=True, timeout=90)
     assert shot.exists() and shot.stat().st_size > 20_000  # a page with charts, not a blank one
+
+
+def test_a_config_that_does_not_load_does_not_stop_the_dashboard(tmp_path, monkeypatch, capsys):
+    """`andrea dashboard RUN_DIR` needs no config: one that is there but invalid is warned about,
+    and the page is served without the ternary view's families; a valid one gives them."""
+    import andrea.cli as cli
+    import andrea.dashboard as dashboard
+
+    served = []
+
+    class Server:
+        server_address = ("127.0.0.1", 1)
+
+        def serve_forever(self):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(dashboard, "make_server", lambda run_dir, host, port, families=None: served.append(families) or Server())
+    (tmp_path / "run").mkdir()
+    bad = tmp_path / "config.yaml"
+    bad.write_text("results_dir: [not, a, path]\n")
+    assert cli.main(["dashboard", str(tmp_path / "run"), "--config", str(bad)]) == 0
+    err = capsys.readouterr().err
+    assert served == [None] and f"{bad} does not load: the dashboard runs without it" in err and "results_dir" in err
+    from conftest import REPO
+
+    assert cli.main(["dashboard", str(tmp_path / "run"), "--config", str(REPO / "config" / "config.yaml")]) == 0
+    assert served[1] and set(served[1]) == {"chat", "prose", "reference"}
+

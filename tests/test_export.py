@@ -312,6 +312,11 @@ def test_export_errors_name_the_file(trained, tmp_path, capsys):
     config = ["--config", str(REPO / "config" / "config.yaml")]
     assert cli.main(["export", *config, "--ckpt", str(tmp_path / "nope")]) == 1
     assert f"{tmp_path / 'nope'}: not a directory" in capsys.readouterr().err
+    # --out at the model's directory (not an export) is refused and left whole
+    before = sorted(p.name for p in trained.iterdir())
+    assert cli.main(["export", *config, "--ckpt", str(trained / "ckpt"), "--out", str(trained)]) == 1
+    assert f"{trained}: exists and is a directory without model.safetensors" in capsys.readouterr().err
+    assert sorted(p.name for p in trained.iterdir()) == before
     ckpt = tmp_path / "ckpt"
     shutil.copytree(trained / "ckpt", ckpt)
     run = json.loads((ckpt / "run.json").read_text())

@@ -23,7 +23,6 @@ from andrea.geometry import (
     procrustes,
     radial_coords,
     radial_vertices,
-    read_phases,
     run_geometry,
     spread,
     subset,
@@ -31,7 +30,7 @@ from andrea.geometry import (
 )
 from andrea.model import ModelConfig, init_weights, param_layout
 from andrea.trainer import Trainer
-from conftest import REPO, write_jsonl
+from conftest import REPO
 from test_trainer import MODEL, TRAIN, shards  # noqa: F401  (fixture)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -99,26 +98,10 @@ def test_a_one_hot_mixture_lands_on_its_vertex():
     xy, shares, outside = ternary_coords(np.eye(5), sources, FAMILIES)
     assert np.allclose(xy[:4], TRIANGLE[[0, 0, 1, 2]])  # a and b are chat's vertex, c prose's, d reference's
     assert np.allclose(outside, [0, 0, 0, 0, 1])  # e is in no family
+    # all its weight outside the families: no place in the triangle (not chat's vertex), as on the dashboard
+    assert np.isnan(xy[4]).all() and np.isnan(shares[4]).all()
     half = ternary_coords(np.array([[0.5, 0, 0.5, 0, 0]]), sources, FAMILIES)[0]
     assert np.allclose(half, (TRIANGLE[0] + TRIANGLE[1]) / 2)  # on the chat-prose edge
-
-
-def test_phases_are_read_from_both_log_formats(tmp_path):
-    w1, w2 = {"a": 0.7, "b": 0.3}, {"a": 0.2, "b": 0.8}
-    # the compact format with the phase mark: a new phase with the same weights and focus still counts,
-    # and the full record a resumed trainer writes first is not a new phase
-    rows = [{"step": 0, "loss": 5, "weights": w1, "focus": ["a"], "phase": 0}, {"step": 1, "loss": 5},
-            {"kind": "eval", "step": 2, "loss": 4, "sources": {}}, {"step": 2, "loss": 5, "phase": 2},
-            {"step": 3, "loss": 5, "weights": w2, "focus": ["b"], "phase": 3},
-            {"step": 4, "loss": 5, "weights": w2, "focus": ["b"], "phase": 3}, {"step": 5, "loss": 5}]
-    ph = read_phases(write_jsonl(tmp_path / "new.jsonl", rows))
-    assert [(p["start"], p["end"], p["weights"], p["focus"]) for p in ph["phases"]] == [
-        (0, 2, w1, ["a"]), (2, 3, w1, ["a"]), (3, 6, w2, ["b"])]
-    assert ph["marks_phases"] and ph["last_step"] == 5
-    # the earlier format: weights and focus on every line, no phase mark: a new point where they change
-    old = [{"step": s, "loss": 5, "weights": w1 if s < 3 else w2, "focus": ["a"] if s < 3 else ["b"]} for s in range(5)]
-    ph = read_phases(write_jsonl(tmp_path / "old.jsonl", old))
-    assert [(p["start"], p["end"]) for p in ph["phases"]] == [(0, 3), (3, 5)] and not ph["marks_phases"]
 
 
 # ----------------------------------------------------------------------------- attention
@@ -241,6 +224,20 @@ def test_views_can_be_chosen_and_a_bad_one_is_named(trained, shards, tmp_path): 
     assert out["views"] == ["simplex"] and "surface" not in out and (tmp_path / "g" / "simplex.parquet").exists()
     with pytest.raises(ValueError, match="unknown view.*the views are embedding, attention, surface, simplex"):
         run_geometry(tmp / "ckpt", shards, g, tmp_path / "h", [], views=["embeddings"])
+    # a run.json without a key the views need: the file and the key named
+    broken = tmp_path / "broken"
+    shutil.copytree(tmp / "ckpt", broken)
+    meta = json.loads((broken / "run.json").read_text())
+    del meta["model_config"]
+    (broken / "run.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"broken/run.json: no model_config"):
+        load_run(broken, shards)
+    # a previous geometry output is replaced; any other directory (here the checkpoint) is refused, untouched
+    run_geometry(tmp / "ckpt", shards, g, tmp_path / "g", [], cfg["megachat"], views=["simplex"])
+    before = sorted(p.name for p in (tmp / "ckpt").iterdir())
+    with pytest.raises(FileExistsError, match="ckpt: exists and is a directory without geometry.json"):
+        run_geometry(tmp / "ckpt", shards, g, tmp / "ckpt", [], cfg["megachat"], views=["simplex"])
+    assert sorted(p.name for p in (tmp / "ckpt").iterdir()) == before and "final.bin" in before
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")

@@ -4,7 +4,7 @@ import os
 import pyarrow as pa
 import pytest
 
-from andrea.io import AtomicParquetWriter, Manifest, atomic_path, write_json_atomic
+from andrea.io import AtomicParquetWriter, Manifest, atomic_dir, atomic_path, write_json_atomic
 
 
 def test_atomic_path_leaves_nothing_when_the_block_fails(tmp_path):
@@ -25,6 +25,33 @@ def test_atomic_path_replaces_only_on_success(tmp_path):
             tmp.write_text("{broken")
             raise ValueError
     assert json.loads(target.read_text()) == {"v": 1}
+
+
+def test_atomic_dir_replaces_only_its_own_outputs(tmp_path):
+    """An output directory replaces a previous one of its kind (holding the marker), an empty one or
+    nothing; a directory of something else (`--out results/<model>`, a ckpt directory) or a file is
+    refused before the block runs, and left as it was."""
+    for name, before in [("new", None), ("empty", []), ("previous", ["report.json", "old.png"])]:
+        d = tmp_path / name
+        if before is not None:
+            d.mkdir()
+            for f in before:
+                (d / f).write_text("old")
+        with atomic_dir(d, "report.json") as tmp:
+            (tmp / "report.json").write_text("new")
+        assert sorted(os.listdir(d)) == ["report.json"] and (d / "report.json").read_text() == "new"
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "final.bin").write_bytes(b"weights")
+    (tmp_path / "file").write_text("x")
+    for target in (ckpt, tmp_path / "file"):
+        ran = []
+        with pytest.raises(FileExistsError, match=f"{target}: exists and is .*not a previous output"):
+            with atomic_dir(target, "report.json"):
+                ran.append(1)
+        assert not ran
+    assert (ckpt / "final.bin").read_bytes() == b"weights" and (tmp_path / "file").read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "empty", "file", "new", "previous"]  # no temporary left
 
 
 def test_parquet_writer_abort_keeps_previous_file(tmp_path):

@@ -15,8 +15,20 @@ import pandas as pd
 import pytest
 
 from andrea.dashboard import LossData
-from andrea.runlog import FINE_BUCKETS, MAX_POINTS, Expander, RecordCompactor, RunLog, read_records, read_run_log, truncate_log
-from conftest import REPO
+from andrea.runlog import (
+    FINE_BUCKETS,
+    MAX_POINTS,
+    Expander,
+    RecordCompactor,
+    RunLog,
+    eval_records,
+    last_train_step,
+    phases,
+    read_records,
+    read_run_log,
+    truncate_log,
+)
+from conftest import REPO, write_jsonl
 
 spec = importlib.util.spec_from_file_location("dashboard_longrun", REPO / "bench" / "dashboard_longrun.py")
 longrun = importlib.util.module_from_spec(spec)
@@ -262,3 +274,61 @@ def test_speed_of_a_log_without_step_times_is_not_made_up(tmp_path):
     d = json.loads(LossData(path, poll_bytes=None).response())
     assert d["speed"]["tokens_per_s"] is None and d["speed"]["tokens_per_s_with_periodic"] is None
     assert d["steps_done"] == 5
+
+
+def test_phases_are_read_from_both_log_formats(tmp_path):
+    w1, w2 = {"a": 0.7, "b": 0.3}, {"a": 0.2, "b": 0.8}
+    # the compact format with the phase mark: a new phase with the same weights and focus still counts,
+    # and the full record a resumed trainer writes first is not a new phase
+    rows = [{"step": 0, "loss": 5, "weights": w1, "focus": ["a"], "phase": 0}, {"step": 1, "loss": 5},
+            {"kind": "eval", "step": 2, "loss": 4, "sources": {}}, {"step": 2, "loss": 5, "phase": 2},
+            {"step": 3, "loss": 5, "weights": w2, "focus": ["b"], "phase": 3},
+            {"step": 4, "loss": 5, "weights": w2, "focus": ["b"], "phase": 3}, {"step": 5, "loss": 5}]
+    ph = phases(write_jsonl(tmp_path / "new.jsonl", rows))
+    assert [(p["start"], p["end"], p["weights"], p["focus"]) for p in ph["phases"]] == [
+        (0, 2, w1, ["a"]), (2, 3, w1, ["a"]), (3, 6, w2, ["b"])]
+    assert ph["marks_phases"] and ph["last_step"] == 5
+    # the earlier format: weights and focus on every line, no phase mark: a new point where they change
+    old = [{"step": s, "loss": 5, "weights": w1 if s < 3 else w2, "focus": ["a"] if s < 3 else ["b"]} for s in range(5)]
+    ph = phases(write_jsonl(tmp_path / "old.jsonl", old))
+    assert [(p["start"], p["end"]) for p in ph["phases"]] == [(0, 3), (3, 5)] and not ph["marks_phases"]
+
+
+
+def test_the_tail_finds_the_same_phases_read_in_any_pieces(tmp_path):
+    """The dashboard's walk (RunLog, reading what was appended since the last poll) gives the phases
+    the whole-file reader gives, in both formats, however the file is cut into polls; a log of more
+    phases than the page takes is merged, the weights their mean over the steps."""
+    w = [{"a": 0.7, "b": 0.3}, {"a": 0.2, "b": 0.8}, {"a": 0.5, "b": 0.5}]
+    compact, c = [], RecordCompactor()
+    for s in range(60):
+        k = s // 7  # phases of 7 steps; phase 3 draws the weights and focus of phase 2: only its mark tells
+        if s == 31:
+            c = RecordCompactor()  # a resumed trainer: its first record is whole, and no new phase
+        rec = {"step": s, "loss": 5.0, "ema": 5.0, "smma": 5.0, "lr": 0.1, "grad_norm": 1.0, "tokens_per_s": 1.0,
+               "weights": w[min(k, 2)], "focus": ["a"] if k % 2 and k != 3 else ["b"], "phase": 7 * k}
+        compact.append(json.loads(c.dumps(rec)))
+        if s % 10 == 9:
+            compact.append({"kind": "eval", "step": s, "loss": 4.0, "sources": {}})
+    old = [{"step": s, "loss": 5.0, "weights": w[s // 20], "focus": ["a"] if s < 40 else ["b"]} for s in range(60)]
+    for name, rows in (("compact", compact), ("old", old)):
+        path = write_jsonl(tmp_path / f"{name}.jsonl", rows)
+        want = phases(path)
+        starts = [p["start"] for p in want["phases"]]
+        assert starts == ([0, 7, 14, 21, 28, 35, 42, 49, 56] if name == "compact" else [0, 20, 40]), (name, starts)
+        for chunk in (None, 97, 1000):
+            t = RunLog(path)
+            while t.poll(chunk):
+                pass
+            v = t.walk()
+            assert v["start"].tolist() == starts and v["end"].tolist() == [p["end"] for p in want["phases"]], (name, chunk)
+            assert v["focus"] == [p["focus"] for p in want["phases"]] and v["marks_phases"] == (name == "compact")
+            assert v["weights"]["a"].tolist() == [p["weights"]["a"] for p in want["phases"]]
+    t = RunLog(tmp_path / "compact.jsonl")
+    t.poll()
+    m = t.walk(max_points=4)  # 9 phases, 3 at a time
+    assert m["phases_per_point"] == 3 and m["start"].tolist() == [0, 21, 42] and m["end"].tolist() == [21, 42, 60]
+    assert m["weights"]["a"].tolist() == pytest.approx([(0.7 + 0.2 + 0.5) / 3, 0.5, 0.5])  # 7 steps each
+    assert eval_records(tmp_path / "compact.jsonl").keys() == {9, 19, 29, 39, 49, 59}
+    assert last_train_step(tmp_path / "compact.jsonl") == 59 == last_train_step(tmp_path / "old.jsonl")
+    assert last_train_step(tmp_path / "none.jsonl") == -1 and eval_records(tmp_path / "none.jsonl") == {}

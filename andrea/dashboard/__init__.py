@@ -3,7 +3,9 @@ run's files every few seconds and plots them with Chart.js (vendored in static/,
 loss (raw, EMA, SMMA), validation bits per byte (overall and per source), learning rate, gradient
 norm, the bandit's source weights over time and as a walk on the simplex of sources (the radial
 projection and the ternary plot of three source families, as andrea/geometry.py draws them after
-the run, here from the same incremental series), and the latest samples with their coherence scores.
+the run: one point per phase of the curriculum, where loss.jsonl's `phase` marks one, or in a log
+written before it had the mark, where the weights or the focus changed; RunLog.walk, read with the
+same incremental tail), and the latest samples with their coherence scores.
 Its status line counts steps as the train log does (`step 500/500`: `steps_done`) and gives the
 run's tokens over its steps' wall time, with and without the work between them (RunLog.speed).
 
@@ -81,13 +83,15 @@ class LossData:
                 return self._cache[1]
             if lo is None and hi is None:
                 d = self.log.series()
-                body = _encode(d)[:-1] + ',"exact":' + json.dumps(d["bucket_steps"] == 1) + ',"eval":' + self._eval_json() + "}"
+                body = (_encode(d)[:-1] + ',"exact":' + json.dumps(d["bucket_steps"] == 1) + ',"eval":' + self._eval_json()
+                        + ',"walk":' + _encode(self.log.walk()) + "}")
             else:
                 lo = 0 if lo is None else lo
                 hi = max(self.log.last_step, lo) if hi is None else hi
                 d = self.log.zoom(lo, hi)
                 # every step as written (repr of each float): the exact records
-                body = (json.dumps(jsonable(d)) if d["exact"] else _encode(d))[:-1] + ',"eval":' + self._eval_json(lo, hi, d["exact"]) + "}"
+                body = ((json.dumps(jsonable(d)) if d["exact"] else _encode(d))[:-1] + ',"eval":' + self._eval_json(lo, hi, d["exact"])
+                        + ',"walk":' + _encode(self.log.walk(lo=lo, hi=hi)) + "}")
             self._cache = (key, body.encode())
             return self._cache[1]
 

@@ -21,11 +21,14 @@ rule geometry:
         f"{RESULTS}/benchmarks/geometry/{{model}}.tsv"
     conda:
         "../envs/andrea.yaml"
+    threads: config["cluster"]["job_threads"]
     resources:
         gpu=train_resources,
         slurm_partition=train_partition,
         runtime=60,
-        # the initial weights in float64, two directions and a checkpoint on the host: ~10 GB at 480M
+        # float32 vectors of all the weights on the host: the final and initial weights, two
+        # directions and a checkpoint, ~10 GB at 480M with the GPU; NumPy holds the engine's four
+        # (weights, gradients, moments) and the surface's sums too, ~20 GB at 480M (days of CPU)
         mem_mb=16000,
     params:
         geometry=lambda wildcards: geometry_settings(config, wildcards.model),
