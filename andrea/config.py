@@ -424,9 +424,10 @@ def known_sources(config: dict) -> set[str]:
 
 
 def check_curriculum_sources(config: dict, source: str = "config") -> None:
-    """`curriculum.weights` and `curriculum.warmup_sources` name sources that exist, wherever a
-    curriculum section is (top level, train.<model>, a study and its arms): a misspelt name would
-    otherwise be ignored (its source weighed by `weight`, or never in the warm-up)."""
+    """`curriculum.weights` names sources that exist, wherever a curriculum section is (top level,
+    train.<model>, a study and its arms): a misspelt name would otherwise be ignored (its source
+    weighed by `weight`). `warmup_sources` is not checked here: configs trimmed to a few sources
+    keep the shipped warm-up list, whose absent names the trainer leaves out."""
     known = known_sources(config)
     sections = [("curriculum", config.get("curriculum") or {})]
     sections += [(f"train.{m}.curriculum", t["curriculum"]) for m, t in config.get("train", {}).items()
@@ -435,7 +436,7 @@ def check_curriculum_sources(config: dict, source: str = "config") -> None:
         sections.append((f"studies.{name}.curriculum", st.get("curriculum") or {}))
         sections += [(f"studies.{name}.arms.{a}.curriculum", arm.get("curriculum") or {}) for a, arm in st["arms"].items()]
     for where, c in sections:
-        for key, names in (("weights", list(c.get("weights") or {})), ("warmup_sources", list(c.get("warmup_sources") or []))):
+        for key, names in (("weights", list(c.get("weights") or {})),):
             for src in names:
                 if src not in known:
                     raise ConfigError(f"{source} is invalid:\n  {where}.{key}: no source {src!r} in sources or any data "

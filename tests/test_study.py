@@ -68,7 +68,7 @@ def test_a_study_that_cannot_run_is_refused_naming_the_key(change, message):
 
 
 @pytest.mark.parametrize("where", ["top", "train", "study", "arm"])
-@pytest.mark.parametrize("key, value", [("weights", {"chatt": 1.0}), ("warmup_sources", ["chat", "chatt"])])
+@pytest.mark.parametrize("key, value", [("weights", {"chatt": 1.0})])
 def test_a_misspelt_source_in_a_curriculum_is_refused_wherever_it_is(where, key, value):
     curriculum = {key: value}
     overrides = {"top": {"curriculum": curriculum}, "train": {"train": {"ANDREA-tiny": {"curriculum": curriculum}}},
