@@ -78,10 +78,17 @@ def iter_megachat(path: str | Path, batch_rows: int = 4096) -> Iterable[dict]:
     """Rows of a megachat Parquet file, streamed row group by row group: one iter_batches over the
     whole file held ~1.7 GB by the end of a 2.5 GB megachat (half the real profile), 0.3 GB this way.
     (One source's rows: andrea.shards reads them the same way, skipping row groups by statistics.)"""
+    for batch in row_group_batches(path, batch_rows):
+        yield from batch.to_pylist()
+
+
+def row_group_batches(path: str | Path, batch_rows: int) -> Iterable[pa.RecordBatch]:
+    """A Parquet file's record batches, row group by row group: one iter_batches over the whole file
+    holds memory to the file's end (iter_megachat's readers, and the merge of prep_megachat's
+    readers' events, which reached 2.8 GB on the real profile's Gutenberg)."""
     pf = pq.ParquetFile(path)
     for i in range(pf.metadata.num_row_groups):
-        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[i]):
-            yield from batch.to_pylist()
+        yield from pf.iter_batches(batch_size=batch_rows, row_groups=[i])
 
 
 def source_key(config: dict, name: str) -> str:
@@ -313,28 +320,19 @@ class _Readers:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _event_batches(path: str | Path) -> Iterable[pa.RecordBatch]:
-    """A reader's events, row group by row group: one iter_batches over a whole file holds memory to
-    the file's end (the merge reached 2.8 GB on the real profile's Gutenberg events; see
-    iter_megachat)."""
-    pf = pq.ParquetFile(path)
-    for i in range(pf.metadata.num_row_groups):
-        yield from pf.iter_batches(batch_size=EVENT_BATCH, row_groups=[i])
-
-
 def _source_batches(result: dict, job: dict, on_result) -> Iterable[pa.RecordBatch]:
     """The events of one source, batch by batch, then its reader's error raised (if any). A reader
     stopped at max_docs distinct documents is run again in this process without the limit, and its
     events after those already given are given too, when the merge wants more (some of the
     documents were duplicates of earlier sources')."""
-    yield from _event_batches(result["path"])
+    yield from row_group_batches(result["path"], EVENT_BATCH)
     if result["truncated"]:
         given = result["events"]
         path = Path(job["path"])
         result = read_source({**job, "path": str(path.with_name(f"{path.stem}.all.parquet")), "limit": False,
                               "keep_logs": False, "progress": True})
         on_result(result)
-        for batch in _event_batches(result["path"]):
+        for batch in row_group_batches(result["path"], EVENT_BATCH):
             if given >= batch.num_rows:
                 given -= batch.num_rows
                 continue
