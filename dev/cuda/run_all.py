@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 DEV = Path(__file__).resolve().parent
-SCRIPTS = ("embedding", "layernorm", "attention", "attention_mma", "classifier", "elementwise", "decode", "sampling", "fp8")
+SCRIPTS = ("embedding", "layernorm", "attention", "attention_mma", "attention_wgmma", "classifier", "elementwise", "decode", "sampling", "fp8")
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,95 @@
+"""The Hopper warp-group (wgmma) attention forward (andrea/engine/cupy/attention_wgmma.py,
+kernels/attention_wgmma.cu) against the NumPy reference, on a GPU that runs sm_90a code (compute
+capability 9.0: H100, H200). Run on the device: `python3 -m pytest tests/test_gpu_attention_wgmma.py`.
+Without CuPy, a GPU, or on another GPU every test is skipped and says so; CI never has a GPU."""
+
+import numpy as np
+import pytest
+
+try:
+    import cupy as cp
+
+    HAVE_GPU = cp.cuda.runtime.getDeviceCount() > 0
+    CAPABILITY = cp.cuda.Device().compute_capability if HAVE_GPU else None
+except Exception:  # ImportError, or CUDA without a device
+    HAVE_GPU, CAPABILITY = False, None
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not HAVE_GPU, reason="no CUDA GPU with CuPy here (GPU tests run on the device)"),
+              pytest.mark.skipif(HAVE_GPU and CAPABILITY != "90",
+                                 reason=f"compute capability {CAPABILITY}: sm_90a code runs only on 9.0 (H100/H200)")]
+
+if HAVE_GPU:
+    from andrea.engine.cupy import CupyBackend, attention_mma, attention_wgmma
+from andrea.engine import numpy_backend as nb
+
+RNG = np.random.default_rng(11)
+B = 2
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def y_terms(qkv, lse):
+    """Σ_j P_ij·|v_j| per output element ([B, T, H·D]): the sum each y element adds up, which scales its
+    rounding error (P rounded to 16 bits as an operand, the output rounded once)."""
+    q, k, v = (qkv[:, :, i].transpose(0, 2, 1, 3).astype(np.float64) for i in range(3))  # [B, H, T, D]
+    T, D = q.shape[2], q.shape[3]
+    s = np.where(np.tril(np.ones((T, T), bool)), q @ k.swapaxes(-1, -2) / np.sqrt(D) - lse[..., None], -np.inf)
+    a = np.exp(s) @ np.abs(v)
+    return a.transpose(0, 2, 1, 3).reshape(q.shape[0], T, -1)
+
+
+def inputs(gb, T, H, D):
+    """qkv [B, T, 3, H, D] rounded to the backend's 16-bit type (float32 values), and on the device."""
+    qkv = RNG.standard_normal((B, T, 3, H, D)).astype(np.float32).astype(gb.half).astype(np.float32)
+    return qkv, cp.asarray(qkv).astype(gb.half)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("head_dim,T", [(64, 100), (64, 200), (32, 129), (16, 37), (64, 1)])
+@pytest.mark.parametrize("defines", [(), ("FWD_OVERLAP=0",), ("FWD_BN=128",), ("FWD_WG=3",), ("FWD_WG=1",)],
+                         ids=["default", "no-overlap", "bn128", "3wg", "1wg"])
+def test_wgmma_forward_matches_reference(precision, head_dim, T, defines):
+    """y and lse of every variant against numpy_backend.attn_fwd, at partial tiles (T = 100, 200: not a
+    multiple of 64 or 128; 129: one row past a CTA; 37 and 1: a single partial tile), nothing written
+    past y or lse."""
+    gb = CupyBackend(precision)
+    H = 2
+    C = H * head_dim
+    qkv, d_qkv = inputs(gb, T, H, head_dim)
+    y_n, lse_n = np.zeros((B, T, C), np.float32), np.zeros((B, H, T), np.float32)
+    nb.attn_fwd(np.ascontiguousarray(qkv.transpose(2, 0, 3, 1, 4)), y_n, lse_n)
+    guard = 1024
+    y_all = cp.full(B * T * C + guard, 3.0, np.float32).astype(gb.half)
+    lse_all = cp.full(B * H * T + guard, -7.0, cp.float32)
+    y, lse = y_all[:B * T * C].reshape(B, T, C), lse_all[:B * H * T].reshape(B, H, T)
+    attention_wgmma.flash_fwd(gb, d_qkv, y, lse, defines)
+    got_y, got_lse = cp.asnumpy(y).astype(np.float32), cp.asnumpy(lse)
+    assert np.isfinite(got_y).all() and np.isfinite(got_lse).all()
+    assert rel(got_y, y_n) < 1e-2 and rel(got_lse, lse_n) < 1e-3
+    # every element (a wrong row of a partial tile hides in a norm): within a few 16-bit roundings of
+    # what it sums, and of itself; lse within fp32 sums and exp2.approx
+    u16 = 2.0**-8 if precision == "bf16" else 2.0**-11
+    bound = 4 * u16 * (y_terms(qkv, lse_n.astype(np.float64)) + np.abs(y_n)) + 1e-6
+    assert (np.abs(got_y - y_n) <= bound).all(), f"max err/bound {(np.abs(got_y - y_n) / bound).max():.2f}"
+    assert np.abs(got_lse - lse_n).max() <= 1e-4 * max(1.0, np.abs(lse_n).max())
+    assert (cp.asnumpy(y_all[-guard:]).astype(np.float32) == 3.0).all(), "written past y"
+    assert (cp.asnumpy(lse_all[-guard:]) == -7.0).all(), "written past lse"
+
+
+def test_wgmma_forward_matches_the_mma_kernel_at_a_model_shape():
+    """ANDREA-120M's attention shape (T = 1024, 12 heads of 64) on a small batch: the wgmma forward and
+    the production mma.sync forward agree (both fp32-accumulated; P rounded to bf16 in both)."""
+    gb = CupyBackend("bf16")
+    T, H, D = 1024, 12, 64
+    _, d_qkv = inputs(gb, T, H, D)
+    out = []
+    for fwd in (attention_wgmma.flash_fwd, attention_mma.flash_fwd):
+        y, lse = cp.zeros((B, T, H * D), gb.half), cp.zeros((B, H, T), cp.float32)
+        fwd(gb, d_qkv, y, lse)
+        out.append((cp.asnumpy(y).astype(np.float32), cp.asnumpy(lse)))
+    (y_w, lse_w), (y_m, lse_m) = out
+    assert rel(y_w, y_m) < 1e-2 and np.abs(lse_w - lse_m).max() < 1e-3
