@@ -23,7 +23,8 @@ HEAD_DIMS = {"attention": (32, 64), "attention_mma": (32, 64), "attention_wgmma"
 # families written for an architecture-specific target (wgmma: sm_90a only), compiled to its cubin
 ARCH = {"attention_wgmma": "sm_90a"}
 # dev/cuda/attention_wgmma.py's variants: each must compile as cleanly as the defaults
-VARIANTS = {"attention_wgmma": (("FWD_OVERLAP=0",), ("FWD_BN=128",), ("FWD_WG=3",), ("FWD_WG=1",), ("FWD_STAGES=4",))}
+VARIANTS = {"attention_wgmma": (("FWD_OVERLAP=0",), ("FWD_BN=128",), ("FWD_WG=3",), ("FWD_WG=1",), ("FWD_STAGES=4",),
+                                ("DQ_WG=1", "KV_WG=1"), ("DQ_BN=128", "KV_BM=128"), ("DQ_STAGES=4", "KV_STAGES=4"))}
 
 
 def _nvrtc():

@@ -1,7 +1,9 @@
 """Causal self-attention on Hopper's warp-group tensor cores (kernels/attention_wgmma.cu: wgmma.mma_async
-with shared-memory matrix descriptors, FlashAttention-3's schedule with cp.async tiles), on the buffers
-of attention_mma.py: one [B, T, 3, H, D] 16-bit qkv buffer with strides, y [B, T, H·D] 16-bit, lse
-[B, H, T] fp32 (the log-sum-exp of each score row, as attention_mma and cuDNN save it).
+with shared-memory matrix descriptors, FlashAttention-3's schedule with cp.async tiles), forward and
+backward, on the buffers of attention_mma.py: one [B, T, 3, H, D] 16-bit qkv buffer with strides, y and
+dy [B, T, H·D] 16-bit, lse [B, H, T] fp32 (the log-sum-exp of each score row, as attention_mma and cuDNN
+save it), dq, dk, dv written into a buffer shaped like qkv. The backward is deterministic (dQ and dK/dV
+in separate kernels, no atomics); its delta = Σ dy·y per row is attention_mma.cu's flash_delta.
 
 wgmma exists only on the architecture sm_90a (H100/H200, compute capability 9.0 exactly), which CuPy's
 RawModule does not target: it appends its own -arch=sm_<cc> to the options, and it derives that from
@@ -22,18 +24,20 @@ import cupy as cp
 import numpy as np
 
 from andrea.engine.cupy.attention_mma import _mma_args
-from andrea.engine.cupy.kernels import KERNELS
+from andrea.engine.cupy.kernels import KERNELS, blocks
 
 ARCH = "sm_90a"
 CAPABILITY = "90"  # the only compute capability an sm_90a cubin runs on
 HEAD_DIMS = (16, 32, 64)  # attention_wgmma.cu: a tile row of D 16-bit values is one swizzle atom (32, 64, 128 bytes)
-# kernels/attention_wgmma.cu's defaults, overridden by -D defines of the same names (dev/cuda variants)
-FWD = {"FWD_WG": 2, "FWD_BN": 64, "FWD_STAGES": 3}
+# kernels/attention_wgmma.cu's defaults, overridden by -D defines of the same names (dev/cuda variants):
+# warp groups per CTA, keys (or, for dK/dV, queries) per streamed tile, ring stages
+CONFIG = {"FWD_WG": 2, "FWD_BN": 64, "FWD_STAGES": 3, "DQ_WG": 2, "DQ_BN": 64, "DQ_STAGES": 3,
+          "KV_WG": 2, "KV_BM": 64, "KV_STAGES": 3}
 
 
-def fwd_config(defines: tuple = ()) -> dict:
-    """The forward's warp groups per CTA, keys per tile and stages, with `defines` ("FWD_BN=128", ...) applied."""
-    cfg = dict(FWD)
+def config(defines: tuple = ()) -> dict:
+    """CONFIG with `defines` ("FWD_BN=128", ...) applied."""
+    cfg = dict(CONFIG)
     for d in defines:
         name, _, value = d.partition("=")
         if name in cfg:
@@ -41,13 +45,20 @@ def fwd_config(defines: tuple = ()) -> dict:
     return cfg
 
 
-def fwd_launch(T: int, D: int, defines: tuple = ()) -> tuple:
-    """(query rows per CTA, threads per CTA, bytes of dynamic shared memory) of flash_fwd: the .cu's
-    BM, NT and FWD_SMEM (1 KB to align the base to 1024 bytes, the Q tile, FWD_STAGES K and V tiles)."""
-    cfg = fwd_config(defines)
-    rows = 64 * cfg["FWD_WG"]
-    smem = 1024 + (rows + 2 * cfg["FWD_STAGES"] * cfg["FWD_BN"]) * 2 * D
-    return rows, 128 * cfg["FWD_WG"], smem
+def launch(kernel_name: str, D: int, defines: tuple = ()) -> tuple:
+    """(rows a CTA owns, threads per CTA, bytes of dynamic shared memory) of a kernel: the .cu's
+    FWD_BM/DQ_BM/KV_BN, *_NT and *_SMEM (1 KB to align the base to 1024 bytes, then the tiles)."""
+    c, rb = config(defines), 2 * D  # bytes per tile row
+    if kernel_name == "flash_fwd":  # Q; K and V stages
+        rows = 64 * c["FWD_WG"]
+        return rows, 128 * c["FWD_WG"], 1024 + rows * rb + 2 * c["FWD_STAGES"] * c["FWD_BN"] * rb
+    if kernel_name == "flash_bwd_dq":  # Q, dO; K and V stages
+        rows = 64 * c["DQ_WG"]
+        return rows, 128 * c["DQ_WG"], 1024 + 2 * rows * rb + 2 * c["DQ_STAGES"] * c["DQ_BN"] * rb
+    if kernel_name == "flash_bwd_dkdv":  # K, V; Q, dO, lse and delta stages
+        rows, bm, st = 64 * c["KV_WG"], c["KV_BM"], c["KV_STAGES"]
+        return rows, 128 * c["KV_WG"], 1024 + 2 * rows * rb + 2 * st * bm * rb + 2 * st * bm * 4
+    raise ValueError(f"attention_wgmma has no kernel {kernel_name!r}")
 
 
 def takes(D: int) -> bool:
@@ -101,14 +112,35 @@ def kernel(name: str, function: str, head_dim: int, defines: tuple = (), smem: i
     return _function(name, function, head_dim, tuple(defines), cp.cuda.runtime.getDevice(), smem)
 
 
-def flash_fwd(be, qkv, y, lse, defines: tuple = ()) -> None:
-    """y = causal softmax(q·kᵀ/√D)·v per head, lse saved; qkv [B, T, 3, H, D] 16-bit (`be`: the backend,
-    for its 16-bit type's defines; `defines`: a variant's, see FWD)."""
-    B, T, H, D, (q, k, v), strides = _mma_args(qkv)
+def _run(name: str, D: int, T: int, BH: int, defines: tuple, args: tuple) -> None:
+    rows, threads, smem = launch(name, D, defines)
+    kernel("attention_wgmma", name, D, defines, smem)(((T + rows - 1) // rows, BH), (threads,), args, shared_mem=smem)
+
+
+def _heads(qkv) -> tuple:
+    B, T, H, D, ptrs, strides = _mma_args(qkv)
     if D not in HEAD_DIMS:
         raise ValueError(f"head_dim {D}: attention_wgmma takes {HEAD_DIMS}")
+    return B, T, H, D, ptrs, strides
+
+
+def flash_fwd(be, qkv, y, lse, defines: tuple = ()) -> None:
+    """y = causal softmax(q·kᵀ/√D)·v per head, lse saved; qkv [B, T, 3, H, D] 16-bit (`be`: the backend,
+    for its 16-bit type's defines; `defines`: a variant's, see CONFIG)."""
+    B, T, H, D, (q, k, v), strides = _heads(qkv)
+    _run("flash_fwd", D, T, B * H, tuple(defines) + tuple(be.defines),
+         (q, k, v, y, lse, np.int32(H), np.int32(T), *strides, np.float32(1.0 / math.sqrt(D))))
+
+
+def flash_bwd(be, dy, qkv, y, lse, dqkv, defines: tuple = ()) -> None:
+    """dq, dk, dv into dqkv (overwritten) from dy, recomputing the probabilities from lse; delta by
+    attention_mma.cu's flash_delta."""
+    B, T, H, D, (q, k, v), strides = _heads(qkv)
+    dq, dk, dv = _mma_args(dqkv)[4]
     defines = tuple(defines) + tuple(be.defines)
-    rows, threads, smem = fwd_launch(T, D, defines)
-    f = kernel("attention_wgmma", "flash_fwd", D, defines, smem)
-    f(((T + rows - 1) // rows, B * H), (threads,), (q, k, v, y, lse, np.int32(H), np.int32(T), *strides,
-                                                    np.float32(1.0 / math.sqrt(D))), shared_mem=smem)
+    delta = be.scratch("flash_delta", (B, H, T), cp.float32)
+    be.kernel("attention_mma", "flash_delta", D)((blocks(B * T * H, 8),), (256,), (dy, y, delta, np.int32(B), np.int32(H),
+                                                                                  np.int32(T)))
+    ht, scale = (np.int32(H), np.int32(T)), np.float32(1.0 / math.sqrt(D))
+    _run("flash_bwd_dq", D, T, B * H, defines, (q, k, v, dy, lse, delta, dq, *ht, *strides, scale))
+    _run("flash_bwd_dkdv", D, T, B * H, defines, (q, k, v, dy, lse, delta, dk, dv, *ht, *strides, scale))
