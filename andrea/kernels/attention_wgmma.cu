@@ -9,8 +9,8 @@
 //   Q          the CTA's FWD_BM x D tile, loaded once into shared memory (swizzled, below); the A operand
 //              of S = Q·Kᵀ through a shared-memory matrix descriptor.
 //   K, V       tiles of BN = FWD_BN keys stream through a ring of FWD_STAGES shared-memory stages
-//              (cp.async, 16 bytes a thread a copy, zero-filled past T); the tile for iteration j + STAGES - 2
-//              is fetched at the top of iteration j, so one (STAGES - 2) iterations of compute hide its latency.
+//              (cp.async, 16 bytes a thread a copy, zero-filled past T); the tile for iteration j + STAGES − 2
+//              is fetched at the top of iteration j: STAGES − 2 iterations of compute hide its latency.
 //   S = Q·Kᵀ   per warp group: D/16 instructions wgmma m64nBNk16, A = Q and B = K both from shared memory
 //              (K-major: a K tile row is one key's D values), fp32 accumulators in registers.
 //   softmax    online (running max m and sum l per row, in log2 units: exp2 on the SFU) on the fp32
@@ -30,10 +30,11 @@
 //   epilogue   O / l rounded to 16 bits straight from the accumulators into y; lse = (m + log2 l)·ln 2.
 //
 // Shared-memory tiles are row-major with one row of D 16-bit values = 2D bytes = one swizzle atom's
-// width (128-, 64- or 32-byte swizzle for D = 64, 32, 16): the 16-byte chunk c of row r sits at
-// chunk c ^ (r / (8·16 / 2D) mod 2D/16), the hardware's Swizzle<3|2|1, 4, 3>, so that the eight rows
-// a core matrix reads hit eight different bank groups; the descriptor names the same swizzle. Tile
-// bases are 1024-byte aligned (the 128-byte swizzle repeats every 8 rows = 1024 bytes).
+// width RB (128-, 64- or 32-byte swizzle for D = 64, 32, 16): the 16-byte chunk c of row r sits at
+// chunk c ^ ((r / (128 / RB)) mod (RB / 16)), the hardware's Swizzle<3|2|1, 4, 3> (address bits 4..
+// XOR bits 7..), so that the rows of an 8 x 16-byte core matrix fall in different banks; the
+// descriptors name the same swizzle. Tile bases are 1024-byte aligned (the 128-byte swizzle repeats
+// every 8 rows = 1024 bytes), so the XOR of absolute addresses is the XOR of tile offsets.
 //
 // Layout (as kernels/attention_mma.cu): q, k, v are [B, T, H, D] views with element strides (sB, sT,
 // sH) of the projection's [B, T, 3, H, D] buffer, and so are dq, dk, dv; y and dy are [B, T, H*D];

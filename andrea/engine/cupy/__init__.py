@@ -36,8 +36,9 @@ Modules: backend (CupyBackend: buffers, transfers, the matrix products' wiring, 
 kernel pair that calls the family's launchers). A family of kernels has one name in three places:
 andrea/kernels/X.cu, its launchers here in X.py, and its check and timing in dev/cuda/X.py: embedding,
 layernorm, attention (fp32's flash kernels; it dispatches the 16-bit modes to attention_mma, the
-tensor-core ones), classifier (the loss), elementwise (GELU, AdamW, the gradient norm), fp8, decode
-(generation) and sampling. Besides: kernels (compiling and caching the CUDA sources), gemm (cuBLAS on
+tensor-core ones), attention_wgmma (Hopper's warp-group MMA, sm_90a only, compiled by its own NVRTC
+loader; not dispatched yet), classifier (the loss), elementwise (GELU, AdamW, the gradient norm), fp8,
+decode (generation) and sampling. Besides: kernels (compiling and caching the CUDA sources), gemm (cuBLAS on
 the backend's own handle), cublaslt (cuBLASLt: timed algorithms, the GELU epilogue, fp8 products),
 weights (dtypes, the 16-bit weight copy, operand casting), cudnn_attention (cuDNN's attention),
 graphs (CUDA-graph capture). All mutable state lives on the CupyBackend object (the family modules'
