@@ -2,12 +2,13 @@
 # ANDREA-120M's whole geometry on a GPU (issue 42: ≤ 2 min on one H200, the 21×21 loss surface on
 # ≥ 16K held-out tokens included), through the Snakemake command a user types, in one device call:
 #
-#   source bench/device_env.sh && bash bench/geometry_device.sh      (carry .whl and results/device-site)
+#   source bench/device_env.sh && bash bench/geometry_device.sh      (carry .whl, results/device-site, .device)
 #
-# 1. data: the embedded corpus with every docstring of the standard library (sources.repo-docstrings
-#    max_docs: null), so that the held-out documents hold well over 16K tokens at T = 1024; with
-#    CORPUS=real, the real corpus instead (.device/real-corpus.tar.xz carried, as for
-#    bench/gpu_real_corpus.sh); tokenizer N = 8192 and shards.
+# 1. data: the real corpus (bench/real_corpus.sh; .device/real-corpus.tar.xz carried, as for
+#    bench/study_device.sh), whose held-out documents hold well over 16K tokens at T = 1024; with
+#    CORPUS=embedded, the embedded corpus with every docstring of the standard library
+#    (sources.repo-docstrings max_docs: null), whose held-out windows at T = 1024 are only 7 (7,168
+#    tokens: measured on the device, 2026-12-03), too few for the issue's 16K; tokenizer N = 8192, shards.
 # 2. train: ANDREA-120M on the CuPy backend in bf16 for STEPS (600) steps, a checkpoint and a validation
 #    every 200, three kept (so the training path has init → 200 → 400 → final).
 # 3. geometry: snakemake results/ANDREA-120M/geometry with the shipped geometry settings (21×21 slice
@@ -27,19 +28,22 @@ export PYTHONUNBUFFERED=1
 python3 -c "import cupy; assert cupy.cuda.runtime.getDeviceCount() > 0" || { echo "no CUDA GPU with CuPy here"; exit 1; }
 
 CONF="config/config.yaml"
-if [ "${CORPUS:-embedded}" = real ]; then
-  tar xJf .device/real-corpus.tar.xz
-  CONF="$CONF .device/real/real-corpus.yaml"
+CORPUS=${CORPUS:-real}
+if [ "$CORPUS" = real ]; then
+  mkdir -p data
+  [ -d data/real ] || tar xJf .device/real-corpus.tar.xz -C data \
+    || { echo "no .device/real-corpus.tar.xz (carry it; bench/study_device.sh's header says how to make it)"; exit 1; }
+  CONF="$CONF data/real/real-corpus.yaml"
 fi
 cat > .device/geometry.yaml <<EOF
-data_profile: ${CORPUS:-embedded}
+data_profile: $CORPUS
 sources:
   repo-docstrings: {max_docs: null}
 train:
   ANDREA-120M: {backend: cupy, precision: bf16, max_steps: $STEPS, checkpoint_every: 200, keep_checkpoints: 3,
                 eval_every: 200, sample_every: 100000, lr: 6.0e-4, warmup_steps: 100, curriculum: {warmup_steps: 200}}
 EOF
-[ "${CORPUS:-embedded}" = real ] && sed -i '/^data_profile:/d' .device/geometry.yaml  # the overlay names its profile
+[ "$CORPUS" = real ] && sed -i '/^data_profile:/d' .device/geometry.yaml  # the overlay names its profile
 CONF="$CONF .device/geometry.yaml"
 
 start=$(date +%s)

@@ -21,13 +21,10 @@
 #   EXTRA_CONFIG  a config overlay read after the corpus's (e.g. a study of ANDREA-tiny to try the script on
 #              a CPU: DEVICE_ENV=0 STUDY=<its name> EXTRA_CONFIG=FILE bash bench/study_device.sh start)
 #
-# Expected (not measured: what `start` prints lets the next call plan): the data stages of the real
-# corpus took 60 s for both models on the device (BENCHMARKS.md, "A real corpus"); ANDREA-12M trained there
-# at 1.37M tokens/s over a whole run (validation and checkpoints included), so one 51M-token run (6,250
-# steps of 8 x 1,024) is ~37 s of training plus ~10-20 s to start (CuPy, kernels, warm-up). 24 runs one
-# after another: ~20 min; how much sharing the GPU gains (the GPU idles while a run does host work between
-# steps, starts, validates) is what `start` measures: each run's wall time is in its benchmark file, and
-# `progress.txt` lists them. ANDREA-120M: ~470-600K tokens/s, ~90-110 s a 51M-token run, 16 runs ~25 min.
+# Measured (BENCHMARKS.md, 2026-12-03, one H200, 16 cores): curriculum-12M with 6 arms x 3 seeds, 51.2M
+# tokens a run: data stages 41 s, then the 18 runs in 7 min 12 s with GPU_SHARE=4 (a run 92-99 s while
+# four share the GPU; 46-52 s for the last two, sharing it with each other): the whole 8-arm study is ~10 min, two calls. Not yet
+# measured: ANDREA-120M (~470-600K tokens/s alone, so ~90-110 s a 51M-token run; 16 runs ~25 min).
 #
 # Carry (the device tool's `carry`): .whl (../shared/tools/device_wheels.sh), results/device-site (bash
 # bench/device_site.sh: wordfreq) and .device/real-corpus.tar.xz (bash bench/real_corpus.sh data/real &&
@@ -58,6 +55,11 @@ running() { [ -f "$WORK/pid" ] && kill -0 "$(cat "$WORK/pid")" 2>/dev/null; }
 if [ "${1:-}" != status ] && [ "${DEVICE_ENV:-1}" != 0 ] && ! running; then source bench/device_env.sh; fi
 [ -d /tmp/site ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+
+# the corpus's overlay is read by every command (status and wait too): a later call's fresh copy of the
+# working tree may lack the data/ the first call unpacked (seen on the device, 2026-12-03)
+mkdir -p data .device
+[ -d data/real ] || tar xJf .device/real-corpus.tar.xz -C data || { echo "no .device/real-corpus.tar.xz (carry it; see the header)"; exit 1; }
 
 # the merged config of the call (the files in order, as Snakemake merges --configfile), as JSON
 merged() {
@@ -154,8 +156,6 @@ case "${1:-}" in
 start | wait)
   if ! running && [ ! -f "results/studies/$NAME/report.html" ]; then
     python3 -c "import snakemake, wordfreq" || { echo "snakemake or wordfreq does not import (carry .whl and results/device-site)"; exit 1; }
-    mkdir -p data .device
-    [ -d data/real ] || tar xJf .device/real-corpus.tar.xz -C data || { echo "no .device/real-corpus.tar.xz (carry it; see the header)"; exit 1; }
     overlay || exit 1
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || echo "no GPU (nvidia-smi)"
     echo "$CORES cores; study $NAME: snakemake $TARGET --resources gpu_share=$GPU_SHARE"
