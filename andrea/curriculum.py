@@ -1,5 +1,6 @@
 """The curriculum (design §5): which sources the next batches come from. `curriculum.mode` picks
-how: the data bandit ("firehose", `bandit`, the default), described below; the static baselines
+how: the data bandit ("firehose", `bandit`, the default), described below; the same bandit with each
+row's reward divided by its source's spread of row losses (`bandit_normalised`); the static baselines
 it is measured against (`proportional`, `uniform`, `fixed`: StaticMix); Online Data Mixing's EXP3
 with a smoothed training-loss reward (`exp3_loss`); EXP3-style weights from held-out progress
 (`heldout_progress`). They share the arms, the warm-up, floors and caps, drawing, attribution and
@@ -99,7 +100,7 @@ def epoch_penalty(lifetime_pulls: int, n_docs: int) -> float:
     return 1.0 / (1 + lifetime_pulls // max(1, n_docs))
 
 
-MODES = ("bandit", "proportional", "uniform", "fixed", "exp3_loss", "heldout_progress")
+MODES = ("bandit", "bandit_normalised", "proportional", "uniform", "fixed", "exp3_loss", "heldout_progress")
 NEVER = 2**62  # the phase end of a mode that re-plans only at the start and where the warm-up ends
 # The curriculum settings each mode reads, beside the ones every mode reads (the warm-up and the
 # held-out documents): what a run's key hashes (key_settings), so that a setting of another mode
@@ -108,6 +109,8 @@ COMMON_KEYS = ("warmup_steps", "heldout_every", "warmup_sources")
 MODE_KEYS = {
     "bandit": ("ucb_c", "ema_alpha", "reward_scale", "phase_lengths", "focus_dice_warmup", "focus_dice",
                "background_weight", "coverage_bonus"),
+    "bandit_normalised": ("ucb_c", "ema_alpha", "reward_scale", "phase_lengths", "focus_dice_warmup", "focus_dice",
+                          "background_weight", "coverage_bonus"),
     "proportional": (),
     "uniform": (),
     "fixed": ("weights",),
@@ -254,7 +257,7 @@ class Curriculum:
             reward = 0.0
             a.ema = float(loss)
         else:
-            reward = max(0.0, a.ema - float(loss)) * self.c.reward_scale
+            reward = self._reward(name, float(loss))
             a.ema = (1 - self.c.ema_alpha) * a.ema + self.c.ema_alpha * float(loss)
         a.pulls += 1
         a.lifetime_pulls += 1
@@ -265,6 +268,10 @@ class Curriculum:
         self.total_pulls += 1
         self._observed(name, float(loss))
         return reward
+
+    def _reward(self, name: str, loss: float) -> float:
+        """One row's reward, from its source's EMA before this row updates it (design §5.1)."""
+        return max(0.0, self.arms[name].ema - loss) * self.c.reward_scale
 
     def _observed(self, name: str, loss: float) -> None:
         """A mode's own bookkeeping of one row's loss (none for the bandit and the static modes)."""
@@ -361,6 +368,65 @@ class Bandit(Curriculum):
             tentative = 1.0 if name in self.focus else self.c.background_weight
             self.raw[name] = tentative * coverage_bonus(a.coverage, self.c.coverage_bonus) * epoch_penalty(a.lifetime_pulls, a.n_train)
         self.apply_policy()
+
+
+SIGMA_FLOOR = 1e-3  # nats: bandit_normalised's least σ_k, so a source of near-constant loss cannot win ×1/σ
+
+
+class BanditNormalised(Bandit):
+    """`mode: bandit_normalised`: the bandit (phases, focus dice, UCB, coverage bonus, epoch
+    penalty, all as `bandit`) with each row's reward divided by its source's own spread of row
+    losses about its EMA, so that UCB ranks sources by how fast they learn rather than by how much
+    their rows' losses vary (design §5.10: `max(0, EMA − loss)` is ~0.4 σ_k a row for a source
+    that learns nothing). For a row of source k with loss x, EMA_k and V_k taken before it:
+
+        d     = x − EMA_k
+        σ_k   = max(1e-3, sqrt(V_k / (1 − (1 − α)^m_k)))       m_k: residuals seen before this row
+        r     = max(0, −d) / σ_k · reward_scale   when m_k ≥ ceil(1/α), else 0
+        V_k  ← (1 − α)·V_k + α·d²,  m_k ← m_k + 1                V_k starts at 0; α = ema_alpha
+
+    then EMA_k as in the bandit. σ_k² is the exponentially weighted mean of the squared residuals
+    (the division undoes V_k's start at 0, as Adam's bias correction does); the first row of a
+    source (which sets EMA_k) has no residual, and the next ceil(1/α) rows (the EMA's time
+    constant: 10) earn 0 while σ_k is a mean of too few residuals: one small first residual
+    would otherwise divide a later row's improvement by ~0 and its reward would lead that
+    source's mean for thousands of pulls. A row's own residual is not in the σ_k that divides it.
+    A source that learns nothing earns ~0.4·reward_scale a row (E max(0, z) for z ~ N(0, 1)),
+    whatever its spread; one whose loss falls by s a pull (each row s/α below the EMA on average)
+    earns ~(0.4 + 0.5·s/(α·σ_k))·reward_scale: the common 0.4 does not change UCB's ranking."""
+
+    mode = "bandit_normalised"
+
+    def __init__(self, arms: dict[str, dict], ccfg: CurriculumSettings | Mapping, seed: int = 0, eval_every: int = 0):
+        super().__init__(arms, ccfg, seed, eval_every)
+        self.var = {k: 0.0 for k in self.arms}  # V_k
+        self.residuals = {k: 0 for k in self.arms}  # m_k
+        self.warm_residuals = math.ceil(1.0 / self.c.ema_alpha)
+
+    def sigma(self, name: str) -> float | None:
+        """σ_k before the next row (None while it has no residual)."""
+        m = self.residuals[name]
+        if m == 0:
+            return None
+        return max(SIGMA_FLOOR, math.sqrt(self.var[name] / (1.0 - (1.0 - self.c.ema_alpha) ** m)))
+
+    def _reward(self, name: str, loss: float) -> float:
+        """The normalised reward (the class docstring); updates V_k and m_k with this row."""
+        d = loss - self.arms[name].ema
+        reward = 0.0
+        if self.residuals[name] >= self.warm_residuals:
+            reward = max(0.0, -d) / self.sigma(name) * self.c.reward_scale
+        alpha = self.c.ema_alpha
+        self.var[name] = (1.0 - alpha) * self.var[name] + alpha * d * d
+        self.residuals[name] += 1
+        return reward
+
+    def _mode_state(self) -> dict:
+        return {"var": self.var, "residuals": self.residuals}
+
+    def _load_mode_state(self, st: dict) -> None:
+        self.var = {k: st["var"].get(k, 0.0) for k in self.arms}
+        self.residuals = {k: st["residuals"].get(k, 0) for k in self.arms}
 
 
 class StaticMix(Curriculum):
@@ -552,9 +618,9 @@ class HeldoutProgress(Curriculum):
 
 def make_curriculum(arms: dict[str, dict], ccfg: CurriculumSettings | Mapping, seed: int = 0,
                     eval_every: int = 0) -> Curriculum:
-    """The curriculum of `ccfg.mode` (Bandit, StaticMix, Exp3Loss or HeldoutProgress)."""
+    """The curriculum of `ccfg.mode` (Bandit, BanditNormalised, StaticMix, Exp3Loss or HeldoutProgress)."""
     c = ccfg if isinstance(ccfg, CurriculumSettings) else CurriculumSettings.from_dict(ccfg)
-    cls = {"bandit": Bandit, "exp3_loss": Exp3Loss, "heldout_progress": HeldoutProgress}.get(c.mode, StaticMix)
+    cls = {"bandit": Bandit, "bandit_normalised": BanditNormalised, "exp3_loss": Exp3Loss, "heldout_progress": HeldoutProgress}.get(c.mode, StaticMix)
     if c.mode not in MODES:
         raise ValueError(f"curriculum.mode: unknown mode {c.mode!r}; the modes are {', '.join(MODES)}")
     return cls(arms, c, seed, eval_every)

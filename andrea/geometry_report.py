@@ -93,7 +93,7 @@ CAPTIONS = {
         "dots are phases of the curriculum warm-up, when only the warm-up sources are active; the large "
         "dot is the last phase. Floors keep the walk away from the vertices."),
     "simplex_focus": (
-        "The focus set of every phase (the bandit's: the sources it chose by UCB, weight 1 before the "
+        "The focus set of every phase (the bandit's and bandit_normalised's: the sources chosen by UCB, weight 1 before the "
         "floors, caps and bonuses; exp3_loss's and heldout_progress's: the heaviest source; a static "
         "mode has none), along the steps; the shaded band is the curriculum warm-up. Each change of "
         "colour along a row is a phase boundary."),

@@ -199,10 +199,10 @@ def test_sigterm_then_resume_equals_the_straight_run(shards, straight, tmp_path)
     assert without_timing(eval_lines(run)) == without_timing(eval_lines(straight))
 
 
-@pytest.mark.parametrize("mode", ["exp3_loss", "heldout_progress"])
+@pytest.mark.parametrize("mode", ["bandit_normalised", "exp3_loss", "heldout_progress"])
 def test_a_learning_mode_resumes_on_its_trajectory(shards, tmp_path, mode):
-    """The modes that learn from the run (exp3_loss from the row losses, heldout_progress from the
-    validation) carry what they learned in the checkpoint: stopped by SIGTERM and resumed, a run
+    """The modes that learn from the run and keep state of their own (bandit_normalised's loss
+    spreads and exp3_loss's rewards from the row losses, heldout_progress's from the validation) carry what they learned in the checkpoint: stopped by SIGTERM and resumed, a run
     equals the one that was not stopped, weights and bandit weights step for step."""
     cfg = write_config(tmp_path / "config.yaml", curriculum={"warmup_steps": 60, "mode": mode})
     straight = tmp_path / "straight"
