@@ -1,7 +1,13 @@
 """The Hopper warp-group (wgmma) attention, forward and backward (andrea/engine/cupy/attention_wgmma.py,
-kernels/attention_wgmma.cu), against the NumPy reference, on a GPU that runs sm_90a code (compute
-capability 9.0: H100, H200). Run on the device: `python3 -m pytest tests/test_gpu_attention_wgmma.py`.
-Without CuPy, a GPU, or on another GPU every test is skipped and says so; CI never has a GPU."""
+kernels/attention_wgmma.cu), every variant dev/cuda/attention_wgmma.py times (its FWD_VARIANTS and
+BWD_VARIANTS), against the NumPy reference, on a GPU that runs sm_90a code (compute capability 9.0:
+H100, H200). Run on the device: `python3 -m pytest tests/test_gpu_attention_wgmma.py`. Without CuPy, a
+GPU, or on another GPU every test is skipped and says so; CI never has a GPU. The variants not yet run on
+a device come last: one that faults takes the process's CUDA context, and the tests after it, down."""
+
+import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,8 +29,16 @@ if HAVE_GPU:
     from andrea.engine.cupy import CupyBackend, attention_mma, attention_wgmma
 from andrea.engine import numpy_backend as nb
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev" / "cuda"))
+import attention_wgmma as dev  # noqa: E402  (dev/cuda/attention_wgmma.py: the variants)
+import common  # noqa: E402  (dev/cuda/common.py: the tolerances' pieces)
+
 RNG = np.random.default_rng(11)
 B = 2
+# the verified variants first, then the new ones (see the docstring)
+FWD = sorted(dev.FWD_VARIANTS, key=lambda v: v[2])
+BWD = sorted(dev.BWD_VARIANTS, key=lambda v: v[4])
+SHAPES = [(64, 100), (64, 200), (32, 129), (16, 37), (64, 1)]
 
 
 def rel(a, b):
@@ -42,16 +56,15 @@ def y_terms(qkv, lse):
     return a.transpose(0, 2, 1, 3).reshape(q.shape[0], T, -1)
 
 
-def inputs(gb, T, H, D):
+def inputs(gb, T, H, D, batch=B):
     """qkv [B, T, 3, H, D] rounded to the backend's 16-bit type (float32 values), and on the device."""
-    qkv = RNG.standard_normal((B, T, 3, H, D)).astype(np.float32).astype(gb.half).astype(np.float32)
+    qkv = RNG.standard_normal((batch, T, 3, H, D)).astype(np.float32).astype(gb.half).astype(np.float32)
     return qkv, cp.asarray(qkv).astype(gb.half)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-@pytest.mark.parametrize("head_dim,T", [(64, 100), (64, 200), (32, 129), (16, 37), (64, 1)])
-@pytest.mark.parametrize("defines", [(), ("FWD_OVERLAP=0",), ("FWD_BN=128",), ("FWD_WG=3",), ("FWD_WG=1",)],
-                         ids=["default", "no-overlap", "bn128", "3wg", "1wg"])
+@pytest.mark.parametrize("head_dim,T", SHAPES)
+@pytest.mark.parametrize("defines", [v[1] for v in FWD], ids=[v[0].replace(" ", "-") for v in FWD])
 def test_wgmma_forward_matches_reference(precision, head_dim, T, defines):
     """y and lse of every variant against numpy_backend.attn_fwd, at partial tiles (T = 100, 200: not a
     multiple of 64 or 128; 129: one row past a CTA; 37 and 1: a single partial tile), nothing written
@@ -80,14 +93,16 @@ def test_wgmma_forward_matches_reference(precision, head_dim, T, defines):
     assert (cp.asnumpy(lse_all[-guard:]) == -7.0).all(), "written past lse"
 
 
-def test_wgmma_forward_matches_the_mma_kernel_at_a_model_shape():
-    """ANDREA-120M's attention shape (T = 1024, 12 heads of 64) on a small batch: the wgmma forward and
-    the production mma.sync forward agree (both fp32-accumulated; P rounded to bf16 in both)."""
+@pytest.mark.parametrize("defines", [v[1] for v in FWD], ids=[v[0].replace(" ", "-") for v in FWD])
+def test_wgmma_forward_matches_the_mma_kernel_at_a_model_shape(defines):
+    """ANDREA-120M's attention shape (T = 1024, 12 heads of 64) on a small batch: every wgmma forward and
+    the production mma.sync forward agree (both fp32-accumulated; P rounded to bf16 in both). 192 work
+    tiles of 128 rows: more than an H200's 132 SMs, so the persistent variants' CTAs loop."""
     gb = CupyBackend("bf16")
     T, H, D = 1024, 12, 64
     _, d_qkv = inputs(gb, T, H, D)
     out = []
-    for fwd in (attention_wgmma.flash_fwd, attention_mma.flash_fwd):
+    for fwd in (lambda *a: attention_wgmma.flash_fwd(*a, defines), attention_mma.flash_fwd):
         y, lse = cp.zeros((B, T, H * D), gb.half), cp.zeros((B, H, T), cp.float32)
         fwd(gb, d_qkv, y, lse)
         out.append((cp.asnumpy(y).astype(np.float32), cp.asnumpy(lse)))
@@ -96,29 +111,63 @@ def test_wgmma_forward_matches_the_mma_kernel_at_a_model_shape():
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-@pytest.mark.parametrize("head_dim,T", [(64, 100), (64, 200), (32, 129), (16, 37), (64, 1)])
-@pytest.mark.parametrize("defines", [(), ("DQ_WG=1", "KV_WG=1"), ("DQ_BN=128", "KV_BM=128")], ids=["default", "1wg", "bn128"])
-def test_wgmma_backward_matches_reference_and_is_deterministic(precision, head_dim, T, defines):
+@pytest.mark.parametrize("head_dim,T", SHAPES)
+@pytest.mark.parametrize("variant", BWD, ids=[v[0].replace(" ", "-") for v in BWD])
+def test_wgmma_backward_matches_reference(precision, head_dim, T, variant):
     """dq, dk, dv of every variant against numpy_backend.attn_bwd (given the forward's own y and lse),
-    at partial tiles; two runs give the same bytes (no atomics)."""
+    at partial tiles, every element within the bound dev/cuda/attention_wgmma.py derives (a multiple of
+    the unit roundoff times the sum of the absolute terms each output adds up: an absolute floor from
+    the inputs' scale, so an output whose true value is 0, as dq at T = 1 where softmax is 1 and dS = 0,
+    is held to it and not to a relative error); the deterministic ones give the same bytes twice."""
+    _, defines, deterministic, fused, _ = variant
     gb = CupyBackend(precision)
     H = 2
     C = H * head_dim
+    scale = 1.0 / math.sqrt(head_dim)
     qkv, d_qkv = inputs(gb, T, H, head_dim)
     dy = RNG.standard_normal((B, T, C)).astype(np.float32).astype(gb.half).astype(np.float32)
     y, lse = cp.zeros((B, T, C), gb.half), cp.zeros((B, H, T), cp.float32)
     attention_wgmma.flash_fwd(gb, d_qkv, y, lse)
-    y_in, lse_in = cp.asnumpy(y).astype(np.float32), cp.asnumpy(lse)
-    ref = np.ascontiguousarray(qkv.transpose(2, 0, 3, 1, 4))
+    y_in, lse_in = cp.asnumpy(y).astype(np.float64), cp.asnumpy(lse).astype(np.float64)
+    ref = np.ascontiguousarray(qkv.transpose(2, 0, 3, 1, 4)).astype(np.float64)
     d_n = np.zeros_like(ref)
-    nb.attn_bwd(dy, ref, y_in, lse_in, d_n)
+    nb.attn_bwd(dy.astype(np.float64), ref, y_in, lse_in, d_n)
     runs = []
     for _ in range(2):
         d_g = cp.full(d_qkv.shape, np.nan, np.float32).astype(gb.half)  # every element must be written
-        attention_wgmma.flash_bwd(gb, cp.asarray(dy).astype(gb.half), d_qkv, y, lse, d_g, defines)
+        attention_wgmma.flash_bwd(gb, cp.asarray(dy).astype(gb.half), d_qkv, y, lse, d_g, defines,
+                                  deterministic=deterministic, fused=fused)
         runs.append(cp.asnumpy(d_g))
-    assert runs[0].tobytes() == runs[1].tobytes()  # deterministic
-    got = runs[0].astype(np.float32).transpose(2, 0, 3, 1, 4)
-    assert np.isfinite(got).all()
+    if deterministic:
+        assert runs[0].tobytes() == runs[1].tobytes()
+    u16, u32 = common.u(precision), common.u("fp32")
+    delta = (common.heads(dy, H) * common.heads(y_in, H)).sum(-1)
+    terms = common.attention_abs(ref[0], ref[1], ref[2], lse_in, scale, common.heads(dy, H), delta)
+    c = 2 * (2 * common.score_error(ref[0], ref[1], scale)) + 2 * u16 + (T + 2 * head_dim + 10) * u32
+    for run in runs:  # both (the atomic sums may differ from run to run, each within the bound)
+        got = run.astype(np.float64).transpose(2, 0, 3, 1, 4)
+        assert np.isfinite(got).all()
+        for i, name in enumerate(("dq", "dk", "dv")):
+            bound = c * terms[name] + u16 * np.abs(d_n[i]) + common.tiny(precision)
+            err = np.abs(got[i] - d_n[i])
+            assert (err <= bound).all(), f"{name}: max err/bound {(err / bound).max():.2f}"
+
+
+@pytest.mark.parametrize("variant", [v for v in BWD if v[3]], ids=[v[0].replace(" ", "-") for v in BWD if v[3]])
+def test_wgmma_fused_backward_matches_the_two_kernel_one_at_a_model_shape(variant):
+    """ANDREA-120M's shape on a small batch: the fused passes (their dq sums over 16 key blocks, ordered
+    or atomic) against the verified two-kernel backward."""
+    _, defines, deterministic, fused, _ = variant
+    gb = CupyBackend("bf16")
+    T, H, D = 1024, 12, 64
+    _, d_qkv = inputs(gb, T, H, D)
+    y, lse = cp.zeros((B, T, H * D), gb.half), cp.zeros((B, H, T), cp.float32)
+    attention_wgmma.flash_fwd(gb, d_qkv, y, lse)
+    dy = cp.asarray(RNG.standard_normal((B, T, H * D)).astype(np.float32)).astype(gb.half)
+    out = []
+    for args in ((defines, deterministic, fused), ((), True, False)):
+        d = cp.zeros_like(d_qkv)
+        attention_wgmma.flash_bwd(gb, dy, d_qkv, y, lse, d, args[0], deterministic=args[1], fused=args[2])
+        out.append(cp.asnumpy(d).astype(np.float32))
     for i in range(3):
-        assert rel(got[i], d_n[i]) < 1e-2, "qkv"[i]
+        assert rel(out[0][:, :, i], out[1][:, :, i]) < 1e-2, "qkv"[i]

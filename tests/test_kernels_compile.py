@@ -22,9 +22,12 @@ import common  # noqa: E402  (dev/cuda/common.py: kernel_names, the coverage tes
 HEAD_DIMS = {"attention": (32, 64), "attention_mma": (32, 64), "attention_wgmma": (16, 32, 64)}  # -DHEAD_DIM: ANDREA-12M's, 120M's and 480M's
 # families written for an architecture-specific target (wgmma: sm_90a only), compiled to its cubin
 ARCH = {"attention_wgmma": "sm_90a"}
-# dev/cuda/attention_wgmma.py's variants: each must compile as cleanly as the defaults
-VARIANTS = {"attention_wgmma": (("FWD_OVERLAP=0",), ("FWD_BN=128",), ("FWD_WG=3",), ("FWD_WG=1",), ("FWD_STAGES=4",),
-                                ("DQ_WG=1", "KV_WG=1"), ("DQ_BN=128", "KV_BM=128"), ("DQ_STAGES=4", "KV_STAGES=4"))}
+# dev/cuda/attention_wgmma.py's variants (its FWD_VARIANTS and BWD_VARIANTS, less the launcher's own
+# FWD_PERSIST): each must compile as cleanly as the defaults, every kernel of the file with it
+import attention_wgmma as _wgmma_dev  # noqa: E402  (dev/cuda/attention_wgmma.py: imports without CuPy)
+
+_WGMMA = [tuple(d for d in v[1] if not d.startswith("FWD_PERSIST")) for v in _wgmma_dev.FWD_VARIANTS + _wgmma_dev.BWD_VARIANTS]
+VARIANTS = {"attention_wgmma": tuple(dict.fromkeys(d for d in _WGMMA if d))}
 
 
 def _nvrtc():
@@ -86,6 +89,7 @@ def test_kernel_source_compiles_with_every_kernel(name, defines):
     if name in ARCH:  # ptxas ran: registers within the launch bounds without local memory, wgmma left asynchronous
         assert "Used" in log and not re.search(r"[1-9]\d* bytes spill (stores|loads)", log), f"{path.name} {defines}: spills\n{log}"
         assert "wgmma" not in log.lower(), f"{path.name} {defines}: ptxas serialized wgmma\n{log}"
+        assert "setmaxnreg" not in log.lower(), f"{path.name} {defines}: ptxas ignored setmaxnreg\n{log}"
     entries = set(re.findall(r"\.entry\s+(\w+)", ptx))
     missing = set(common.kernel_names(path)) - entries
     assert not missing, f"{path.name} {defines}: kernels named in the source but not compiled: {sorted(missing)}"

@@ -105,20 +105,29 @@ def _train_setting(cfg: dict, model: str, key: str):
     return schema["$defs"]["train_settings"]["properties"][key]["default"]
 
 
-def model_shapes(quick: bool) -> list:
-    """The timing shapes: ANDREA-12M and ANDREA-120M at their training batch size (config/config.yaml
-    `models:` and `train:`), or ANDREA-tiny at B=2 with --quick. vocab = 256 bytes + n_segments + BOS."""
+def _config() -> dict:
     import yaml  # a dependency of snakemake, so on every machine that runs the pipeline
 
-    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text(encoding="utf-8"))
-    names = ("ANDREA-tiny",) if quick else ("ANDREA-12M", "ANDREA-120M")
-    shapes = []
-    for name in names:
-        m = cfg["models"][name]
-        batch = 2 if quick else _train_setting(cfg, name, "batch_size")
-        shapes.append(Shape(f"{name.removeprefix('ANDREA-')} B={batch}", batch, m["context"], m["d_model"], m["n_head"],
-                            256 + m["n_segments"] + 1, m["n_layer"]))
-    return shapes
+    return yaml.safe_load((REPO / "config" / "config.yaml").read_text(encoding="utf-8"))
+
+
+def model_shape(name: str, batch: int | None = None, cfg: dict | None = None) -> Shape:
+    """The shape of model `name` (config/config.yaml `models:`) at `batch` sequences, or at its training
+    batch size (`train:`) when None. vocab = 256 bytes + n_segments + BOS."""
+    cfg = _config() if cfg is None else cfg
+    m = cfg["models"][name]
+    batch = _train_setting(cfg, name, "batch_size") if batch is None else batch
+    return Shape(f"{name.removeprefix('ANDREA-')} B={batch}", batch, m["context"], m["d_model"], m["n_head"],
+                 256 + m["n_segments"] + 1, m["n_layer"])
+
+
+def model_shapes(quick: bool) -> list:
+    """The timing shapes: ANDREA-12M and ANDREA-120M at their training batch size (config/config.yaml
+    `models:` and `train:`), or ANDREA-tiny at B=2 with --quick."""
+    cfg = _config()
+    if quick:
+        return [model_shape("ANDREA-tiny", 2, cfg)]
+    return [model_shape(name, None, cfg) for name in ("ANDREA-12M", "ANDREA-120M")]
 
 
 # ----------------------------------------------------------------------------- building kernels

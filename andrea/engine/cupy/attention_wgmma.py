@@ -1,9 +1,24 @@
 """Causal self-attention on Hopper's warp-group tensor cores (kernels/attention_wgmma.cu: wgmma.mma_async
-with shared-memory matrix descriptors, FlashAttention-3's schedule with cp.async tiles), forward and
-backward, on the buffers of attention_mma.py: one [B, T, 3, H, D] 16-bit qkv buffer with strides, y and
-dy [B, T, H·D] 16-bit, lse [B, H, T] fp32 (the log-sum-exp of each score row, as attention_mma and cuDNN
-save it), dq, dk, dv written into a buffer shaped like qkv. The backward is deterministic (dQ and dK/dV
-in separate kernels, no atomics); its delta = Σ dy·y per row is attention_mma.cu's flash_delta.
+with shared-memory matrix descriptors, FlashAttention-3's schedule), forward and backward, on the
+buffers of attention_mma.py: one [B, T, 3, H, D] 16-bit qkv buffer with strides, y and dy [B, T, H·D]
+16-bit, lse [B, H, T] fp32 (the log-sum-exp of each score row, as attention_mma and cuDNN save it), dq,
+dk, dv written into a buffer shaped like qkv.
+
+The forward runs in two builds (kernels/attention_wgmma.cu says how): every thread loading with cp.async
+(the default), or warp-specialized (-DFWD_WS=1): a producer warp group moving tiles with the
+tensor-memory accelerator from tensor maps made here (cuTensorMapEncodeTiled, the CUDA driver's, through
+ctypes: CuPy does not expose it), one tile a CTA or, with the launcher's own define FWD_PERSIST=1, as
+many CTAs as the SMs hold, each looping over tiles.
+
+The backward, by flash_bwd's flags:
+  deterministic=True, fused=False   (the default) dQ and dK/dV in two kernels, no atomics; delta by
+                                    attention_mma.cu's flash_delta
+  deterministic=False               one pass (flash_bwd_fused) that sums dq with fp32 atomics into a
+                                    zeroed accumulator, then flash_bwd_dq_convert: NOT deterministic (the
+                                    low bits of dq change from run to run)
+  deterministic=True, fused=True    the same pass with the key blocks' dq sums ordered by semaphores
+                                    (FlashAttention-3's deterministic mode): the same bits every run
+The fused ones start with flash_bwd_prep (delta, and the zeroing the atomic sums need).
 
 wgmma exists only on the architecture sm_90a (H100/H200, compute capability 9.0 exactly), which CuPy's
 RawModule does not target: it appends its own -arch=sm_<cc> to the options, and it derives that from
@@ -11,14 +26,20 @@ the device's compute capability as a number. So these kernels are compiled here 
 (cupy.cuda.nvrtc, -arch=sm_90a: a cubin) and the cubin loaded with cupy.cuda.function.Module, with
 the production loader's options otherwise (kernels.py: -std=c++17 -I<kernels> -lineinfo
 -DHEAD_DIM=<D>, the backend's -D defines; CuPy's include folders and -ftz=true, as RawModule adds).
+Each direction is built alone (-DWG_KERNELS=<mask>). ANDREA_WGMMA_CUBIN_CACHE=<folder> keeps the cubins
+there, keyed by source and options (dev/cuda/attention_wgmma.py compiles its variants in parallel
+processes that way).
 
 Not dispatched by attention.py yet: check it on the device first (python3 dev/cuda/attention_wgmma.py).
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import hashlib
 import math
+import os
 
 import cupy as cp
 import numpy as np
@@ -30,35 +51,59 @@ ARCH = "sm_90a"
 CAPABILITY = "90"  # the only compute capability an sm_90a cubin runs on
 HEAD_DIMS = (16, 32, 64)  # attention_wgmma.cu: a tile row of D 16-bit values is one swizzle atom (32, 64, 128 bytes)
 # kernels/attention_wgmma.cu's defaults, overridden by -D defines of the same names (dev/cuda variants):
-# warp groups per CTA, keys (or, for dK/dV, queries) per streamed tile, ring stages
-CONFIG = {"FWD_WG": 2, "FWD_BN": 64, "FWD_STAGES": 3, "DQ_WG": 2, "DQ_BN": 64, "DQ_STAGES": 3,
-          "KV_WG": 2, "KV_BM": 64, "KV_STAGES": 3}
+# warp groups per CTA, keys (or, for dK/dV, queries) per streamed tile, ring stages, the warp-specialized
+# forward (FWD_MINB None: the .cu's default, 2 CTAs an SM where the tiles are small), the dK/dV overlap
+CONFIG = {"FWD_WS": 0, "FWD_WG": 2, "FWD_BN": 64, "FWD_STAGES": 3, "FWD_MINB": None, "FWD_PERSIST": 0,
+          "DQ_WG": 2, "DQ_BN": 64, "DQ_STAGES": 3, "KV_WG": 2, "KV_BM": 64, "KV_STAGES": 3, "KV_OVERLAP": 0}
+LAUNCHER_ONLY = ("FWD_PERSIST",)  # read here, never passed to the compiler
+# WG_KERNELS masks: the kernels each direction builds
+FWD_KERNELS, BWD_SPLIT_KERNELS, BWD_FUSED_KERNELS = 1, 2 | 4, 8 | 16
+KERNEL_BITS = {"flash_fwd": 1, "flash_bwd_dq": 2, "flash_bwd_dkdv": 4, "flash_bwd_fused": 8, "flash_bwd_prep": 16,
+               "flash_bwd_dq_convert": 16}
 
 
+@functools.lru_cache(maxsize=None)
 def config(defines: tuple = ()) -> dict:
-    """CONFIG with `defines` ("FWD_BN=128", ...) applied."""
+    """CONFIG with `defines` ("FWD_BN=128", ...) applied (cached: read it, do not change it)."""
     cfg = dict(CONFIG)
     for d in defines:
         name, _, value = d.partition("=")
         if name in cfg:
             cfg[name] = int(value)
+    if cfg["FWD_MINB"] is None:
+        cfg["FWD_MINB"] = 1 if cfg["FWD_WS"] else (2 if cfg["FWD_WG"] * cfg["FWD_BN"] <= 128 else 1)
     return cfg
 
 
+@functools.lru_cache(maxsize=None)
+def compile_defines(defines: tuple, mask: int) -> tuple:
+    """The -D defines of a build: `defines` without the launcher's own, and the kernels it holds."""
+    kept = tuple(d for d in defines if d.partition("=")[0] not in LAUNCHER_ONLY)
+    return kept if any(d.startswith("WG_KERNELS=") for d in kept) else kept + (f"WG_KERNELS={mask}",)
+
+
+@functools.lru_cache(maxsize=None)
 def launch(kernel_name: str, D: int, defines: tuple = ()) -> tuple:
     """(rows a CTA owns, threads per CTA, bytes of dynamic shared memory) of a kernel: the .cu's
     FWD_BM/DQ_BM/KV_BN, *_NT and *_SMEM (1 KB to align the base to 1024 bytes, then the tiles)."""
     c, rb = config(defines), 2 * D  # bytes per tile row
-    if kernel_name == "flash_fwd":  # Q; K and V stages
-        rows = 64 * c["FWD_WG"]
-        return rows, 128 * c["FWD_WG"], 1024 + rows * rb + 2 * c["FWD_STAGES"] * c["FWD_BN"] * rb
+    if kernel_name == "flash_fwd":  # Q; K and V stages (FWD_WS: a producer warp group and the mbarriers)
+        rows, st = 64 * c["FWD_WG"], c["FWD_STAGES"]
+        smem = 1024 + rows * rb + 2 * st * c["FWD_BN"] * rb
+        if c["FWD_WS"]:
+            return rows, 128 * c["FWD_WG"] + 128, smem + 8 * (2 * st + 2)
+        return rows, 128 * c["FWD_WG"], smem
     if kernel_name == "flash_bwd_dq":  # Q, dO; K and V stages
         rows = 64 * c["DQ_WG"]
         return rows, 128 * c["DQ_WG"], 1024 + 2 * rows * rb + 2 * c["DQ_STAGES"] * c["DQ_BN"] * rb
-    if kernel_name == "flash_bwd_dkdv":  # K, V; Q, dO, lse and delta stages
-        rows, bm, st = 64 * c["KV_WG"], c["KV_BM"], c["KV_STAGES"]
-        return rows, 128 * c["KV_WG"], 1024 + 2 * rows * rb + 2 * st * bm * rb + 2 * st * bm * 4
-    raise ValueError(f"attention_wgmma has no kernel {kernel_name!r}")
+    if kernel_name in ("flash_bwd_dkdv", "flash_bwd_fused"):  # K, V; Q, dO, lse and delta stages (fused: dSᵀ, exchange)
+        rows, st = 64 * c["KV_WG"], c["KV_STAGES"]
+        bm = 64 if kernel_name == "flash_bwd_fused" else c["KV_BM"]  # the fused pass's query tiles are 64 always
+        smem = 1024 + 2 * rows * rb + 2 * st * bm * rb + 2 * st * bm * 4
+        if kernel_name == "flash_bwd_fused":
+            smem += rows * 128 + (64 * D * 4 if c["KV_WG"] == 2 else 0)
+        return rows, 128 * c["KV_WG"], smem
+    raise ValueError(f"attention_wgmma has no kernel {kernel_name!r} with a tiled launch")
 
 
 def takes(D: int) -> bool:
@@ -68,7 +113,7 @@ def takes(D: int) -> bool:
 
 def cubin(name: str, head_dim: int, defines: tuple = ()) -> bytes:
     """kernels/<name>.cu compiled by NVRTC for sm_90a with -DHEAD_DIM=<head_dim> and -D<d> for each
-    define: the cubin (no GPU needed)."""
+    define: the cubin (no GPU needed; from ANDREA_WGMMA_CUBIN_CACHE's folder when it holds it)."""
     from cupy._core.core import assemble_cupy_compiler_options  # CuPy's include folders (CUDA's headers, CCCL)
     from cupy.cuda import nvrtc
 
@@ -77,15 +122,31 @@ def cubin(name: str, head_dim: int, defines: tuple = ()) -> bytes:
         raise FileNotFoundError(f"{path}: CUDA sources not found (reinstall the package, or set ANDREA_KERNELS to the kernels/ folder of a checkout)")
     opts = ("-std=c++17", f"-I{KERNELS}", "-lineinfo", f"-DHEAD_DIM={head_dim}") + tuple(f"-D{d}" for d in defines)
     opts = assemble_cupy_compiler_options(opts) + ("-ftz=true", f"-arch={ARCH}")
-    prog = nvrtc.createProgram(path.read_text(), path.name, (), ())
+    source = path.read_text()
+    cache = os.environ.get("ANDREA_WGMMA_CUBIN_CACHE")
+    if cache:
+        headers = "".join(p.read_text() for p in sorted(KERNELS.glob("*.cuh")))
+        key = hashlib.sha256("\0".join((source, headers, str(nvrtc.getVersion())) + opts).encode()).hexdigest()
+        hit = os.path.join(cache, f"{name}-{key[:32]}.cubin")
+        if os.path.exists(hit):
+            with open(hit, "rb") as f:
+                return f.read()
+    prog = nvrtc.createProgram(source, path.name, (), ())
     try:
         try:
             nvrtc.compileProgram(prog, opts)
         except nvrtc.NVRTCError as err:
             raise RuntimeError(f"NVRTC could not compile {path.name} for {ARCH} {defines}: {err}\n{nvrtc.getProgramLog(prog)}") from None
-        return nvrtc.getCUBIN(prog)
+        code = nvrtc.getCUBIN(prog)
     finally:
         nvrtc.destroyProgram(prog)
+    if cache:
+        os.makedirs(cache, exist_ok=True)
+        tmp = f"{hit}.{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(code)
+        os.replace(tmp, hit)  # whole or absent: parallel compilers of the same key race harmlessly
+    return code
 
 
 @functools.lru_cache(maxsize=None)
@@ -112,9 +173,16 @@ def kernel(name: str, function: str, head_dim: int, defines: tuple = (), smem: i
     return _function(name, function, head_dim, tuple(defines), cp.cuda.runtime.getDevice(), smem)
 
 
+def wg_kernel(function: str, D: int, defines: tuple, smem: int = 0):
+    """attention_wgmma.cu's `function`, built with the kernels of its direction (compile_defines)."""
+    bit = KERNEL_BITS[function]
+    mask = FWD_KERNELS if bit == 1 else BWD_SPLIT_KERNELS if bit in (2, 4) else BWD_FUSED_KERNELS
+    return kernel("attention_wgmma", function, D, compile_defines(tuple(defines), mask), smem)
+
+
 def _run(name: str, D: int, T: int, BH: int, defines: tuple, args: tuple) -> None:
     rows, threads, smem = launch(name, D, defines)
-    kernel("attention_wgmma", name, D, defines, smem)(((T + rows - 1) // rows, BH), (threads,), args, shared_mem=smem)
+    wg_kernel(name, D, defines, smem)(((T + rows - 1) // rows, BH), (threads,), args, shared_mem=smem)
 
 
 def _heads(qkv) -> tuple:
@@ -124,23 +192,110 @@ def _heads(qkv) -> tuple:
     return B, T, H, D, ptrs, strides
 
 
+# ----------------------------------------------------------------------------- tensor maps (FWD_WS)
+
+# cuda.h's enumerators (CUDA 12/13): 16-bit elements copied as raw bits (the zero fill past T is the same
+# for bf16 and fp16), no interleave, the swizzle matching a tile row of 128/64/32 bytes, L2 lines of 256 bytes
+_U16, _INTERLEAVE_NONE, _L2_256B, _OOB_ZEROS = 1, 0, 3, 0
+_SWIZZLE = {128: 3, 64: 2, 32: 1}
+
+
+@functools.lru_cache(maxsize=None)
+def _encode_tiled():
+    lib = ctypes.CDLL("libcuda.so.1")  # the driver, already loaded by CuPy
+    f = lib.cuTensorMapEncodeTiled
+    u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
+    f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
+                  ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    f.restype = ctypes.c_int
+    return f
+
+
+def tensor_map(ptr: int, B: int, T: int, H: int, D: int, rows: int) -> bytes:
+    """The 128-byte CUtensorMap of a [B, T, 3, H, D] 16-bit buffer at device address ptr seen as the 5-D
+    tensor (D, H, 3, T, B) (innermost first, packed), a box of `rows` rows of one head's q, k or v:
+    what flash_fwd's TMA copies read (rows past T come as zeros)."""
+    C = H * D
+    dims = (ctypes.c_uint64 * 5)(D, H, 3, T, B)
+    strides = (ctypes.c_uint64 * 4)(2 * D, 2 * C, 2 * 3 * C, 2 * 3 * C * T)  # bytes, of dims 1..4
+    box = (ctypes.c_uint32 * 5)(D, 1, 1, rows, 1)
+    unit = (ctypes.c_uint32 * 5)(1, 1, 1, 1, 1)
+    buf = ctypes.create_string_buffer(128 + 64)
+    at = (ctypes.addressof(buf) + 63) // 64 * 64  # the map must be 64-byte aligned
+    rc = _encode_tiled()(at, _U16, 5, ptr, dims, strides, box, unit, _INTERLEAVE_NONE, _SWIZZLE[2 * D], _L2_256B,
+                         _OOB_ZEROS)
+    if rc != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUresult {rc} (B={B} T={T} H={H} D={D} rows={rows})")
+    return ctypes.string_at(at, 128)
+
+
+_MAPS: dict = {}
+
+
+def tensor_maps(qkv, box_q: int, box_kv: int):
+    """flash_fwd's two tensor maps of qkv (boxes of box_q and box_kv rows) in device memory, made once
+    per buffer, shape and boxes (a map holds the buffer's address)."""
+    B, T, _, H, D = qkv.shape
+    key = (qkv.data.ptr, B, T, H, D, box_q, box_kv, cp.cuda.runtime.getDevice())
+    if key not in _MAPS:
+        raw = tensor_map(qkv.data.ptr, B, T, H, D, box_q) + tensor_map(qkv.data.ptr, B, T, H, D, box_kv)
+        _MAPS[key] = cp.asarray(np.frombuffer(raw, dtype=np.uint64))  # CuPy allocations are 256-byte aligned
+    return _MAPS[key]
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: int) -> int:
+    return cp.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
+
+
+# ----------------------------------------------------------------------------- the passes
+
+
 def flash_fwd(be, qkv, y, lse, defines: tuple = ()) -> None:
     """y = causal softmax(q·kᵀ/√D)·v per head, lse saved; qkv [B, T, 3, H, D] 16-bit (`be`: the backend,
     for its 16-bit type's defines; `defines`: a variant's, see CONFIG)."""
     B, T, H, D, (q, k, v), strides = _heads(qkv)
-    _run("flash_fwd", D, T, B * H, tuple(defines) + tuple(be.defines),
-         (q, k, v, y, lse, np.int32(H), np.int32(T), *strides, np.float32(1.0 / math.sqrt(D))))
+    defines = tuple(defines) + tuple(be.defines)
+    cfg, scale = config(defines), np.float32(1.0 / math.sqrt(D))
+    if not cfg["FWD_WS"]:
+        _run("flash_fwd", D, T, B * H, defines, (q, k, v, y, lse, np.int32(H), np.int32(T), *strides, scale))
+        return
+    if not qkv.flags.c_contiguous or qkv.data.ptr % 16:
+        raise ValueError("the warp-specialized forward reads qkv through tensor maps: a contiguous, 16-byte aligned buffer")
+    rows, threads, smem = launch("flash_fwd", D, defines)
+    maps = tensor_maps(qkv, rows, cfg["FWD_BN"])
+    work = (T + rows - 1) // rows * B * H  # (query block, head) tiles
+    grid = min(work, _sm_count(cp.cuda.runtime.getDevice()) * cfg["FWD_MINB"]) if cfg["FWD_PERSIST"] else work
+    wg_kernel("flash_fwd", D, defines, smem)((grid,), (threads,), (maps, y, lse, np.int32(H), np.int32(T),
+                                                                   np.int32(B * H), scale), shared_mem=smem)
 
 
-def flash_bwd(be, dy, qkv, y, lse, dqkv, defines: tuple = ()) -> None:
-    """dq, dk, dv into dqkv (overwritten) from dy, recomputing the probabilities from lse; delta by
-    attention_mma.cu's flash_delta."""
+def flash_bwd(be, dy, qkv, y, lse, dqkv, defines: tuple = (), deterministic: bool = True, fused: bool = False) -> None:
+    """dq, dk, dv into dqkv (overwritten) from dy, recomputing the probabilities from lse. deterministic
+    and not fused: the two-kernel backward (delta by attention_mma.cu's flash_delta); not deterministic:
+    the fused pass with atomic dq sums; deterministic and fused: the fused pass with ordered dq sums."""
     B, T, H, D, (q, k, v), strides = _heads(qkv)
     dq, dk, dv = _mma_args(dqkv)[4]
     defines = tuple(defines) + tuple(be.defines)
     delta = be.scratch("flash_delta", (B, H, T), cp.float32)
-    be.kernel("attention_mma", "flash_delta", D)((blocks(B * T * H, 8),), (256,), (dy, y, delta, np.int32(B), np.int32(H),
-                                                                                  np.int32(T)))
     ht, scale = (np.int32(H), np.int32(T)), np.float32(1.0 / math.sqrt(D))
-    _run("flash_bwd_dq", D, T, B * H, defines, (q, k, v, dy, lse, delta, dq, *ht, *strides, scale))
-    _run("flash_bwd_dkdv", D, T, B * H, defines, (q, k, v, dy, lse, delta, dk, dv, *ht, *strides, scale))
+    if deterministic and not fused:
+        be.kernel("attention_mma", "flash_delta", D)((blocks(B * T * H, 8),), (256,), (dy, y, delta, np.int32(B), np.int32(H),
+                                                                                      np.int32(T)))
+        _run("flash_bwd_dq", D, T, B * H, defines, (q, k, v, dy, lse, delta, dq, *ht, *strides, scale))
+        _run("flash_bwd_dkdv", D, T, B * H, defines, (q, k, v, dy, lse, delta, dk, dv, *ht, *strides, scale))
+        return
+    n_qt = (T + 63) // 64  # 64-query tiles a head: dq_acc's and the semaphores' unit
+    dq_acc = be.scratch("wgmma_dq_acc", (B * H * n_qt * 64 * D,), cp.float32)
+    sem = be.scratch("wgmma_dq_sem", (B * H * n_qt,), cp.int32)
+    n4 = dq_acc.size // 4
+    zero, n_sem = (0, sem.size) if deterministic else (n4, 0)  # ordered: the first writer stores; atomic: zeros
+    wg_kernel("flash_bwd_prep", D, defines)((blocks(B * T * H * (D // 8), 256),), (256,),
+                                            (dy, y, delta, dq_acc, np.int64(zero), sem, np.int64(n_sem), np.int32(B), *ht))
+    rows, threads, smem = launch("flash_bwd_fused", D, defines)
+    wg_kernel("flash_bwd_fused", D, defines, smem)(((T + rows - 1) // rows, B * H), (threads,),
+                                                   (q, k, v, dy, lse, delta, dk, dv, dq, dq_acc, sem, *ht, *strides, scale,
+                                                    np.int32(deterministic)), shared_mem=smem)
+    if not deterministic:
+        wg_kernel("flash_bwd_dq_convert", D, defines)((blocks(n4, 256),), (256,), (dq_acc, dq, *ht, *strides, scale,
+                                                                                    np.int64(n4)))
