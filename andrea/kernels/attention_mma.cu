@@ -85,16 +85,6 @@ __device__ __forceinline__ void accumulate(float acc[ND][4], const float p[N][4]
     }
 }
 
-__device__ __forceinline__ float quad_max(float v) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, 1));
-    return fmaxf(v, __shfl_xor_sync(0xffffffff, v, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float v) {
-    v += __shfl_xor_sync(0xffffffff, v, 1);
-    return v + __shfl_xor_sync(0xffffffff, v, 2);
-}
-
 // write a warp's 16 x D accumulator rows (times `mul`) as h16 into a [*, D] view with row stride sT
 __device__ __forceinline__ void store_rows(h16* dst, long sT, const float acc[ND][4], int r0, int T, float mul0,
                                            float mul1, int g, int t) {

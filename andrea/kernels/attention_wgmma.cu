@@ -383,16 +383,6 @@ __device__ __forceinline__ void issue_accumulate(float (&o)[D / 2], unsigned (&p
     reg_fence(p);
 }
 
-__device__ __forceinline__ float quad_max(float v) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, 1));
-    return fmaxf(v, __shfl_xor_sync(0xffffffff, v, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float v) {
-    v += __shfl_xor_sync(0xffffffff, v, 1);
-    return v + __shfl_xor_sync(0xffffffff, v, 2);
-}
-
 __device__ __forceinline__ unsigned pack(float lo, float hi) {
     h16x2 v = pack_h16x2(lo, hi);  // .x (lo) in the low half: element order
     return *reinterpret_cast<unsigned*>(&v);

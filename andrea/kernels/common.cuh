@@ -80,3 +80,15 @@ __device__ __forceinline__ void embed_rows(const int* __restrict__ tok, const fl
     int row = i / C, c = i % C;
     out[i] = to_out<Out>(wte[(long)tok[row] * C + c] + wpe[(long)(pos0 + row % T) * C + c]);
 }
+
+// The max and the sum over the four lanes that hold one row of a tensor-core accumulator fragment
+// (lanes differing in their two lowest bits: attention_mma.cu and attention_wgmma.cu's softmax rows)
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffff, v, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffff, v, 1);
+    return v + __shfl_xor_sync(0xffffffff, v, 2);
+}

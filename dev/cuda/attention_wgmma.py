@@ -493,15 +493,7 @@ def torch_yardsticks(cp, report, shape, case, reps, y_ref):
     flops = 2 * B * H * T * T * D
 
     def timed(fn):
-        for _ in range(3):
-            fn()
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-        for s, e in ev:
-            s.record()
-            fn()
-            e.record()
-        torch.cuda.synchronize()
-        return sorted(s.elapsed_time(e) for s, e in ev)[reps // 2]
+        return common.torch_median_ms(torch, fn, reps)
 
     for label, backend in (("torch flash", SDPBackend.FLASH_ATTENTION), ("torch cudnn", SDPBackend.CUDNN_ATTENTION)):
         try:

@@ -439,6 +439,20 @@ def banner(cp, script: str, shapes) -> None:
 # ----------------------------------------------------------------------------- PyTorch's attention, for scale
 
 
+def torch_median_ms(torch, fn, reps: int) -> float:
+    """Median milliseconds of `fn` over `reps` runs timed by CUDA events on PyTorch's stream, after 3
+    warm-up runs (the yardsticks' timing, as CupyBackend's kernels are timed by CuPy's events)."""
+    for _ in range(3):
+        fn()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for s, e in ev:
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in ev)
+
+
 def torch_sdpa(q, k, v, dy, precision: str, reps: int = 20):
     """PyTorch's causal scaled_dot_product_attention on the same inputs ([B, H, T, D] float64 host
     arrays, rounded to `precision` on the way): (y, dq, dk, dv) as float64 [B, H, T, D], and the
@@ -463,15 +477,7 @@ def torch_sdpa(q, k, v, dy, precision: str, reps: int = 20):
     out = tuple(t.detach().double().cpu().numpy() for t in (y, qt.grad, kt.grad, vt.grad))
 
     def timed(fn):
-        for _ in range(3):
-            fn()
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-        for s, e in ev:
-            s.record()
-            fn()
-            e.record()
-        torch.cuda.synchronize()
-        return statistics.median(s.elapsed_time(e) for s, e in ev)
+        return torch_median_ms(torch, fn, reps)
 
     ys = [fwd()]  # the backward times re-use one forward graph
     fwd_ms = timed(fwd)
