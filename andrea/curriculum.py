@@ -106,11 +106,11 @@ NEVER = 2**62  # the phase end of a mode that re-plans only at the start and whe
 # held-out documents): what a run's key hashes (key_settings), so that a setting of another mode
 # never starts a new run
 COMMON_KEYS = ("warmup_steps", "heldout_every", "warmup_sources")
+BANDIT_KEYS = ("ucb_c", "ema_alpha", "reward_scale", "phase_lengths", "focus_dice_warmup", "focus_dice",
+               "background_weight", "coverage_bonus")
 MODE_KEYS = {
-    "bandit": ("ucb_c", "ema_alpha", "reward_scale", "phase_lengths", "focus_dice_warmup", "focus_dice",
-               "background_weight", "coverage_bonus"),
-    "bandit_normalised": ("ucb_c", "ema_alpha", "reward_scale", "phase_lengths", "focus_dice_warmup", "focus_dice",
-                          "background_weight", "coverage_bonus"),
+    "bandit": BANDIT_KEYS,
+    "bandit_normalised": BANDIT_KEYS,  # the bandit's settings; its reward alone differs
     "proportional": (),
     "uniform": (),
     "fixed": ("weights",),
