@@ -60,6 +60,10 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 # working tree may lack the data/ the first call unpacked (seen on the device, 2026-12-03)
 mkdir -p data .device
 [ -d data/real ] || tar xJf .device/real-corpus.tar.xz -C data || { echo "no .device/real-corpus.tar.xz (carry it; see the header)"; exit 1; }
+# the same for the study's overlay: a later call's .device is the carried one, without the overlay the
+# first call wrote (seen on the device, 2026-12-03: `wait` stopped in progress() on a KeyError); it is
+# kept beside the run's state in $WORK and put back
+[ -f .device/study.yaml ] || [ ! -f "$WORK/study.yaml" ] || cp "$WORK/study.yaml" .device/study.yaml
 
 # the merged config of the call (the files in order, as Snakemake merges --configfile), as JSON
 merged() {
@@ -157,6 +161,7 @@ start | wait)
   if ! running && [ ! -f "results/studies/$NAME/report.html" ]; then
     python3 -c "import snakemake, wordfreq" || { echo "snakemake or wordfreq does not import (carry .whl and results/device-site)"; exit 1; }
     overlay || exit 1
+    cp .device/study.yaml "$WORK/study.yaml"
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || echo "no GPU (nvidia-smi)"
     echo "$CORES cores; study $NAME: snakemake $TARGET --resources gpu_share=$GPU_SHARE"
     rm -f "$WORK/EXIT"
