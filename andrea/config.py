@@ -426,9 +426,11 @@ def known_sources(config: dict) -> set[str]:
 def check_curriculum_sources(config: dict, source: str = "config") -> None:
     """`curriculum.weights` names sources that exist, wherever a curriculum section is (top level,
     train.<model>, a study and its arms): a misspelt name would otherwise be ignored (its source
-    weighed by `weight`). `warmup_sources` is not checked here: configs trimmed to a few sources
-    keep the shipped warm-up list, whose absent names the trainer leaves out."""
+    weighed by `weight`). So does `warmup_sources`, less the names of the schema's default list:
+    configs trimmed to a few sources keep the shipped warm-up list, whose absent names the trainer
+    leaves out; any other name must be a source (a misspelt one would silently drop it from the warm-up)."""
     known = known_sources(config)
+    shipped = set(load_schema()["properties"]["curriculum"]["properties"]["warmup_sources"]["default"])
     sections = [("curriculum", config.get("curriculum") or {})]
     sections += [(f"train.{m}.curriculum", t["curriculum"]) for m, t in config.get("train", {}).items()
                  if isinstance(t, dict) and t.get("curriculum")]
@@ -436,7 +438,8 @@ def check_curriculum_sources(config: dict, source: str = "config") -> None:
         sections.append((f"studies.{name}.curriculum", st.get("curriculum") or {}))
         sections += [(f"studies.{name}.arms.{a}.curriculum", arm.get("curriculum") or {}) for a, arm in st["arms"].items()]
     for where, c in sections:
-        for key, names in (("weights", list(c.get("weights") or {})),):
+        for key, names in (("weights", list(c.get("weights") or {})),
+                           ("warmup_sources", [n for n in c.get("warmup_sources") or () if n not in shipped])):
             for src in names:
                 if src not in known:
                     raise ConfigError(f"{source} is invalid:\n  {where}.{key}: no source {src!r} in sources or any data "

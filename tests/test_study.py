@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from andrea.config import (ConfigError, known_sources, load_config, study_baselines, study_max_steps, study_run_config,
-                           train_settings)
+                           train_settings, validate_config)
 from andrea.study import _verdict, mean_spread, read_run, summarise, tables, tokens_to_target, weighted_bpb, write_study
 from andrea.versions import train_version
 from conftest import REPO, snakemake
@@ -68,7 +68,7 @@ def test_a_study_that_cannot_run_is_refused_naming_the_key(change, message):
 
 
 @pytest.mark.parametrize("where", ["top", "train", "study", "arm"])
-@pytest.mark.parametrize("key, value", [("weights", {"chatt": 1.0})])
+@pytest.mark.parametrize("key, value", [("weights", {"chatt": 1.0}), ("warmup_sources", ["gutenberg", "chatt"])])
 def test_a_misspelt_source_in_a_curriculum_is_refused_wherever_it_is(where, key, value):
     curriculum = {key: value}
     overrides = {"top": {"curriculum": curriculum}, "train": {"train": {"ANDREA-tiny": {"curriculum": curriculum}}},
@@ -87,6 +87,21 @@ def test_a_source_of_a_data_profile_or_disabled_is_a_name_a_curriculum_may_weigh
     load_config(REPO / "config" / "config.yaml", overrides={**disabled, "curriculum": {"weights": {"chat": 0.5}}})
     if profile_only:  # a source only a data profile has
         load_config(REPO / "config" / "config.yaml", overrides={"curriculum": {"warmup_sources": profile_only[:1]}})
+
+
+def test_the_shipped_warmup_names_pass_in_a_config_trimmed_to_a_few_sources(tmp_path):
+    # a config of its own (no data profiles) keeps the schema's default warm-up list, most of whose names
+    # it has no source for: they are left out by the trainer, not refused (only other names must exist)
+    c = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    c["sources"] = {k: v for k, v in c["sources"].items() if k in ("chat", "gutenberg")}
+    c.pop("profiles", None)
+    c["data_profile"] = None
+    c["models"] = {"ANDREA-tiny": c["models"]["ANDREA-tiny"]}
+    c["train"] = {k: v for k, v in c["train"].items() if k in ("defaults", "ANDREA-tiny")}
+    c["studies"] = {}
+    c["curriculum"].pop("warmup_sources", None)
+    cfg = validate_config(c)
+    assert "smoltalk" in cfg["curriculum"]["warmup_sources"] and "smoltalk" not in known_sources(cfg)
 
 
 def test_two_studies_with_one_workflow_target_are_refused_naming_both():
