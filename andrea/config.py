@@ -98,7 +98,7 @@ def validate_config(config: dict, source: str = "config") -> dict:
             )
     _check_locations(config, source)
     check_profiles(config, source)
-    check_curriculum_sources(config, source)
+    check_curriculum_sources(config, source, schema)
     check_studies(config, source)
     for name in profile_names(config):
         if name != EMBEDDED:  # the sources' own locations were checked above
@@ -423,14 +423,15 @@ def known_sources(config: dict) -> set[str]:
     return names
 
 
-def check_curriculum_sources(config: dict, source: str = "config") -> None:
+def check_curriculum_sources(config: dict, source: str = "config", schema: dict | None = None) -> None:
     """`curriculum.weights` names sources that exist, wherever a curriculum section is (top level,
     train.<model>, a study and its arms): a misspelt name would otherwise be ignored (its source
     weighed by `weight`). So does `warmup_sources`, less the names of the schema's default list:
     configs trimmed to a few sources keep the shipped warm-up list, whose absent names the trainer
-    leaves out; any other name must be a source (a misspelt one would silently drop it from the warm-up)."""
+    leaves out; any other name must be a source (a misspelt one would silently drop it from the warm-up).
+    `schema`: the loaded schema, where the caller has it (else it is read again)."""
     known = known_sources(config)
-    shipped = set(load_schema()["properties"]["curriculum"]["properties"]["warmup_sources"]["default"])
+    shipped = set((load_schema() if schema is None else schema)["properties"]["curriculum"]["properties"]["warmup_sources"]["default"])
     sections = [("curriculum", config.get("curriculum") or {})]
     sections += [(f"train.{m}.curriculum", t["curriculum"]) for m, t in config.get("train", {}).items()
                  if isinstance(t, dict) and t.get("curriculum")]

@@ -86,7 +86,8 @@ class Ours:
     "-wsN": ANDREA_ATTENTION_WORKSPACE_MIB=N; "-r32": the fp32 residual stream (ANDREA_RESIDUAL=fp32);
     "-gk" / "-gr": each layer's GELU output kept / recomputed in the backward (ANDREA_GELU=keep / recompute);
     "-noepi": the MLP's GELU as a pass of its own, not its first product's epilogue (ANDREA_GELU_EPILOGUE=0;
-    in fp8: a cast from h)."""
+    in fp8: a cast from h); "-mma": our mma.sync attention forward, not the Hopper wgmma one
+    (ANDREA_ATTENTION=mma)."""
 
     def __init__(self, cfg, B, T, precision, warmup):
         import cupy as cp
@@ -106,6 +107,8 @@ class Ours:
         gelu = {"gk": "keep", "gr": "recompute"}
         env.update({"ANDREA_GELU": gelu[f] for f in flags if f in gelu})
         env["ANDREA_GELU_EPILOGUE"] = "0" if "noepi" in flags else os.environ.get("ANDREA_GELU_EPILOGUE", "1")
+        if "mma" in flags:
+            env["ANDREA_ATTENTION"] = "mma"
         with mock.patch.dict(os.environ, env):  # the backend reads them when it is made
             self.e = Engine(cfg, batch_size=B, seq_len=T, backend="cupy", precision=precision.split("-")[0])
         self.e.graphs = self.e.graphs and "eager" not in flags
@@ -261,6 +264,8 @@ def main() -> None:
                             "rounds_ms": [round(t * 1e3, 3) for t in all_times[key]]}
                 if r.plan is not None:
                     row[key]["plan_gib"] = r.plan / 2**30
+                if isinstance(r, Ours):
+                    row[key]["implementation"] = r.e.be.implementation()  # the plan line: which attention ran
                 power = ""
                 if readings[key] and energy_of(readings[key], args.steps, tokens):
                     row[key] |= energy_of(readings[key], args.steps, tokens)

@@ -18,6 +18,7 @@
 #   ARMS       a subset of the study's arms, e.g. "bandit flat proportional uniform fixed exp3-loss
 #              heldout-progress" (default: all); with ARMS the study runs as <STUDY>-subset
 #   GPU_SHARE  runs at once on the GPU (default 4)    CORES  (default: all)    WAIT_S  (default 540)
+#   WORK       the study's state between calls (default /tmp/andrea-study-<name>; its overlay: .device/study-<name>.yaml)
 #   EXTRA_CONFIG  a config overlay read after the corpus's (e.g. a study of ANDREA-tiny to try the script on
 #              a CPU: DEVICE_ENV=0 STUDY=<its name> EXTRA_CONFIG=FILE bash bench/study_device.sh start)
 #
@@ -37,15 +38,17 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/device-out}
-WORK=${WORK:-/tmp/andrea-study}
 WAIT_S=${WAIT_S:-540}
 CORES=${CORES:-$(nproc)}
 GPU_SHARE=${GPU_SHARE:-4}
 STUDY=${STUDY:-curriculum-12M}
 NAME=$STUDY
 [ -n "${ARMS:-}" ] && NAME="$STUDY-subset"
+# each study its own state and overlay, so that `wait` or `status` of one never reads another's
+WORK=${WORK:-/tmp/andrea-study-$NAME}
+OVERLAY=.device/study-$NAME.yaml
 BASE="config/config.yaml data/real/real-corpus.yaml ${EXTRA_CONFIG:-}"
-CONF="$BASE .device/study.yaml"
+CONF="$BASE $OVERLAY"
 mkdir -p "$OUT" "$WORK"
 start=$(date +%s)
 TARGET="study_$(echo "$NAME" | sed 's/[^A-Za-z0-9_]/_/g')"
@@ -63,28 +66,28 @@ mkdir -p data .device
 # the same for the study's overlay: a later call's .device is the carried one, without the overlay the
 # first call wrote (seen on the device, 2026-12-03: `wait` stopped in progress() on a KeyError); it is
 # kept beside the run's state in $WORK and put back
-[ -f .device/study.yaml ] || [ ! -f "$WORK/study.yaml" ] || cp "$WORK/study.yaml" .device/study.yaml
+[ -f "$OVERLAY" ] || [ ! -f "$WORK/study.yaml" ] || cp "$WORK/study.yaml" "$OVERLAY"
 
 # the merged config of the call (the files in order, as Snakemake merges --configfile), as JSON
 merged() {
-  python3 - $CONF <<'PY'
+  python3 - "$OVERLAY" $CONF <<'PY'
 import json, os, sys
 from andrea.config import deep_merge, read_config_file
 raw = {}
-for f in sys.argv[1:]:
-    if os.path.exists(f) or f != ".device/study.yaml":  # the study's overlay: once overlay() wrote it
+for f in sys.argv[2:]:
+    if os.path.exists(f) or f != sys.argv[1]:  # the study's overlay: once overlay() wrote it
         raw = deep_merge(raw, read_config_file(f))
 print(json.dumps(raw))
 PY
 }
 
-overlay() {  # .device/study.yaml: the study as the environment asks (seeds, tokens, a subset of its arms)
-  rm -f .device/study.yaml
+overlay() {  # $OVERLAY: the study as the environment asks (seeds, tokens, a subset of its arms)
+  rm -f "$OVERLAY"
   merged > "$WORK/config.json" || return 1
-  python3 - "$STUDY" "$NAME" "${SEEDS:-}" "${TOKENS:-}" "${ARMS:-}" "$WORK/config.json" <<'PY'
+  python3 - "$STUDY" "$NAME" "${SEEDS:-}" "${TOKENS:-}" "${ARMS:-}" "$WORK/config.json" "$OVERLAY" <<'PY'
 import json, os, sys, yaml
 from andrea.config import validate_config
-study, name, seeds, tokens, arms, merged = sys.argv[1:]
+study, name, seeds, tokens, arms, merged, overlay = sys.argv[1:]
 cfg = validate_config(json.load(open(merged)))
 if study not in cfg["studies"]:
     sys.exit(f"no study {study!r} in the config ({', '.join(cfg['studies'])})")
@@ -98,9 +101,9 @@ if arms:
     if missing:
         sys.exit(f"study {study} has no arm {', '.join(missing)} (its arms: {', '.join(st['arms'])})")
     st["arms"] = {a: st["arms"][a] for a in arms.split()}
-with open(".device/study.yaml.tmp", "w") as f:  # renamed into place: a killed run leaves no half overlay
+with open(overlay + ".tmp", "w") as f:  # renamed into place: a killed run leaves no half overlay
     yaml.safe_dump({"studies": {name: st}}, f, sort_keys=False)
-os.replace(".device/study.yaml.tmp", ".device/study.yaml")
+os.replace(overlay + ".tmp", overlay)
 print(f"study {name}: {cfg['studies'][study]['model']}, {len(st['arms'])} arms x {len(st['seeds'])} seeds, {st['tokens']:,} tokens")
 PY
 }
@@ -150,7 +153,7 @@ collect() {
     cp "$d/table.md" "$d/curves.png" "$OUT/"
     tar czf "$OUT/study.tgz" "$d"/*.md "$d"/*.json "$d"/*.png "$d"/*.html \
       $(ls "$d"/runs/*/seed*/*/train.log "$d"/runs/*/seed*/*/plan.json "$d"/runs/*/seed*/ckpt/run.json 2>/dev/null) \
-      results/benchmarks/study_train results/logs/study_train .device/study.yaml 2>/dev/null
+      results/benchmarks/study_train results/logs/study_train "$OVERLAY" 2>/dev/null
     tar czf "$OUT/loss-logs.tgz" $(ls "$d"/runs/*/seed*/*/loss.jsonl) 2>/dev/null
   fi
   ls -la "$OUT"
@@ -161,13 +164,13 @@ start | wait)
   if ! running && [ ! -f "results/studies/$NAME/report.html" ]; then
     python3 -c "import snakemake, wordfreq" || { echo "snakemake or wordfreq does not import (carry .whl and results/device-site)"; exit 1; }
     overlay || exit 1
-    cp .device/study.yaml "$WORK/study.yaml"
+    cp "$OVERLAY" "$WORK/study.yaml"
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || echo "no GPU (nvidia-smi)"
     echo "$CORES cores; study $NAME: snakemake $TARGET --resources gpu_share=$GPU_SHARE"
     rm -f "$WORK/EXIT"
     # the data stages in the foreground (every core), timed; then the study's runs in the background
     t0=$(date +%s)
-    model=$(python3 -c "import yaml; print(list(yaml.safe_load(open('.device/study.yaml'))['studies'].values())[0]['model'])")
+    model=$(python3 -c "import yaml; print(list(yaml.safe_load(open('$OVERLAY'))['studies'].values())[0]['model'])")
     python3 -m snakemake "results/$model/shards.json" --cores "$CORES" --configfile $CONF > "$WORK/data.log" 2>&1 \
       || { tail -40 "$WORK/data.log"; exit 1; }
     echo "data stages: $(( $(date +%s) - t0 )) s"

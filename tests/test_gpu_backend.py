@@ -12,8 +12,9 @@ try:
     import cupy as cp
 
     HAVE_GPU = cp.cuda.runtime.getDeviceCount() > 0
+    HOPPER = HAVE_GPU and cp.cuda.Device().compute_capability == "90"  # sm_90a: the wgmma forward runs
 except Exception:  # ImportError, or CUDA without a device
-    HAVE_GPU = False
+    HAVE_GPU = HOPPER = False
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_GPU, reason="no CUDA GPU with CuPy here (GPU tests run on the device)")]
 
@@ -166,6 +167,44 @@ def test_cuda_graph_replay_equals_eager_steps():
         out[graphs] = (e.host(e.w).tobytes(), [r_.loss for r_ in results], [r_.grad_norm for r_ in results])
     assert e._captured and all(c.graph is not None for c in e._captured.values())  # it really replayed a graph
     assert out[True] == out[False]
+    assert e.be.forwards_ran == ({"wgmma"} if HOPPER else {"mma.sync"})  # the TMA forward inside the graph
+
+
+@pytest.mark.skipif(not HOPPER, reason="the wgmma forward runs on compute capability 9.0 only")
+def test_wgmma_forward_is_not_captured_before_its_tensor_maps_exist():
+    """The TMA forward reads qkv through tensor maps that are copied to the device when first made: a
+    copy a CUDA graph cannot hold. While a graph is being captured, a buffer whose maps are not made yet
+    goes to mma.sync (the same y and lse); made eagerly first, the wgmma forward is captured and its
+    replay gives the eager bytes."""
+    from andrea.engine.cupy import attention_wgmma
+
+    gb = CupyBackend("bf16")
+    Tt, Hh, Dd = 256, 2, 64
+    qkv = g(round16(r(2, Tt, 3, Hh, Dd))).astype(gb.half)
+    y, lse = cp.zeros((2, Tt, Hh * Dd), gb.half), cp.zeros((2, Hh, Tt), cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        try:
+            fresh = attention_wgmma.fwd_takes(qkv)
+        finally:
+            stream.end_capture()
+    assert not fresh
+    gb.attn_fwd(qkv, y, lse)  # eager: makes the maps
+    eager = (h(y).tobytes(), h(lse).tobytes())
+    y[...] = 0
+    lse[...] = 0
+    with stream:
+        stream.begin_capture()
+        try:
+            assert attention_wgmma.fwd_takes(qkv)
+            gb.attn_fwd(qkv, y, lse)
+        finally:
+            graph = stream.end_capture()
+    graph.launch(stream)
+    stream.synchronize()
+    assert (h(y).tobytes(), h(lse).tobytes()) == eager
+    assert gb.forwards_ran == {"wgmma"}
 
 
 def test_steps_launched_ahead_equal_steps_read_one_by_one():
@@ -245,11 +284,13 @@ def round16(a, dtype=None):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 @pytest.mark.parametrize("head_dim,T_", [(32, 100), (64, 100), (64, 200), (16, 37)])
-@pytest.mark.parametrize("impl", ["flash", "cudnn"])
+@pytest.mark.parametrize("impl", ["flash", "mma", "cudnn"])
 def test_tensor_core_flash_attention_matches_reference(head_dim, T_, precision, impl, monkeypatch):
-    """16-bit modes, both implementations on a [B, T, 3, H, D] buffer, partial tiles included: our
-    fused mma.sync kernels (tiles double-buffered with cp.async), and cuDNN's fused attention (where
-    the frontend is installed; it must take the model's head sizes, 32 and 64)."""
+    """16-bit modes, every implementation on a [B, T, 3, H, D] buffer, partial tiles included: ours
+    ("flash": on an H100/H200 the forward by wgmma with TMA, attention_wgmma.py; the backward, and
+    everything with "mma", by the fused mma.sync kernels, tiles double-buffered with cp.async), and
+    cuDNN's fused attention (where the frontend is installed; it must take the model's head sizes, 32
+    and 64)."""
     if impl == "cudnn" and cudnn_attention._cudnn() is None:
         pytest.skip("the cuDNN frontend is not installed (pip install nvidia-cudnn-frontend)")
     monkeypatch.setenv("ANDREA_ATTENTION_WORKSPACE_MIB", "1024")  # cuDNN's backward on the whole batch
@@ -271,6 +312,8 @@ def test_tensor_core_flash_attention_matches_reference(head_dim, T_, precision, 
     y_g, lse_g = cp.zeros((B, T_, dd), hd), cp.zeros((B, Hh, T_), cp.float32)
     gb.attn_fwd(q_g, y_g, lse_g)
     assert rel(h(y_g).astype(np.float32), y_n) < 1e-2 and rel(h(lse_g), lse_n) < 1e-3
+    if impl != "cudnn":  # the forward the dispatch promises (the plan line names it)
+        assert gb.forwards_ran == ({"wgmma"} if impl == "flash" and HOPPER else {"mma.sync"})
     if impl == "cudnn" and head_dim >= 32:
         (graphs,) = [c.graphs for c in gb._cudnn.values()]
         assert all(v is not None for v in graphs.values()), "cuDNN refused the shape: our kernels ran"

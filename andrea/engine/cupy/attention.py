@@ -2,9 +2,12 @@
 
 - fp32: the CUDA-core flash kernels of kernels/attention.cu (any head size), on the
   [3, B, H, T, D] q/k/v buffer; y and dy [B, T, H·D].
-- bf16/fp16: the tensor-core flash kernels of kernels/attention_mma.cu (attention_mma.py: cp.async
-  double-buffered tiles, mma.sync), on one [B, T, 3, H, D] 16-bit buffer written by the q/k/v
-  projection; y and dy [B, T, H·D] 16-bit; dq, dk, dv written into a buffer shaped like qkv.
+- bf16/fp16: on one [B, T, 3, H, D] 16-bit buffer written by the q/k/v projection; y and dy
+  [B, T, H·D] 16-bit; dq, dk, dv written into a buffer shaped like qkv. The forward on Hopper (sm_90a,
+  head sizes 16/32/64): kernels/attention_wgmma.cu's warp-specialized one (attention_wgmma.py: TMA,
+  wgmma, ping-pong warp groups, persistent CTAs); elsewhere, and the backward everywhere, the tensor-core
+  flash kernels of kernels/attention_mma.cu (attention_mma.py: cp.async double-buffered tiles,
+  mma.sync). `be.attention == "mma"` (ANDREA_ATTENTION=mma) runs mma.sync's forward too.
 Both save the log-sum-exp of each score row (lse [B, H, T], fp32) and recompute the probabilities
 in the backward pass; no T × T matrix exists. Every sum runs in a fixed order: deterministic.
 """
@@ -16,7 +19,7 @@ import math
 import cupy as cp
 import numpy as np
 
-from andrea.engine.cupy import attention_mma
+from andrea.engine.cupy import attention_mma, attention_wgmma
 from andrea.engine.cupy.kernels import blocks
 from andrea.engine.cupy.weights import is_16bit
 
@@ -28,11 +31,23 @@ def qkv_heads(qkv):
     return tuple(qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
 
 
+def wgmma_fwd(be, qkv) -> bool:
+    """Whether attn_fwd runs attention_wgmma's forward on this 16-bit buffer."""
+    return getattr(be, "attention", "flash") != "mma" and attention_wgmma.fwd_takes(qkv)
+
+
 def attn_fwd(be, qkv, y, lse) -> None:
     """y = causal softmax(q·kᵀ/√D)·v per head; lse saved. `be`: the CupyBackend whose kernels and
     scratch buffers run it."""
     if is_16bit(qkv):
-        attention_mma.flash_fwd(be, qkv, y, lse)
+        wgmma = wgmma_fwd(be, qkv)
+        if wgmma:
+            attention_wgmma.flash_fwd(be, qkv, y, lse, attention_wgmma.PRODUCTION_FWD)
+        else:
+            attention_mma.flash_fwd(be, qkv, y, lse)
+        ran = getattr(be, "forwards_ran", None)
+        if ran is not None:  # for the plan line
+            ran.add("wgmma" if wgmma else "mma.sync")
         return
     _, B, H, T, D = qkv.shape
     q, k, v = qkv[0], qkv[1], qkv[2]

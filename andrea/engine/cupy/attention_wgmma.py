@@ -30,7 +30,9 @@ Each direction is built alone (-DWG_KERNELS=<mask>). ANDREA_WGMMA_CUBIN_CACHE=<f
 there, keyed by source and options (dev/cuda/attention_wgmma.py compiles its variants in parallel
 processes that way).
 
-Not dispatched by attention.py yet: check it on the device first (python3 dev/cuda/attention_wgmma.py).
+attention.py runs PRODUCTION_FWD (the warp-specialized, ping-pong, persistent forward: the fastest at every
+model shape of dev/cuda/attention_wgmma.py) where fwd_takes says it can; the backward stays attention_mma's,
+which reads this forward's lse as its own (the same (m + log2 l)·ln 2 per row).
 """
 
 from __future__ import annotations
@@ -55,7 +57,10 @@ HEAD_DIMS = (16, 32, 64)  # attention_wgmma.cu: a tile row of D 16-bit values is
 # forward (FWD_MINB None: the .cu's default, 2 CTAs an SM where the tiles are small), the dK/dV overlap
 CONFIG = {"FWD_WS": 0, "FWD_WG": 2, "FWD_BN": 64, "FWD_STAGES": 3, "FWD_MINB": None, "FWD_PERSIST": 0,
           "DQ_WG": 2, "DQ_BN": 64, "DQ_STAGES": 3, "KV_WG": 2, "KV_BM": 64, "KV_STAGES": 3, "KV_OVERLAP": 0}
-LAUNCHER_ONLY = ("FWD_PERSIST",)  # read here, never passed to the compiler
+LAUNCHER_ONLY = ("FWD_PERSIST",)
+# the forward attention.py dispatches: measured fastest at all six model shapes on an H200 (BENCHMARKS.md,
+# "Hopper attention of our own, round two": 0.0563 ms at 120M B=8 against mma.sync's 0.0842)
+PRODUCTION_FWD = ("FWD_WS=1", "FWD_BN=128", "FWD_PINGPONG=1", "FWD_PERSIST=1", "FWD_SKIP_RESCALE=1")  # read here, never passed to the compiler
 # WG_KERNELS masks: the kernels each direction builds
 FWD_KERNELS, BWD_SPLIT_KERNELS, BWD_FUSED_KERNELS = 1, 2 | 4, 8 | 16
 KERNEL_BITS = {"flash_fwd": 1, "flash_bwd_dq": 2, "flash_bwd_dkdv": 4, "flash_bwd_fused": 8, "flash_bwd_prep": 16,
@@ -106,6 +111,17 @@ def launch(kernel_name: str, D: int, defines: tuple = ()) -> tuple:
     raise ValueError(f"attention_wgmma has no kernel {kernel_name!r} with a tiled launch")
 
 
+def cache_dir() -> str | None:
+    """Where cubins are kept: ANDREA_WGMMA_CUBIN_CACHE, else a folder in CuPy's kernel cache (as CuPy keeps
+    the other kernels' builds, so a training run does not compile them again); "" or "0": nowhere."""
+    cache = os.environ.get("ANDREA_WGMMA_CUBIN_CACHE")
+    if cache is None:
+        from cupy.cuda.compiler import get_cache_dir
+
+        return os.path.join(get_cache_dir(), "andrea_wgmma")
+    return None if cache in ("", "0") else cache
+
+
 def takes(D: int) -> bool:
     """The head sizes the kernels are written for, on a device that runs sm_90a code."""
     return D in HEAD_DIMS and cp.cuda.Device().compute_capability == CAPABILITY
@@ -123,7 +139,7 @@ def cubin(name: str, head_dim: int, defines: tuple = ()) -> bytes:
     opts = ("-std=c++17", f"-I{KERNELS}", "-lineinfo", f"-DHEAD_DIM={head_dim}") + tuple(f"-D{d}" for d in defines)
     opts = assemble_cupy_compiler_options(opts) + ("-ftz=true", f"-arch={ARCH}")
     source = path.read_text()
-    cache = os.environ.get("ANDREA_WGMMA_CUBIN_CACHE")
+    cache = cache_dir()
     if cache:
         headers = "".join(p.read_text() for p in sorted(KERNELS.glob("*.cuh")))
         key = hashlib.sha256("\0".join((source, headers, str(nvrtc.getVersion())) + opts).encode()).hexdigest()
@@ -229,14 +245,21 @@ def tensor_map(ptr: int, B: int, T: int, H: int, D: int, rows: int) -> bytes:
     return ctypes.string_at(at, 128)
 
 
+# never dropped: a captured CUDA graph reads its maps from here for as long as it lives (a few hundred bytes
+# per buffer, shape and boxes: the engine's buffers are made once)
 _MAPS: dict = {}
+
+
+def _map_key(qkv, box_q: int, box_kv: int) -> tuple:
+    B, T, _, H, D = qkv.shape
+    return qkv.data.ptr, B, T, H, D, box_q, box_kv, cp.cuda.runtime.getDevice()
 
 
 def tensor_maps(qkv, box_q: int, box_kv: int):
     """flash_fwd's two tensor maps of qkv (boxes of box_q and box_kv rows) in device memory, made once
     per buffer, shape and boxes (a map holds the buffer's address)."""
     B, T, _, H, D = qkv.shape
-    key = (qkv.data.ptr, B, T, H, D, box_q, box_kv, cp.cuda.runtime.getDevice())
+    key = _map_key(qkv, box_q, box_kv)
     if key not in _MAPS:
         raw = tensor_map(qkv.data.ptr, B, T, H, D, box_q) + tensor_map(qkv.data.ptr, B, T, H, D, box_kv)
         _MAPS[key] = cp.asarray(np.frombuffer(raw, dtype=np.uint64))  # CuPy allocations are 256-byte aligned
@@ -246,6 +269,27 @@ def tensor_maps(qkv, box_q: int, box_kv: int):
 @functools.lru_cache(maxsize=None)
 def _sm_count(device: int) -> int:
     return cp.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
+
+
+def _capturing() -> bool:
+    stream = cp.cuda.get_current_stream()
+    return stream.ptr != 0 and cp.cuda.runtime.streamIsCapturing(stream.ptr) != 0
+
+
+def fwd_takes(qkv, defines: tuple = PRODUCTION_FWD) -> bool:
+    """Whether flash_fwd with `defines` runs on this 16-bit qkv buffer: a head size the kernels are written
+    for on an sm_90a device; for the warp-specialized builds also a contiguous, 16-byte aligned buffer, and
+    its tensor maps already made when a CUDA graph is being captured (making them copies from the host,
+    which a capture cannot hold; the eager warm-up before a capture makes them)."""
+    D = qkv.shape[-1]
+    if qkv.ndim != 5 or not takes(D):
+        return False
+    cfg = config(tuple(defines))
+    if not cfg["FWD_WS"]:
+        return True
+    if not qkv.flags.c_contiguous or qkv.data.ptr % 16:
+        return False
+    return not _capturing() or _map_key(qkv, launch("flash_fwd", D, tuple(defines))[0], cfg["FWD_BN"]) in _MAPS
 
 
 # ----------------------------------------------------------------------------- the passes

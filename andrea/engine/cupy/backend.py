@@ -176,6 +176,7 @@ class CupyBackend(Backend):
         # installed) or "flash" (ours); ANDREA_ATTENTION picks
         self.attention = implementation_from_env() if precision != "fp32" else "flash"
         self.attention_deterministic = deterministic_from_env()
+        self.forwards_ran: set = set()  # our 16-bit attention forwards that ran: "wgmma", "mma.sync" (attention.py)
         self.attention_workspace_cap = workspace_cap()
         self._cudnn: dict = {}  # device -> CudnnAttention
         self.backward_arena = None  # bytes dead during the layers' backward (set_backward_arena)
@@ -227,7 +228,7 @@ class CupyBackend(Backend):
         if self.attention == "cudnn":
             att = f"cuDNN attention ({'deterministic' if self.attention_deterministic else 'non-deterministic backward'})"
         else:
-            att = "our tensor-core flash attention"
+            att = "our tensor-core flash attention" + _forwards(self.forwards_ran)
         refused = sorted({key for c in self._cudnn.values() for key in c.refused()})
         if refused:  # (direction, B, H, T, D)
             att += f" (our kernels for the shapes it refused: {refused})"
@@ -807,3 +808,13 @@ class CupyBackend(Backend):
 
     def adamw(self, w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale=1.0, ctrl=None) -> None:
         elementwise.adamw(self, w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale, ctrl)
+
+
+def _forwards(ran: set) -> str:
+    """Which of our 16-bit attention forwards ran, for the plan line (before any pass: nothing)."""
+    if not ran:
+        return ""
+    if ran == {"mma.sync"}:
+        return " (forward and backward by mma.sync)"
+    names = {"wgmma": "the forward by Hopper wgmma with TMA", "mma.sync": "by mma.sync where that did not run"}
+    return f" ({', '.join(names[r] for r in sorted(ran, reverse=True))}; the backward by mma.sync)"

@@ -35,7 +35,7 @@ import numpy as np
 from andrea.engine.cupy import attention_mma
 from andrea.engine.cupy.weights import BF16
 
-IMPLEMENTATIONS = ("cudnn", "flash")
+IMPLEMENTATIONS = ("cudnn", "flash", "mma")
 
 
 INSTALL = "pip install -c constraints.txt nvidia-cudnn-frontend nvidia-cudnn-cu13 (the gpu extra has both)"
@@ -86,8 +86,9 @@ def deterministic_from_env() -> bool:
 
 
 def implementation_from_env() -> str:
-    """ANDREA_ATTENTION: "cudnn" (the default where the frontend and cuDNN are installed) or "flash"
-    (our kernels)."""
+    """ANDREA_ATTENTION: "cudnn" (the default where the frontend and cuDNN are installed), "flash" (our
+    kernels: the Hopper wgmma forward where it runs) or "mma" (our mma.sync kernels only, as before the
+    wgmma forward: to compare)."""
     name = os.environ.get("ANDREA_ATTENTION", "cudnn" if _cudnn() is not None else "flash")
     if name not in IMPLEMENTATIONS:
         raise ValueError(f"ANDREA_ATTENTION={name!r}: choose one of {', '.join(IMPLEMENTATIONS)}")
