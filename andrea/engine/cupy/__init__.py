@@ -16,8 +16,8 @@ Precision (one per backend object):
   casts operands; so are the branch a product adds to the residual stream and each LayerNorm's
   output gradient (where the vectorised LayerNorm kernels apply). A bf16 copy of the weights is
   refreshed by the AdamW kernel. Attention is cuDNN's fused attention (cudnn_attention.py) where
-  the cuDNN frontend is installed, else our fused tensor-core flash kernel
-  (kernels/attention_mma.cu); q, k, v live in one [B, T, 3, H, D] buffer written by one
+  the cuDNN frontend is installed, else our fused tensor-core flash kernels (kernels/attention_mma.cu;
+  on sm_90a the forward of kernels/attention_wgmma.cu); q, k, v live in one [B, T, 3, H, D] buffer written by one
   strided-batched GEMM. Matrix products accumulate in fp32 and write fp32
   straight into the gradients (beta = 1). The MLP's GELU output is kept per layer for the backward
   or recomputed there (ANDREA_GELU: gelu_policy_from_env, plan_gelu).
