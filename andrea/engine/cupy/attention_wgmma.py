@@ -115,10 +115,8 @@ def cache_dir() -> str | None:
     """Where cubins are kept: ANDREA_WGMMA_CUBIN_CACHE, else a folder in CuPy's kernel cache (as CuPy keeps
     the other kernels' builds, so a training run does not compile them again); "" or "0": nowhere."""
     cache = os.environ.get("ANDREA_WGMMA_CUBIN_CACHE")
-    if cache is None:
-        from cupy.cuda.compiler import get_cache_dir
-
-        return os.path.join(get_cache_dir(), "andrea_wgmma")
+    if cache is None:  # CuPy's own rule for its cache (CUPY_CACHE_DIR, else ~/.cupy/kernel_cache); no public API gives it
+        return os.path.join(os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser("~/.cupy/kernel_cache"), "andrea_wgmma")
     return None if cache in ("", "0") else cache
 
 
