@@ -302,7 +302,8 @@ def plot_simplex(sx: dict, out: Path) -> Path:
                     fontweight="bold" if s in focus_last else "normal")
     sc = _walk(ax, np.array([[p["x"], p["y"]] for p in ph]), starts, warm)
     ax.set_aspect("equal"), ax.set_xlim(-1.35, 1.35), ax.set_ylim(-1.25, 1.25), ax.axis("off")
-    ax.set_title(f"Radial projection: {len(sx['sources'])} sources, {len(ph)} phases (last phase's focus in bold)", fontsize=10)
+    ax.set_title(f"Radial projection: {len(sx['sources'])} sources, {len(ph)} phase{'' if len(ph) == 1 else 's'}"
+                 + (" (last phase's focus in bold)" if focus_last else " (no focus set)"), fontsize=10)
     ax.legend(loc="lower left", fontsize=8)
     tri = np.vstack([TRIANGLE, TRIANGLE[:1]])
     bx.plot(tri[:, 0], tri[:, 1], color="#444", lw=1)
