@@ -1,7 +1,7 @@
 """The curriculum (design §5): which sources the next batches come from. `curriculum.mode` picks
-how: the data bandit ("firehose", `bandit`, the default), described below; the same bandit with each
-row's reward divided by its source's spread of row losses (`bandit_normalised`); the static baselines
-it is measured against (`proportional`, `uniform`, `fixed`: StaticMix); Online Data Mixing's EXP3
+how: the static mixes (`proportional`, the default: each source by its tokens; `uniform`, `fixed`:
+StaticMix); the data bandit ("firehose", `bandit`), described below; the same bandit with each row's
+reward divided by its source's spread of row losses (`bandit_normalised`); Online Data Mixing's EXP3
 with a smoothed training-loss reward (`exp3_loss`); EXP3-style weights from held-out progress
 (`heldout_progress`). They share the arms, the warm-up, floors and caps, drawing, attribution and
 the state (Curriculum); design §5.9 has every mode's equations.
@@ -101,6 +101,10 @@ def epoch_penalty(lifetime_pulls: int, n_docs: int) -> float:
 
 
 MODES = ("bandit", "bandit_normalised", "proportional", "uniform", "fixed", "exp3_loss", "heldout_progress")
+# the mode of a curriculum section that names none: the schema's default (andrea/schemas/config.schema.yaml,
+# curriculum.mode; tests/test_curriculum.py checks they agree). The static mix by tokens beat the bandit
+# in the curriculum studies (issue 41)
+DEFAULT_MODE = "proportional"
 NEVER = 2**62  # the phase end of a mode that re-plans only at the start and where the warm-up ends
 # The curriculum settings each mode reads, beside the ones every mode reads (the warm-up and the
 # held-out documents): what a run's key hashes (key_settings), so that a setting of another mode
@@ -123,8 +127,9 @@ VALIDATION_MODES = ("heldout_progress",)  # re-weighted by the trainer's validat
 def key_settings(c: Mapping) -> dict:
     """The curriculum settings a run's weights depend on, for the run key (andrea.versions): its
     mode's and the common ones. The bandit's are exactly the settings the key hashed before modes
-    existed, without `mode`, so a bandit run keeps its run directory across the upgrade."""
-    mode = c.get("mode", "bandit")
+    existed, without `mode`, so a bandit run keeps its run directory across the upgrade; every
+    other mode's include it. A section without `mode` is of the default mode (DEFAULT_MODE)."""
+    mode = c.get("mode", DEFAULT_MODE)
     out = {k: c[k] for k in MODE_KEYS[mode] + COMMON_KEYS if k in c}
     if mode != "bandit":
         out["mode"] = mode

@@ -16,8 +16,9 @@ ckpt directory, its run directory and its shards:
   every kept checkpoint to the final weights (the same held-out windows, batch and precision as
   training's validation, so the ends equal the losses the run recorded), and a 2-D slice around
   the final weights in two filter-normalised random directions (Li et al. 2018) on a grid.
-- **simplex**: the bandit's mixture weights, one point per phase, as a walk on the simplex of
-  sources: a radial projection of its N vertices and a ternary plot of three source families.
+- **simplex**: the curriculum's mixture weights, one point per phase, as a walk on the simplex of
+  sources: a radial projection of its N vertices and a ternary plot of three source families (a
+  static mode, such as the default proportional, has one phase, two with a curriculum warm-up).
 
 Every forward pass runs on the engine (andrea/engine) of the resolved backend: on the GPU when
 there is one, in the precision the model was trained in (bf16 for fp8), else NumPy in fp32.
@@ -505,14 +506,15 @@ def simplex_view(run: Run, families: dict[str, list[str]]) -> dict | None:
     xy = radial_coords(W)
     txy, shares, outside = ternary_coords(W, sources, families)
     warm = int(run.settings.get("curriculum", {}).get("warmup_steps", 0))
+    mode = run.settings.get("curriculum", {}).get("mode", "bandit")  # a run from before modes existed was the bandit
     rows = []
     for k, p in enumerate(ph["phases"]):
         rows.append({"phase": k, "start": p["start"], "end": p["end"], "warmup": p["start"] < warm,
                      "focus": p["focus"], "x": float(xy[k, 0]), "y": float(xy[k, 1]), "tx": float(txy[k, 0]),
                      "ty": float(txy[k, 1]), **{f"family:{f}": float(shares[k, i]) for i, f in enumerate(families)},
                      "outside_families": float(outside[k]), **{f"w:{s}": float(W[k, j]) for j, s in enumerate(sources)}})
-    return {"sources": sources, "families": families, "warmup_steps": warm, "phases": rows, "last_step": ph["last_step"],
-            "marks_phases": ph["marks_phases"], "vertices": radial_vertices(len(sources)).tolist()}
+    return {"sources": sources, "families": families, "mode": mode, "warmup_steps": warm, "phases": rows,
+            "last_step": ph["last_step"], "marks_phases": ph["marks_phases"], "vertices": radial_vertices(len(sources)).tolist()}
 
 
 # ----------------------------------------------------------------------------- the stage
@@ -564,7 +566,7 @@ def run_geometry(ckpt_dir: str | Path, shards_json: str | Path, g: dict, out_dir
         t = time.perf_counter()
         out["simplex"] = simplex_view(run, g["families"])
         if out["simplex"] is None:
-            log.warning("no bandit weights in the run's loss.jsonl: no walk on the simplex")
+            log.warning("no curriculum weights in the run's loss.jsonl: no walk on the simplex")
         timed["simplex"] = round(time.perf_counter() - t, 2)
     with atomic_dir(out_dir, "geometry.json") as tmp:  # the directory appears complete, or not at all
         t = time.perf_counter()

@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from andrea.config_schema import STATIC_MODES
+
 # what andrea/geometry.py computes with as well (defined here, below it: geometry writes its views
 # through this module)
 KIND_NAMES = {"byte": "byte", "segment": "Harris segment", "word": "whole word", "BOS": "BOS", "unused": "unused ID"}
@@ -300,7 +302,8 @@ def plot_simplex(sx: dict, out: Path) -> Path:
                     fontweight="bold" if s in focus_last else "normal")
     sc = _walk(ax, np.array([[p["x"], p["y"]] for p in ph]), starts, warm)
     ax.set_aspect("equal"), ax.set_xlim(-1.35, 1.35), ax.set_ylim(-1.25, 1.25), ax.axis("off")
-    ax.set_title(f"Radial projection: {len(sx['sources'])} sources, {len(ph)} phases (last phase's focus in bold)", fontsize=10)
+    ax.set_title(f"Radial projection: {len(sx['sources'])} sources, {len(ph)} phase{'' if len(ph) == 1 else 's'}"
+                 + (" (last phase's focus in bold)" if focus_last else " (no focus set)"), fontsize=10)
     ax.legend(loc="lower left", fontsize=8)
     tri = np.vstack([TRIANGLE, TRIANGLE[:1]])
     bx.plot(tri[:, 0], tri[:, 1], color="#444", lw=1)
@@ -332,7 +335,11 @@ def plot_simplex_focus(sx: dict, out: Path) -> Path:
         ax.axvspan(0, min(sx["warmup_steps"], edges[-1]), color="#f4a261", alpha=0.18, lw=0, label="curriculum warm-up")
         ax.legend(loc="upper right", fontsize=7)
     ax.set_yticks(np.arange(len(sources)) + 0.5, sources, fontsize=7)
-    ax.set_xlabel("step"), ax.set_title("Focus set per phase (dark: in focus; light: active, background weight)", fontsize=10)
+    if any(p["focus"] for p in ph):
+        title = "Focus set per phase (dark: in focus; light: active, background weight)"
+    else:  # a static mode (the default, proportional) picks no focus: the sources drawn from are what there is to show
+        title = f"Active sources per phase (curriculum mode {sx.get('mode', 'bandit')}: no focus set)"
+    ax.set_xlabel("step"), ax.set_title(title, fontsize=10)
     ax.invert_yaxis()
     fig.tight_layout()
     return _save(fig, out / "simplex_focus.png")
@@ -359,7 +366,9 @@ def plots(out: dict, d: Path) -> dict[str, tuple[str, Path]]:
         figs["surface"] = ("Loss surface around the final weights", plot_surface(out["surface"], where))
     if out.get("simplex"):
         figs["simplex"] = ("The curriculum's walk on the simplex of sources", plot_simplex(out["simplex"], where))
-        figs["simplex_focus"] = ("The focus set, phase by phase", plot_simplex_focus(out["simplex"], where))
+        focus = any(p["focus"] for p in out["simplex"]["phases"])
+        figs["simplex_focus"] = ("The focus set, phase by phase" if focus else "The active sources, phase by phase",
+                                 plot_simplex_focus(out["simplex"], where))
     return figs
 
 
@@ -448,8 +457,12 @@ def page(out: dict, figs: dict[str, tuple[str, Path]]) -> str:
         fig("simplex")
         marks = ("every phase is marked in this run's log" if sx["marks_phases"] else
                  "this run's log predates the phase mark: a new point wherever the weights or the focus changed")
-        parts.append(f"<p class='caption'>{len(sx['phases']):,} phases over {sx['last_step'] + 1:,} steps; curriculum warm-up "
-                     f"{sx['warmup_steps']:,} steps; {e(marks)}.</p>")
+        mode = sx.get("mode", "bandit")
+        how = (f"curriculum mode {mode}, a static mix, set at the start and where the warm-up ends; "
+               "no focus set" if mode in STATIC_MODES else f"curriculum mode {mode}")
+        n = len(sx["phases"])
+        parts.append(f"<p class='caption'>{n:,} phase{'' if n == 1 else 's'} over {sx['last_step'] + 1:,} steps ({e(how)}); "
+                     f"curriculum warm-up {sx['warmup_steps']:,} steps; {e(marks)}.</p>")
         fig("simplex_focus")
     parts.append("<p class='caption'>The numbers behind every plot are beside this page: geometry.json and the Parquet "
                  "tables (README, “Geometry of a run”).</p></body></html>")

@@ -166,8 +166,8 @@ class Trainer:
                   "weight": config["sources"].get(src, {}).get("weight", 1.0)}
             for src, sh in self.shards.items()
         }
-        # the curriculum of curriculum.mode (design §5): the data bandit unless a baseline or another
-        # mode is asked for; `bandit` is its name throughout the trainer
+        # the curriculum of curriculum.mode (design §5): proportional (by tokens) unless another mode
+        # is asked for; `bandit`, after the data bandit, is its name throughout the trainer
         self.bandit = make_curriculum(arms, self.s.curriculum, seed=self.s.seed, eval_every=self.s.eval_every)
         self.rng = np.random.default_rng([self.s.seed, 0xDA7A])
         self.step = 0
@@ -214,8 +214,9 @@ class Trainer:
                       "tokens_per_step": tokens_per_step},
             "steps": {"max_steps": s.max_steps, "start": self.step, "remaining": remaining},
             "sources": {k: v.n_docs for k, v in self.shards.items()},
-            # the curriculum warm-up, which the dashboard's walk on the simplex marks
-            "curriculum": {"warmup_steps": s.curriculum.warmup_steps, "warmup_sources": list(s.curriculum.warmup_sources)},
+            # the curriculum's mode and warm-up, which the dashboard names and marks on the walk on the simplex
+            "curriculum": {"mode": s.curriculum.mode, "warmup_steps": s.curriculum.warmup_steps,
+                           "warmup_sources": list(s.curriculum.warmup_sources)},
         }
         if self.backend == "numpy":
             # before allocating anything: a model this size may not even fit, let alone finish

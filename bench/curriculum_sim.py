@@ -43,8 +43,9 @@ from andrea.io import write_text_atomic  # noqa: E402
 from andrea.shards import Shard  # noqa: E402
 
 # the arms of the issue: the modes, the bandit with flat weights (the issue's "flat" arm), and the
-# bandit with every floor at 0
-ARMS = {"bandit": {}, "flat": {"background_weight": 1.0, "coverage_bonus": 0.0}, "bandit-no-floors": {"floors": None},
+# bandit with every floor at 0 (each names its mode: the config's default is proportional)
+ARMS = {"bandit": {"mode": "bandit"}, "flat": {"mode": "bandit", "background_weight": 1.0, "coverage_bonus": 0.0},
+        "bandit-no-floors": {"mode": "bandit", "floors": None},
         "proportional": {"mode": "proportional"}, "uniform": {"mode": "uniform"}, "fixed": {"mode": "fixed"},
         "exp3_loss": {"mode": "exp3_loss"}, "heldout_progress": {"mode": "heldout_progress"}}
 

@@ -8,7 +8,10 @@ from andrea.config import load_config
 from andrea.curriculum import Bandit, coverage_bonus, epoch_penalty
 from conftest import REPO
 
-CC = load_config(REPO / "config" / "config.yaml")["curriculum"]
+SHIPPED = load_config(REPO / "config" / "config.yaml")["curriculum"]
+# the bandit's tests read the shipped curriculum section with the bandit named: it is no longer the
+# default mode (proportional is)
+CC = {**SHIPPED, "mode": "bandit"}
 
 
 def arms(**n_docs):
@@ -465,15 +468,18 @@ def test_heldout_progress_needs_validation():
 def test_the_mode_is_part_of_the_run_key_and_other_modes_settings_are_not(config):
     from andrea.versions import train_run_key
 
-    base = train_run_key(config, "ANDREA-tiny")
+    bandit = {**config, "curriculum": {**config["curriculum"], "mode": "bandit"}}
+    base = train_run_key(bandit, "ANDREA-tiny")
     # settings the bandit does not read leave a bandit run where it was (its run continues)
-    assert train_run_key({**config, "curriculum": {**config["curriculum"], "explore": 0.3}}, "ANDREA-tiny") == base
-    assert train_run_key({**config, "curriculum": {**config["curriculum"], "exp3_smoothing": 0.5}}, "ANDREA-tiny") == base
+    assert train_run_key({**bandit, "curriculum": {**bandit["curriculum"], "explore": 0.3}}, "ANDREA-tiny") == base
+    assert train_run_key({**bandit, "curriculum": {**bandit["curriculum"], "exp3_smoothing": 0.5}}, "ANDREA-tiny") == base
     exp3 = {**config, "curriculum": {**config["curriculum"], "mode": "exp3_loss"}}
     assert (train_run_key({**exp3, "curriculum": {**exp3["curriculum"], "exp3_smoothing": 0.5}}, "ANDREA-tiny")
             != train_run_key(exp3, "ANDREA-tiny"))
     keys = {m: train_run_key({**config, "curriculum": {**config["curriculum"], "mode": m}}, "ANDREA-tiny") for m in MODES}
     assert len(set(keys.values())) == len(MODES) and keys["bandit"] == base
+    # the shipped config trains the default mode, proportional: its run is that mode's run
+    assert train_run_key(config, "ANDREA-tiny") == keys["proportional"]
     # a static mode does not read the bandit's settings; heldout_progress reads the validation's cadence
     uni = {**config, "curriculum": {**config["curriculum"], "mode": "uniform"}}
     assert train_run_key({**uni, "curriculum": {**uni["curriculum"], "ucb_c": 1.0}}, "ANDREA-tiny") == keys["uniform"]
@@ -481,6 +487,26 @@ def test_the_mode_is_part_of_the_run_key_and_other_modes_settings_are_not(config
     more = {**held, "train": {**held["train"], "ANDREA-tiny": {**held["train"]["ANDREA-tiny"], "eval_every": 25}}}
     assert train_run_key(more, "ANDREA-tiny") != keys["heldout_progress"]
     assert STATIC_MODES == ("proportional", "uniform", "fixed")
+
+
+def test_the_default_mode_is_proportional():
+    """Issue 41: the static mix by tokens is the default (the bandit lost to it in the curriculum
+    studies). The schema's default, the shipped config, DEFAULT_MODE and a section that names no
+    mode agree; the bandit's key still leaves its mode out (its runs keep their directories)."""
+    from andrea.config import load_schema
+    from andrea.curriculum import DEFAULT_MODE, StaticMix, key_settings
+
+    schema = load_schema()["properties"]["curriculum"]["properties"]["mode"]["default"]
+    assert SHIPPED["mode"] == schema == DEFAULT_MODE == "proportional"
+    c = make_curriculum(SPEC4, {**SHIPPED, "warmup_steps": 0, "heldout_every": 0})
+    assert isinstance(c, StaticMix) and c.mode == "proportional"
+    c.maybe_replan(0)
+    assert c.weights == pytest.approx({"big": 0.6, "mid": 0.3, "small": 0.09, "tiny": 0.01}, rel=1e-12)
+    unnamed = {k: v for k, v in SHIPPED.items() if k != "mode"}
+    assert key_settings(unnamed) == key_settings(SHIPPED) == {"mode": "proportional", "warmup_steps": SHIPPED["warmup_steps"],
+                                                              "heldout_every": SHIPPED["heldout_every"],
+                                                              "warmup_sources": SHIPPED["warmup_sources"]}
+    assert "mode" not in key_settings(CC) and key_settings(CC)["ucb_c"] == CC["ucb_c"]
 
 
 def test_heldout_progress_does_not_credit_a_source_left_out_by_the_warmup():

@@ -125,6 +125,7 @@ def test_page_draws_the_curves_in_a_browser(server, tmp_path):
     ph = phases(run / "loss.jsonl")
     assert ph["marks_phases"] and f'data-simplex-points="{len(ph["phases"])}"' in body
     assert "focus now: " in dom and "curriculum warm-up until step 60" in dom and "chat: hermes3-general, chat" in dom
+    assert "Source weights (<span id=\"cmode\">curriculum mode bandit</span>)" in dom  # the run's mode, from plan.json
     shot = tmp_path / "dashboard.png"
     subprocess.run([CHROMIUM, *flags, "--window-size=1300,1000", f"--screenshot={shot}", f"{url}/"], capture_output=True, timeout=90)
     assert shot.exists() and shot.stat().st_size > 20_000  # a page with charts, not a blank one

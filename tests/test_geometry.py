@@ -240,6 +240,27 @@ def test_views_can_be_chosen_and_a_bad_one_is_named(trained, shards, tmp_path): 
     assert sorted(p.name for p in (tmp / "ckpt").iterdir()) == before and "final.bin" in before
 
 
+def test_the_walk_of_the_default_static_mix_is_its_two_phases(trained, shards, tmp_path):  # noqa: F811
+    """The default curriculum (proportional, issue 41) sets its mix at the start and where the warm-up
+    ends: the walk is those two points, with no focus, and the page says it is a static mix; the
+    bandit's page names its mode."""
+    cfg, tmp, _ = trained
+    assert "curriculum mode bandit)" in (tmp / "geometry" / "geometry.html").read_text()
+    cfg = {**cfg, "train": {**cfg["train"], "micro": {**cfg["train"]["micro"], "max_steps": 80,
+                                                      "curriculum": {"warmup_steps": 60}}}}
+    assert "mode" not in cfg["train"]["micro"]["curriculum"] and cfg["curriculum"]["mode"] == "proportional"
+    Trainer(cfg, "micro", shards, tmp_path / "run").run(out_dir=tmp_path / "ckpt")
+    out = run_geometry(tmp_path / "ckpt", shards, geometry_settings(cfg, "micro"), tmp_path / "g", [], cfg["megachat"],
+                       views=["simplex"])
+    sx = out["simplex"]
+    assert sx["mode"] == "proportional" and [(p["start"], p["end"], p["warmup"], p["focus"]) for p in sx["phases"]] == [
+        (0, 60, True, []), (60, 80, False, [])]
+    page = (tmp_path / "g" / "geometry.html").read_text()
+    assert "2 phases over 80 steps (curriculum mode proportional, a static mix" in page
+    assert "The active sources, phase by phase" in page and "The focus set, phase by phase" not in page
+    assert (tmp_path / "g" / "plots" / "simplex_focus.png").stat().st_size > 0
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
 def test_page_renders_in_a_browser(trained, tmp_path):
     _, tmp, _ = trained

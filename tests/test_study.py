@@ -21,11 +21,11 @@ STUDY = {
     "train": {"eval_every": 10, "eval_tokens": 512, "sample_every": 1000},
     "curriculum": {"warmup_steps": 10},
     "arms": {
-        "bandit": {},
-        "flat": {"curriculum": {"background_weight": 1.0, "coverage_bonus": 0.0}},
+        "bandit": {"curriculum": {"mode": "bandit"}},
+        "flat": {"curriculum": {"mode": "bandit", "background_weight": 1.0, "coverage_bonus": 0.0}},
         "uniform": {"curriculum": {"mode": "uniform"}},
         "prop": {"curriculum": {"mode": "proportional"}, "floors": {"chat": 0.0}, "caps": {"gutenberg": 0.5}},
-        "bare": {"floors": 0.0},
+        "bare": {"curriculum": {"mode": "bandit"}, "floors": 0.0},
     },
 }
 
@@ -51,6 +51,46 @@ def test_each_run_is_the_model_under_the_study_the_arm_and_its_seed():
     keys = {(a, seed): train_version(study_run_config(c, "s", a, seed), "ANDREA-tiny") for a in STUDY["arms"] for seed in (0, 1, 2)}
     assert len(set(keys.values())) == len(keys)
     assert study_baselines(c, "s") == ["uniform", "prop"]
+
+
+BANDIT_ARMS = ("bandit", "flat", "no-floors")  # the shipped studies' arms that train the bandit
+
+
+@pytest.mark.parametrize("study", ["curriculum-12M", "curriculum-12M-warmup500", "curriculum-120M"])
+def test_the_bandit_arms_train_what_they_did_when_the_bandit_was_the_default(study):
+    """The default mode became proportional (issue 41); the shipped studies' bandit arms name their
+    mode, so each run is the one it was: the same curriculum settings, run key and train version
+    as under the old default (the config's curriculum.mode bandit, the arms naming no mode), and
+    a run key that leaves `mode` out, as a bandit run's always did (andrea.curriculum.key_settings)."""
+    from andrea.curriculum import key_settings
+    from andrea.versions import train_run_key
+
+    raw = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    new = validate_config(raw)
+    old_raw = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    old_raw["curriculum"]["mode"] = "bandit"  # the old default, said outright
+    for name, st in old_raw["studies"].items():
+        for arm in BANDIT_ARMS:
+            st["arms"][arm] = {k: v for k, v in st["arms"][arm].items()}  # YAML anchors share the arms
+            cur = {k: v for k, v in st["arms"][arm].get("curriculum", {}).items() if k != "mode"}
+            st["arms"][arm].pop("curriculum", None)
+            if cur:
+                st["arms"][arm]["curriculum"] = cur
+    old = validate_config(old_raw)
+    model = new["studies"][study]["model"]
+    for arm in BANDIT_ARMS:
+        assert "mode" not in old["studies"][study]["arms"][arm].get("curriculum", {})
+        assert new["studies"][study]["arms"][arm]["curriculum"]["mode"] == "bandit"
+        for seed in new["studies"][study]["seeds"]:
+            n, o = study_run_config(new, study, arm, seed), study_run_config(old, study, arm, seed)
+            cn, co = train_settings(n, model)["curriculum"], train_settings(o, model)["curriculum"]
+            assert cn == co and cn["mode"] == "bandit", (arm, seed)
+            assert key_settings(cn) == key_settings({**co, "mode": "bandit"}) and "mode" not in key_settings(cn)
+            assert train_run_key(n, model) == train_run_key(o, model), (arm, seed)
+            assert train_version(n, model) == train_version(o, model), (arm, seed)
+    # the same arms under the new default without their mode would be other runs (proportional ones)
+    unnamed = validate_config({**raw, "studies": {study: {**raw["studies"][study], "arms": old_raw["studies"][study]["arms"]}}})
+    assert train_run_key(study_run_config(unnamed, study, "bandit", 0), model) != train_run_key(study_run_config(new, study, "bandit", 0), model)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -240,7 +280,8 @@ def test_a_tiny_study_runs_end_to_end_through_snakemake(workflow_dir):
              "train": {"eval_every": 10, "eval_tokens": 512, "sample_every": 1000, "checkpoint_every": 10},
              # more held-out documents, so that several sources of the small corpus have a validation window
              "curriculum": {"warmup_steps": 10, "heldout_every": 4},
-             "arms": {"bandit": {"description": "the data bandit as shipped"}, "uniform": {"curriculum": {"mode": "uniform"}}}}
+             "arms": {"bandit": {"description": "the data bandit as shipped", "curriculum": {"mode": "bandit"}},
+                      "uniform": {"curriculum": {"mode": "uniform"}}}}
     overlay = workflow_dir / "study.yaml"
     overlay.write_text(yaml.safe_dump({"sources": {"repo-docstrings": {"max_docs": 200}}, "studies": {"tiny": study}}))
     snakemake(workflow_dir, "study_tiny", "--configfile", "config/config.yaml", str(overlay), "--cores", "2", timeout=600)

@@ -22,7 +22,9 @@ from conftest import REPO
 MODEL = {"d_model": 32, "n_head": 2, "n_layer": 2, "context": 64, "n_segments": 256}
 TRAIN = {"batch_size": 4, "seq_len": 32, "max_steps": 240, "lr": 3e-3, "warmup_steps": 20, "checkpoint_every": 40,
          "sample_every": 80, "sample_tokens": 24, "keep_checkpoints": 2, "eval_every": 60, "eval_tokens": 256,
-         "curriculum": {"warmup_steps": 60}}
+         # the bandit, named (the default mode is proportional): its statistics, phases and draws are
+         # the curriculum state the resume tests below carry across a stop
+         "curriculum": {"warmup_steps": 60, "mode": "bandit"}}
 
 
 @pytest.fixture(scope="module")
@@ -221,6 +223,40 @@ def test_a_learning_mode_resumes_on_its_trajectory(shards, tmp_path, mode):
     assert len({json.dumps(r["weights"], sort_keys=True) for r in lines[60:]}) > 1
     state = json.loads((straight / "state.json").read_text())["bandit"]
     assert state["mode"] == mode and state["mode_state"]
+
+
+def test_the_default_curriculum_mixes_by_tokens_and_resumes(shards, tmp_path):
+    """The shipped curriculum (no mode named: proportional, issue 41) weighs each source by its
+    tokens under the configured floors and caps: warm-up sources alone until step 60, then every
+    source, each mix fixed (two phases, no focus); stopped by SIGTERM and resumed, the run equals
+    the one that was not stopped."""
+    from andrea.runlog import phases
+
+    cfg = write_config(tmp_path / "config.yaml", curriculum={"warmup_steps": 60})
+    straight = tmp_path / "straight"
+    p = train(cfg, shards, straight)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads((straight / "state.json").read_text())["bandit"]["mode"] == "proportional"
+    ph = phases(straight / "loss.jsonl")
+    assert [(q["start"], q["focus"]) for q in ph["phases"]] == [(0, []), (60, [])]
+    c = yaml.safe_load(cfg.read_text())
+    counts = {k: v for k, v in json.loads(shards.read_text())["sources"].items() if v["n_docs"] > 0}
+
+    def mix(allowed):
+        top = max(counts[k]["n_tokens"] for k in allowed)
+        w = {k: min(c["sources"][k].get("cap", 1.0), max(c["sources"][k].get("floor", 0.0), counts[k]["n_tokens"] / top))
+             if k in allowed else 0.0 for k in counts}
+        return {k: v / sum(w.values()) for k, v in w.items()}
+
+    warm = [k for k in counts if k in c["curriculum"]["warmup_sources"]]
+    for q, want in zip(ph["phases"], (mix(warm), mix(list(counts)))):
+        assert q["weights"] == pytest.approx(want, abs=1e-6)
+    run = tmp_path / "run"
+    rc, err = interrupt(cfg, shards, run, 130)
+    assert rc == 5, err[-2000:]
+    assert train(cfg, shards, run).returncode == 0
+    assert (run / "final.bin").read_bytes() == (straight / "final.bin").read_bytes()
+    assert without_timing(loss_lines(run)) == without_timing(loss_lines(straight))
 
 
 def test_validation_is_recorded_and_picks_best(straight):

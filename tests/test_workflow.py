@@ -314,10 +314,14 @@ def test_training_follows_the_config(workflow_dir):
     assert planned() == {"train", "audit"}
     snakemake(workflow_dir, "results/ANDREA-tiny/ckpt")
     assert run_dirs(workflow_dir) == [first] and train_steps(res / "runs" / first) == list(range(18))
-    # what the weights depend on: each is a new run from step 0
+    # a setting of another curriculum mode than the run's (the default, proportional): no training, only
+    # the audit, which is behind the checkpoint the watch setting's train re-wrote (its target was ckpt)
+    set_config(workflow_dir, {"curriculum.background_weight": 0.2})
+    assert planned() == {"audit"}
+    # what the weights depend on: each is a new run from step 0 (the last, the bandit, reads background_weight)
     seen = {first}
     for change in ({"train.ANDREA-tiny.lr": 1.0e-3}, {"train.ANDREA-tiny.seed": 7}, {"models.ANDREA-tiny.d_model": 96},
-                   {"curriculum.background_weight": 0.2}):
+                   {"curriculum.mode": "bandit"}):
         set_config(workflow_dir, change)
         assert planned() == {"train", "audit"}, change
         snakemake(workflow_dir, "results/ANDREA-tiny/audit")
@@ -330,3 +334,4 @@ def test_training_follows_the_config(workflow_dir):
         assert run["run_key"] == key and run["step"] == 18
         assert json.loads((res / "audit" / "summary.json").read_text())["step"] == 18
     assert run["model_config"]["d_model"] == 96 and run["train"]["seed"] == 7 and run["train"]["lr"] == 1.0e-3
+    assert run["train"]["curriculum"]["mode"] == "bandit" and run["train"]["curriculum"]["background_weight"] == 0.2

@@ -1,7 +1,7 @@
 """Live loss dashboard: `andrea dashboard RUN_DIR` serves a page on localhost that asks for the
 run's files every few seconds and plots them with Chart.js (vendored in static/, MIT licence):
 loss (raw, EMA, SMMA), validation bits per byte (overall and per source), learning rate, gradient
-norm, the bandit's source weights over time and as a walk on the simplex of sources (the radial
+norm, the curriculum's source weights over time and as a walk on the simplex of sources (the radial
 projection and the ternary plot of three source families, as andrea/geometry.py draws them after
 the run: one point per phase of the curriculum, where loss.jsonl's `phase` marks one, or in a log
 written before it had the mark, where the weights or the focus changed; RunLog.walk, read with the
