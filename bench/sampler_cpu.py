@@ -25,13 +25,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from andrea.batches import BatchStream  # noqa: E402
+from andrea.config_schema import load_schema  # noqa: E402
 from andrea.curriculum import Bandit  # noqa: E402
 from andrea.shards import SHARD_FORMAT, Shard, shard_paths  # noqa: E402
 from andrea.io import sha256_file, write_json_atomic  # noqa: E402
 
-CC = {"ucb_c": 14.142, "ema_alpha": 0.1, "reward_scale": 1000, "phase_lengths": [7, 14, 21, 28, 42], "focus_dice_warmup": 3,
-      "focus_dice": 4, "background_weight": 0.1, "coverage_bonus": 0.3, "warmup_steps": 0, "heldout_every": 50,
-      "warmup_sources": []}
+# the schema's curriculum defaults (every setting a mode reads), as the bandit without a warm-up
+CC = {**{k: v["default"] for k, v in load_schema()["properties"]["curriculum"]["properties"].items() if "default" in v},
+      "mode": "bandit", "warmup_steps": 0, "warmup_sources": []}
 
 
 def synthetic_shard(d: Path, name: str, n_docs: int, rng) -> Shard:
