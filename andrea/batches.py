@@ -1,15 +1,15 @@
-"""Training batches: rows chosen by the data bandit, cut from the token shards, and made ready for
+"""Training batches: rows chosen by the curriculum, cut from the token shards, and made ready for
 the engine one step ahead, in a background thread, while the current step runs.
 
 A batch is `rows = batch_size × grad_accum` windows of T + 1 tokens (inputs [:T], targets [1:]),
-each starting at a document's BOS (andrea/shards.py). Which documents is decided by the bandit
-(andrea/curriculum.py) from the trainer's random generator and each source's document cursor;
+each starting at a document's BOS (andrea/shards.py). Which documents is decided by the curriculum
+(andrea/curriculum.py, any mode) from the trainer's random generator and each source's document cursor;
 that pair is the *draw state*.
 
 Exact resume: the batch for step s may be drawn before step s − 1 has finished, so the draw state
 a checkpoint at step s must save is the one from *before* that draw. Every batch carries it
 (`Batch.draw_state`), and `BatchStream.state_for(step)` hands it over. Batches are only drawn
-ahead within a bandit phase: at a phase boundary the weights depend on the losses of the step
+ahead within a curriculum phase: at a phase boundary the weights depend on the losses of the step
 before, so that batch is drawn after them.
 
 Data parallelism (decision): every rank draws the whole global batch, `ranks × rows`, from the

@@ -82,6 +82,7 @@ def validate_config(config: dict, source: str = "config") -> dict:
     if errors:
         lines = [line for e in errors[:10] for line in _error_lines(e)]
         raise ConfigError(f"{source} is invalid:\n" + "\n".join(lines), details="\n\n".join(str(e) for e in errors[:10]))
+    check_curriculum_default_mode(config, source)  # on what the user wrote, before the defaults fill `mode`
     config = apply_defaults(config, schema)
 
     for name in config["train"]:
@@ -421,6 +422,44 @@ def known_sources(config: dict) -> set[str]:
     for p in profile_names(config):
         names |= set(profile_entries(config, p))
     return names
+
+
+def check_curriculum_default_mode(config: dict, source: str = "config") -> None:
+    """A curriculum section that sets a setting of the bandit's, with no `mode` named in it or in
+    what it overrides (the top level, train.defaults, the model's, the study's), is an error: it was
+    written for the bandit when the bandit was the default, and under the default mode (proportional
+    since issue 41's studies) it would silently change nothing. Where a mode is named, another mode's
+    settings are allowed and ignored, as documented (README, "Does the curriculum earn its keep?")."""
+    from andrea.curriculum import COMMON_KEYS, DEFAULT_MODE, MODE_KEYS
+
+    def cur(section) -> dict:
+        return (section or {}).get("curriculum") or {} if isinstance(section, dict) else {}
+
+    def check(where: str, c: dict, named: str | None) -> str | None:
+        named = c.get("mode", named)
+        if named is None:
+            for key in c:
+                readers = [m for m, keys in MODE_KEYS.items() if key in keys]
+                # what the bandit read when it was the default and the default does not: another mode's
+                # settings (weights, explore, ...) never did anything unnamed, and still may stand
+                if key not in COMMON_KEYS and key in MODE_KEYS["bandit"] and key not in MODE_KEYS[DEFAULT_MODE]:
+                    raise ConfigError(
+                        f"{source} is invalid:\n  {where}.{key}: a setting of mode {' and '.join(readers)}, but no "
+                        f"`mode` is named here or above, and the default mode, {DEFAULT_MODE}, does not read it "
+                        f"(the default was the bandit before issue 41's studies). Add `mode: bandit` (or the mode you "
+                        f"mean) to {where}, or remove the setting")
+        return named
+
+    top = check("curriculum", config.get("curriculum") or {}, None)
+    train = config.get("train") or {}
+    defaults = check("train.defaults.curriculum", cur(train.get("defaults")), top)
+    per_model = {m: check(f"train.{m}.curriculum", cur(t), defaults) for m, t in train.items() if m != "defaults"}
+    for name, st in (config.get("studies") or {}).items():
+        if not isinstance(st, dict):
+            continue
+        named = check(f"studies.{name}.curriculum", cur(st), per_model.get(st.get("model"), defaults))
+        for arm_name, arm in (st.get("arms") or {}).items():
+            check(f"studies.{name}.arms.{arm_name}.curriculum", cur(arm), named)
 
 
 def check_curriculum_sources(config: dict, source: str = "config", schema: dict | None = None) -> None:

@@ -86,8 +86,9 @@ class Ours:
     "-wsN": ANDREA_ATTENTION_WORKSPACE_MIB=N; "-r32": the fp32 residual stream (ANDREA_RESIDUAL=fp32);
     "-gk" / "-gr": each layer's GELU output kept / recomputed in the backward (ANDREA_GELU=keep / recompute);
     "-noepi": the MLP's GELU as a pass of its own, not its first product's epilogue (ANDREA_GELU_EPILOGUE=0;
-    in fp8: a cast from h); "-mma": our mma.sync attention forward, not the Hopper wgmma one
-    (ANDREA_ATTENTION=mma)."""
+    in fp8: a cast from h); "-flash": our attention kernels even where cuDNN's are installed
+    (ANDREA_ATTENTION=flash); "-mma": ours with the mma.sync forward, not the Hopper wgmma one
+    (ANDREA_ATTENTION=mma; beside "-flash" where cuDNN is installed, as plain runners run cuDNN's)."""
 
     def __init__(self, cfg, B, T, precision, warmup):
         import cupy as cp
@@ -107,8 +108,9 @@ class Ours:
         gelu = {"gk": "keep", "gr": "recompute"}
         env.update({"ANDREA_GELU": gelu[f] for f in flags if f in gelu})
         env["ANDREA_GELU_EPILOGUE"] = "0" if "noepi" in flags else os.environ.get("ANDREA_GELU_EPILOGUE", "1")
-        if "mma" in flags:
-            env["ANDREA_ATTENTION"] = "mma"
+        for impl in ("flash", "mma"):
+            if impl in flags:
+                env["ANDREA_ATTENTION"] = impl
         with mock.patch.dict(os.environ, env):  # the backend reads them when it is made
             self.e = Engine(cfg, batch_size=B, seq_len=T, backend="cupy", precision=precision.split("-")[0])
         self.e.graphs = self.e.graphs and "eager" not in flags
@@ -233,7 +235,8 @@ def main() -> None:
                     help="bf16 / fp16 / fp8 (CUDA graphs), bf16-eager (no graphs), bf16-nondet (cuDNN's "
                          "non-deterministic attention backward), bf16-ws512 (its workspace up to 512 MiB), bf16-r32 (the fp32 "
                          "residual stream), bf16-gk / bf16-gr (the GELU output kept / recomputed), fp8-noepi (a = gelu(h) cast "
-                         "by a pass of its own, not the product's epilogue), fp32")
+                         "by a pass of its own, not the product's epilogue), bf16-flash / bf16-mma (our attention where cuDNN is installed; "
+                         "with the mma.sync forward), fp32")
     ap.add_argument("--torch-modes", nargs="+", default=["default", "graphs"], choices=list(Torch.MODES),
                     help="PyTorch runners: torch.compile's default mode, and its CUDA-graph mode (reduce-overhead); "
                          "ratios are to the faster of them. Each holds its own model and memory: at the largest "

@@ -87,6 +87,7 @@ def bench_config(base: dict, model: str, B: int, steps: int) -> dict:
     for name in SMALL:
         cfg["sources"][name] = {"adapter": "plaintext", "location": "synthetic", "weight": 1.0, "floor": 0.0, "cap": 1.0, "enabled": True}
     cfg["curriculum"]["warmup_sources"] = ["big", *SMALL]
+    cfg["curriculum"]["mode"] = "bandit"  # what its BENCHMARKS figures measured: the mode with the most work per step
     far = 10**9  # periodic work outside the timed window (measured on its own below)
     cfg["train"][model] = {**cfg["train"].get(model, {}), "batch_size": B, "max_steps": steps, "warmup_steps": 10,
                            "checkpoint_every": far, "sample_every": far, "eval_every": far, "backend": "auto", "precision": "auto"}

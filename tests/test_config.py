@@ -196,7 +196,7 @@ def test_a_model_entry_overrides_train_defaults_which_override_the_schema():
     cfg["train"]["defaults"].update(lr=1.0e-3, seed=7, curriculum={"ucb_c": 2.0, "focus_dice": 2})
     cfg["train"]["ANDREA-tiny"]["seed"] = 9
     cfg["train"]["ANDREA-tiny"]["curriculum"]["focus_dice"] = 3  # beside its warmup_steps: 150
-    cfg["curriculum"].update(ema_alpha=0.2, ucb_c=5.0)
+    cfg["curriculum"].update(mode="bandit", ema_alpha=0.2, ucb_c=5.0)  # (the bandit's settings: its mode named)
     cfg = validate_config(cfg)
     tiny, small = TrainSettings.from_config(cfg, "ANDREA-tiny"), TrainSettings.from_config(cfg, "ANDREA-12M")
     assert (tiny.lr, tiny.seed, small.lr, small.seed) == (2.0e-3, 9, 1.0e-3, 7)  # tiny's own lr wins
@@ -328,3 +328,35 @@ def test_the_closing_lines_name_the_model_report_and_logs_of_the_targets(tmp_pat
                      f"  audit report     {res}/ANDREA-tiny/audit/report.html",
                      f"logs: {res}/logs/ (one folder per stage; `andrea versions` lists the data directories)"]
     assert where_results(cfg, [f"{res}/data/filter_shape/x/megachat.parquet"]) == [lines[-1]]
+
+
+def test_a_bandit_setting_without_a_named_mode_is_an_error_under_the_default():
+    """Since the default mode became proportional (issue 41), a curriculum section written for the bandit
+    when it was the default (ucb_c, background_weight, ... and no `mode` here or above) would silently
+    change nothing: it is an error naming the key and the fix. Named anywhere up the chain (the section,
+    the top level, train.<model>, the study), another mode's settings stay allowed, as documented."""
+    cfg = shipped()
+    cfg["curriculum"]["ucb_c"] = 3.0
+    with pytest.raises(ConfigError, match=r"curriculum\.ucb_c: a setting of mode bandit.*Add `mode: bandit`"):
+        validate_config(cfg)
+    cfg["curriculum"]["mode"] = "bandit"
+    validate_config(cfg)  # named at the top level: the bandit's, as before
+
+    cfg = shipped()
+    cfg["train"]["ANDREA-tiny"] = {"curriculum": {"phase_lengths": [3, 5]}}
+    with pytest.raises(ConfigError, match=r"train\.ANDREA-tiny\.curriculum\.phase_lengths: a setting of mode bandit"):
+        validate_config(cfg)
+    cfg["train"]["ANDREA-tiny"]["curriculum"]["mode"] = "exp3_loss"
+    validate_config(cfg)
+
+    cfg = shipped()
+    arms = cfg["studies"]["curriculum-12M"]["arms"] = dict(cfg["studies"]["curriculum-12M"]["arms"])  # (a YAML alias: shared)
+    arms["flat-old"] = {"curriculum": {"background_weight": 1.0, "coverage_bonus": 0.0}}
+    with pytest.raises(ConfigError, match=r"studies\.curriculum-12M\.arms\.flat-old\.curriculum\.background_weight"):
+        validate_config(cfg)
+    cfg["studies"]["curriculum-12M"]["curriculum"]["mode"] = "bandit"  # named by the study: its arms inherit it
+    validate_config(cfg)
+    cfg = shipped()
+    cfg["curriculum"]["explore"] = 0.01  # read by exp3_loss and heldout_progress only, under a named mode: ignored
+    cfg["curriculum"]["mode"] = "uniform"
+    validate_config(cfg)

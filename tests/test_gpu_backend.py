@@ -154,9 +154,11 @@ def test_row_kernels_at_widths_the_vector_kernels_do_not_take(precision):
     assert rel(np.asarray(h(a_g), np.float32), a_n) < tol
 
 
-def test_cuda_graph_replay_equals_eager_steps():
+def test_cuda_graph_replay_equals_eager_steps(monkeypatch):
     """bf16 training steps with forward + backward captured once as a CUDA graph and replayed give
-    the same bytes as the same steps run kernel by kernel (two micro-batches in the last step)."""
+    the same bytes as the same steps run kernel by kernel (two micro-batches in the last step), our
+    attention kernels running (on an H100/H200 the wgmma forward, inside the graph)."""
+    monkeypatch.setenv("ANDREA_ATTENTION", "flash")  # ours, also where the cuDNN frontend is installed
     oc = OptimConfig(lr=1e-3, warmup_steps=1)
     out = {}
     for graphs in (False, True):
@@ -174,36 +176,44 @@ def test_cuda_graph_replay_equals_eager_steps():
 def test_wgmma_forward_is_not_captured_before_its_tensor_maps_exist():
     """The TMA forward reads qkv through tensor maps that are copied to the device when first made: a
     copy a CUDA graph cannot hold. While a graph is being captured, a buffer whose maps are not made yet
-    goes to mma.sync (the same y and lse); made eagerly first, the wgmma forward is captured and its
-    replay gives the eager bytes."""
-    from andrea.engine.cupy import attention_wgmma
+    goes to mma.sync (its replay gives mma.sync's eager bytes); made eagerly first, the wgmma forward is
+    captured and its replay gives the wgmma forward's eager bytes."""
+    from andrea.engine.cupy import attention_mma, attention_wgmma
 
     gb = CupyBackend("bf16")
+    gb.attention = "flash"  # ours, also where the cuDNN frontend is installed
     Tt, Hh, Dd = 256, 2, 64
     qkv = g(round16(r(2, Tt, 3, Hh, Dd))).astype(gb.half)
+    rows = attention_wgmma.launch("flash_fwd", Dd, attention_wgmma.PRODUCTION_FWD)[0]
+    attention_wgmma._MAPS.pop(attention_wgmma._map_key(qkv, rows, attention_wgmma.config(attention_wgmma.PRODUCTION_FWD)["FWD_BN"]), None)
     y, lse = cp.zeros((2, Tt, Hh * Dd), gb.half), cp.zeros((2, Hh, Tt), cp.float32)
     stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        stream.begin_capture()
-        try:
-            fresh = attention_wgmma.fwd_takes(qkv)
-        finally:
-            stream.end_capture()
-    assert not fresh
-    gb.attn_fwd(qkv, y, lse)  # eager: makes the maps
-    eager = (h(y).tobytes(), h(lse).tobytes())
-    y[...] = 0
-    lse[...] = 0
-    with stream:
-        stream.begin_capture()
-        try:
-            assert attention_wgmma.fwd_takes(qkv)
-            gb.attn_fwd(qkv, y, lse)
-        finally:
-            graph = stream.end_capture()
-    graph.launch(stream)
-    stream.synchronize()
-    assert (h(y).tobytes(), h(lse).tobytes()) == eager
+
+    def replay_of_a_capture():
+        with stream:
+            y.fill(0)
+            lse.fill(0)
+            stream.begin_capture()
+            try:
+                gb.attn_fwd(qkv, y, lse)
+            finally:
+                graph = stream.end_capture()
+            graph.launch(stream)
+        stream.synchronize()
+        return h(y).tobytes(), h(lse).tobytes()
+
+    def eager(fwd):
+        y2, lse2 = cp.zeros_like(y), cp.zeros_like(lse)
+        fwd(gb, qkv, y2, lse2)
+        return h(y2).tobytes(), h(lse2).tobytes()
+
+    mma = eager(attention_mma.flash_fwd)  # (its kernel loaded before a capture, as a captured pass's warm-up does)
+    assert replay_of_a_capture() == mma  # no maps yet: mma.sync was captured
+    assert gb.forwards_ran == {"mma.sync"}
+    wgmma = eager(lambda *a: attention_wgmma.flash_fwd(*a, attention_wgmma.PRODUCTION_FWD))  # makes the maps
+    assert wgmma != mma  # (the two forwards' bytes differ, so the check below can fail)
+    gb.forwards_ran.clear()
+    assert replay_of_a_capture() == wgmma
     assert gb.forwards_ran == {"wgmma"}
 
 

@@ -88,8 +88,12 @@ def test_the_bandit_arms_train_what_they_did_when_the_bandit_was_the_default(stu
             assert key_settings(cn) == key_settings({**co, "mode": "bandit"}) and "mode" not in key_settings(cn)
             assert train_run_key(n, model) == train_run_key(o, model), (arm, seed)
             assert train_version(n, model) == train_version(o, model), (arm, seed)
-    # the same arms under the new default without their mode would be other runs (proportional ones)
-    unnamed = validate_config({**raw, "studies": {study: {**raw["studies"][study], "arms": old_raw["studies"][study]["arms"]}}})
+    # the same arms under the new default without their mode: flat's bandit settings are refused (they would
+    # silently train proportional); the bandit arm, which sets nothing, would be another run (a proportional one)
+    arms = old_raw["studies"][study]["arms"]
+    with pytest.raises(ConfigError, match=rf"studies\.{study}\.arms\.flat\.curriculum\.background_weight: a setting of mode bandit"):
+        validate_config({**raw, "studies": {study: {**raw["studies"][study], "arms": arms}}})
+    unnamed = validate_config({**raw, "studies": {study: {**raw["studies"][study], "arms": {"bandit": arms["bandit"]}}}})
     assert train_run_key(study_run_config(unnamed, study, "bandit", 0), model) != train_run_key(study_run_config(new, study, "bandit", 0), model)
 
 

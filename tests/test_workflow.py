@@ -314,9 +314,10 @@ def test_training_follows_the_config(workflow_dir):
     assert planned() == {"train", "audit"}
     snakemake(workflow_dir, "results/ANDREA-tiny/ckpt")
     assert run_dirs(workflow_dir) == [first] and train_steps(res / "runs" / first) == list(range(18))
-    # a setting of another curriculum mode than the run's (the default, proportional): no training, only
-    # the audit, which is behind the checkpoint the watch setting's train re-wrote (its target was ckpt)
-    set_config(workflow_dir, {"curriculum.background_weight": 0.2})
+    # a setting of another curriculum mode than the run's (the default, proportional, named: unnamed, a
+    # bandit setting is a config error, tests/test_config.py): no training, only the audit, which is
+    # behind the checkpoint the watch setting's train re-wrote (its target was ckpt)
+    set_config(workflow_dir, {"curriculum.mode": "proportional", "curriculum.background_weight": 0.2})
     assert planned() == {"audit"}
     # what the weights depend on: each is a new run from step 0 (the last, the bandit, reads background_weight)
     seen = {first}

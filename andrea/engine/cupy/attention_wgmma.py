@@ -30,13 +30,14 @@ Each direction is built alone (-DWG_KERNELS=<mask>). ANDREA_WGMMA_CUBIN_CACHE=<f
 there, keyed by source and options (dev/cuda/attention_wgmma.py compiles its variants in parallel
 processes that way).
 
-attention.py runs PRODUCTION_FWD (the warp-specialized, ping-pong, persistent forward: the fastest at every
-model shape of dev/cuda/attention_wgmma.py) where fwd_takes says it can; the backward stays attention_mma's,
+attention.py runs PRODUCTION_FWD (the warp-specialized, ping-pong, persistent forward: the fastest variant of
+dev/cuda/attention_wgmma.py at five of the six model shapes, 2 % behind the best at the sixth) where fwd_takes says it can; the backward stays attention_mma's,
 which reads this forward's lse as its own (the same (m + log2 l)·ln 2 per row).
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import functools
 import hashlib
@@ -57,10 +58,11 @@ HEAD_DIMS = (16, 32, 64)  # attention_wgmma.cu: a tile row of D 16-bit values is
 # forward (FWD_MINB None: the .cu's default, 2 CTAs an SM where the tiles are small), the dK/dV overlap
 CONFIG = {"FWD_WS": 0, "FWD_WG": 2, "FWD_BN": 64, "FWD_STAGES": 3, "FWD_MINB": None, "FWD_PERSIST": 0,
           "DQ_WG": 2, "DQ_BN": 64, "DQ_STAGES": 3, "KV_WG": 2, "KV_BM": 64, "KV_STAGES": 3, "KV_OVERLAP": 0}
-LAUNCHER_ONLY = ("FWD_PERSIST",)
-# the forward attention.py dispatches: measured fastest at all six model shapes on an H200 (BENCHMARKS.md,
-# "Hopper attention of our own, round two": 0.0563 ms at 120M B=8 against mma.sync's 0.0842)
-PRODUCTION_FWD = ("FWD_WS=1", "FWD_BN=128", "FWD_PINGPONG=1", "FWD_PERSIST=1", "FWD_SKIP_RESCALE=1")  # read here, never passed to the compiler
+LAUNCHER_ONLY = ("FWD_PERSIST",)  # read here, never passed to the compiler
+# the forward attention.py dispatches: on an H200 faster than mma.sync's at all six model shapes and the fastest
+# variant at five (BENCHMARKS.md, "Hopper attention of our own, round two": 0.0563 ms at 120M B=8 against
+# mma.sync's 0.0842; at 12M B=32 0.1693 against the best variant's 0.1656)
+PRODUCTION_FWD = ("FWD_WS=1", "FWD_BN=128", "FWD_PINGPONG=1", "FWD_PERSIST=1", "FWD_SKIP_RESCALE=1")
 # WG_KERNELS masks: the kernels each direction builds
 FWD_KERNELS, BWD_SPLIT_KERNELS, BWD_FUSED_KERNELS = 1, 2 | 4, 8 | 16
 KERNEL_BITS = {"flash_fwd": 1, "flash_bwd_dq": 2, "flash_bwd_dkdv": 4, "flash_bwd_fused": 8, "flash_bwd_prep": 16,
@@ -116,7 +118,8 @@ def cache_dir() -> str | None:
     the other kernels' builds, so a training run does not compile them again); "" or "0": nowhere."""
     cache = os.environ.get("ANDREA_WGMMA_CUBIN_CACHE")
     if cache is None:  # CuPy's own rule for its cache (CUPY_CACHE_DIR, else ~/.cupy/kernel_cache); no public API gives it
-        return os.path.join(os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser("~/.cupy/kernel_cache"), "andrea_wgmma")
+        base = os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser("~/.cupy/kernel_cache")
+        return None if base.startswith("~") else os.path.join(base, "andrea_wgmma")  # no home to expand: no cache
     return None if cache in ("", "0") else cache
 
 
@@ -142,9 +145,11 @@ def cubin(name: str, head_dim: int, defines: tuple = ()) -> bytes:
         headers = "".join(p.read_text() for p in sorted(KERNELS.glob("*.cuh")))
         key = hashlib.sha256("\0".join((source, headers, str(nvrtc.getVersion())) + opts).encode()).hexdigest()
         hit = os.path.join(cache, f"{name}-{key[:32]}.cubin")
-        if os.path.exists(hit):
+        try:
             with open(hit, "rb") as f:
                 return f.read()
+        except OSError:  # not there yet, or unreadable: compile
+            pass
     prog = nvrtc.createProgram(source, path.name, (), ())
     try:
         try:
@@ -155,12 +160,22 @@ def cubin(name: str, head_dim: int, defines: tuple = ()) -> bytes:
     finally:
         nvrtc.destroyProgram(prog)
     if cache:
-        os.makedirs(cache, exist_ok=True)
         tmp = f"{hit}.{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(code)
-        os.replace(tmp, hit)  # whole or absent: parallel compilers of the same key race harmlessly
+        try:
+            os.makedirs(cache, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(code)
+            os.replace(tmp, hit)  # whole or absent: parallel compilers of the same key race harmlessly
+        except OSError as err:  # a read-only or full disk costs the next process a compile, never this run
+            _warn_once(f"the wgmma cubin cache {cache} cannot be written ({err}); compiling without it")
     return code
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_once(message: str) -> None:
+    import logging
+
+    logging.getLogger(__name__).warning(message)
 
 
 @functools.lru_cache(maxsize=None)
@@ -243,9 +258,13 @@ def tensor_map(ptr: int, B: int, T: int, H: int, D: int, rows: int) -> bytes:
     return ctypes.string_at(at, 128)
 
 
-# never dropped: a captured CUDA graph reads its maps from here for as long as it lives (a few hundred bytes
-# per buffer, shape and boxes: the engine's buffers are made once)
-_MAPS: dict = {}
+# key -> the maps on the device, least recently used first. Those a CUDA graph was captured with are never
+# dropped (the graph reads them for as long as it lives: a few hundred bytes per buffer, shape and boxes; a
+# training engine's buffers are made once); of the rest (eager calls: generation's prompts of every length)
+# the least recently used go beyond MAX_EAGER_MAPS
+_MAPS: collections.OrderedDict = collections.OrderedDict()
+_CAPTURED: set = set()
+MAX_EAGER_MAPS = 256
 
 
 def _map_key(qkv, box_q: int, box_kv: int) -> tuple:
@@ -258,10 +277,17 @@ def tensor_maps(qkv, box_q: int, box_kv: int):
     per buffer, shape and boxes (a map holds the buffer's address)."""
     B, T, _, H, D = qkv.shape
     key = _map_key(qkv, box_q, box_kv)
-    if key not in _MAPS:
-        raw = tensor_map(qkv.data.ptr, B, T, H, D, box_q) + tensor_map(qkv.data.ptr, B, T, H, D, box_kv)
-        _MAPS[key] = cp.asarray(np.frombuffer(raw, dtype=np.uint64))  # CuPy allocations are 256-byte aligned
-    return _MAPS[key]
+    if _capturing():
+        _CAPTURED.add(key)  # (fwd_takes has checked that the maps exist)
+    if key in _MAPS:
+        _MAPS.move_to_end(key)
+        return _MAPS[key]
+    raw = tensor_map(qkv.data.ptr, B, T, H, D, box_q) + tensor_map(qkv.data.ptr, B, T, H, D, box_kv)
+    _MAPS[key] = maps = cp.asarray(np.frombuffer(raw, dtype=np.uint64))  # CuPy allocations are 256-byte aligned
+    eager = [k for k in _MAPS if k not in _CAPTURED]
+    for old in eager[:max(0, len(eager) - MAX_EAGER_MAPS)]:
+        del _MAPS[old]  # freed in stream order: a kernel queued before still reads it whole
+    return maps
 
 
 @functools.lru_cache(maxsize=None)
@@ -270,8 +296,7 @@ def _sm_count(device: int) -> int:
 
 
 def _capturing() -> bool:
-    stream = cp.cuda.get_current_stream()
-    return stream.ptr != 0 and cp.cuda.runtime.streamIsCapturing(stream.ptr) != 0
+    return cp.cuda.get_current_stream().is_capturing()
 
 
 def fwd_takes(qkv, defines: tuple = PRODUCTION_FWD) -> bool:

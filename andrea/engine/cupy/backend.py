@@ -173,7 +173,7 @@ class CupyBackend(Backend):
         self.gelu_policy = gelu_policy_from_env(precision)  # each layer's a = gelu(h) saved, or recomputed
         self.keep_gelu = self.gelu_policy == "keep"  # plan_gelu decides "auto"
         # the 16-bit modes' training attention: "cudnn" (cuDNN's fused kernels, where the frontend is
-        # installed) or "flash" (ours); ANDREA_ATTENTION picks
+        # installed), "flash" (ours) or "mma" (ours with the mma.sync forward); ANDREA_ATTENTION picks
         self.attention = implementation_from_env() if precision != "fp32" else "flash"
         self.attention_deterministic = deterministic_from_env()
         self.forwards_ran: set = set()  # our 16-bit attention forwards that ran: "wgmma", "mma.sync" (attention.py)
