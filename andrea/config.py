@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from andrea.config_schema import HERMES3_PARTS, SCHEMA_PATH, STATIC_MODES, ConfigError, load_schema  # noqa: F401 (re-exported)
+from andrea.config_schema import COMMON_KEYS, DEFAULT_MODE, MODE_KEYS
 from andrea.hub import HUB_FORM, is_hub_location, parse_hub_location
 from andrea.io import read_document
 from andrea.profiles import (EMBEDDED, HERMES3_KEY, check_hermes3_location, check_profiles, profile_config, profile_entries,
@@ -430,8 +431,6 @@ def check_curriculum_default_mode(config: dict, source: str = "config") -> None:
     written for the bandit when the bandit was the default, and under the default mode (proportional
     since issue 41's studies) it would silently change nothing. Where a mode is named, another mode's
     settings are allowed and ignored, as documented (README, "Does the curriculum earn its keep?")."""
-    from andrea.curriculum import COMMON_KEYS, DEFAULT_MODE, MODE_KEYS
-
     def cur(section) -> dict:
         return (section or {}).get("curriculum") or {} if isinstance(section, dict) else {}
 

@@ -18,6 +18,25 @@ HERMES3_PARTS = ("hermes3-general", "hermes3-creative", "hermes3-roleplay")
 # curriculum.mode's baselines: weights that never learn (andrea.curriculum.StaticMix); a study's
 # target comes from them (andrea.config.study_baselines)
 STATIC_MODES = ("proportional", "uniform", "fixed")
+# the mode of a curriculum section that names none: the schema's default (andrea/schemas/config.schema.yaml,
+# curriculum.mode; tests/test_curriculum.py checks they agree). The static mix by tokens beat the bandit
+# in the curriculum studies (issue 41)
+DEFAULT_MODE = "proportional"
+# The curriculum settings each mode reads, beside the ones every mode reads (the warm-up and the
+# held-out documents): what a run's key hashes (andrea.curriculum.key_settings), so that a setting of another mode
+# never starts a new run
+COMMON_KEYS = ("warmup_steps", "heldout_every", "warmup_sources")
+BANDIT_KEYS = ("ucb_c", "ema_alpha", "reward_scale", "phase_lengths", "focus_dice_warmup", "focus_dice",
+               "background_weight", "coverage_bonus")
+MODE_KEYS = {
+    "bandit": BANDIT_KEYS,
+    "bandit_normalised": BANDIT_KEYS,  # the bandit's settings; its reward alone differs
+    "proportional": (),
+    "uniform": (),
+    "fixed": ("weights",),
+    "exp3_loss": ("phase_lengths", "explore", "exp3_loss_scale", "exp3_smoothing"),
+    "heldout_progress": ("explore", "progress_smoothing", "progress_sharpness"),
+}
 
 
 class ConfigError(ValueError):

@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from andrea.config_schema import STATIC_MODES  # noqa: F401 (the baselines: weights that never learn)
+# which settings each mode reads, and the default mode (in config_schema: andrea.config checks configs with them)
+from andrea.config_schema import BANDIT_KEYS, COMMON_KEYS, DEFAULT_MODE, MODE_KEYS  # noqa: F401
 from andrea.settings import CurriculumSettings
 
 
@@ -101,26 +103,7 @@ def epoch_penalty(lifetime_pulls: int, n_docs: int) -> float:
 
 
 MODES = ("bandit", "bandit_normalised", "proportional", "uniform", "fixed", "exp3_loss", "heldout_progress")
-# the mode of a curriculum section that names none: the schema's default (andrea/schemas/config.schema.yaml,
-# curriculum.mode; tests/test_curriculum.py checks they agree). The static mix by tokens beat the bandit
-# in the curriculum studies (issue 41)
-DEFAULT_MODE = "proportional"
 NEVER = 2**62  # the phase end of a mode that re-plans only at the start and where the warm-up ends
-# The curriculum settings each mode reads, beside the ones every mode reads (the warm-up and the
-# held-out documents): what a run's key hashes (key_settings), so that a setting of another mode
-# never starts a new run
-COMMON_KEYS = ("warmup_steps", "heldout_every", "warmup_sources")
-BANDIT_KEYS = ("ucb_c", "ema_alpha", "reward_scale", "phase_lengths", "focus_dice_warmup", "focus_dice",
-               "background_weight", "coverage_bonus")
-MODE_KEYS = {
-    "bandit": BANDIT_KEYS,
-    "bandit_normalised": BANDIT_KEYS,  # the bandit's settings; its reward alone differs
-    "proportional": (),
-    "uniform": (),
-    "fixed": ("weights",),
-    "exp3_loss": ("phase_lengths", "explore", "exp3_loss_scale", "exp3_smoothing"),
-    "heldout_progress": ("explore", "progress_smoothing", "progress_sharpness"),
-}
 VALIDATION_MODES = ("heldout_progress",)  # re-weighted by the trainer's validation (eval_every)
 
 
