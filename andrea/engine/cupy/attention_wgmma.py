@@ -31,8 +31,9 @@ there, keyed by source and options (dev/cuda/attention_wgmma.py compiles its var
 processes that way).
 
 attention.py runs PRODUCTION_FWD (the warp-specialized, ping-pong, persistent forward: the fastest variant of
-dev/cuda/attention_wgmma.py at five of the six model shapes, 2 % behind the best at the sixth) where fwd_takes says it can; the backward stays attention_mma's,
-which reads this forward's lse as its own (the same (m + log2 l)·ln 2 per row).
+dev/cuda/attention_wgmma.py at five of the six model shapes, 2 % behind the best at the sixth) where fwd_takes
+says it can; the backward stays attention_mma's, which reads this forward's lse as its own (the same
+(m + log2 l)·ln 2 per row).
 """
 
 from __future__ import annotations
