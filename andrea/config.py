@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from andrea.config_schema import HERMES3_PARTS, SCHEMA_PATH, STATIC_MODES, ConfigError, load_schema  # noqa: F401 (re-exported)
-from andrea.config_schema import COMMON_KEYS, DEFAULT_MODE, MODE_KEYS
+from andrea.config_schema import BANDIT_KEYS, DEFAULT_MODE, MODE_KEYS
 from andrea.hub import HUB_FORM, is_hub_location, parse_hub_location
 from andrea.io import read_document
 from andrea.profiles import (EMBEDDED, HERMES3_KEY, check_hermes3_location, check_profiles, profile_config, profile_entries,
@@ -438,10 +438,10 @@ def check_curriculum_default_mode(config: dict, source: str = "config") -> None:
         named = c.get("mode", named)
         if named is None:
             for key in c:
-                readers = [m for m, keys in MODE_KEYS.items() if key in keys]
                 # what the bandit read when it was the default and the default does not: another mode's
                 # settings (weights, explore, ...) never did anything unnamed, and still may stand
-                if key not in COMMON_KEYS and key in MODE_KEYS["bandit"] and key not in MODE_KEYS[DEFAULT_MODE]:
+                if key in BANDIT_KEYS and key not in MODE_KEYS[DEFAULT_MODE]:
+                    readers = [m for m, keys in MODE_KEYS.items() if key in keys]
                     raise ConfigError(
                         f"{source} is invalid:\n  {where}.{key}: a setting of mode {' and '.join(readers)}, but no "
                         f"`mode` is named here or above, and the default mode, {DEFAULT_MODE}, does not read it "
