@@ -87,7 +87,7 @@ class Ours:
     "-gk" / "-gr": each layer's GELU output kept / recomputed in the backward (ANDREA_GELU=keep / recompute);
     "-noepi": the MLP's GELU as a pass of its own, not its first product's epilogue (ANDREA_GELU_EPILOGUE=0;
     in fp8: a cast from h); "-flash": our attention kernels even where cuDNN's are installed
-    (ANDREA_ATTENTION=flash); "-mma": ours with the mma.sync forward, not the Hopper wgmma one
+    (ANDREA_ATTENTION=flash); "-mma": ours with the mma.sync kernels, not the Hopper wgmma ones
     (ANDREA_ATTENTION=mma; beside "-flash" where cuDNN is installed, as plain runners run cuDNN's)."""
 
     def __init__(self, cfg, B, T, precision, warmup):

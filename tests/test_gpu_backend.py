@@ -170,6 +170,7 @@ def test_cuda_graph_replay_equals_eager_steps(monkeypatch):
     assert e._captured and all(c.graph is not None for c in e._captured.values())  # it really replayed a graph
     assert out[True] == out[False]
     assert e.be.forwards_ran == ({"wgmma"} if HOPPER else {"mma.sync"})  # the TMA forward inside the graph
+    assert e.be.backwards_ran == ({"wgmma"} if HOPPER else {"mma.sync"})
 
 
 @pytest.mark.skipif(not HOPPER, reason="the wgmma forward runs on compute capability 9.0 only")
@@ -297,8 +298,8 @@ def round16(a, dtype=None):
 @pytest.mark.parametrize("impl", ["flash", "mma", "cudnn"])
 def test_tensor_core_flash_attention_matches_reference(head_dim, T_, precision, impl, monkeypatch):
     """16-bit modes, every implementation on a [B, T, 3, H, D] buffer, partial tiles included: ours
-    ("flash": on an H100/H200 the forward by wgmma with TMA, attention_wgmma.py; the backward, and
-    everything with "mma", by the fused mma.sync kernels, tiles double-buffered with cp.async), and
+    ("flash": on an H100/H200 the forward by wgmma with TMA and the backward by wgmma, attention_wgmma.py;
+    elsewhere, and everything with "mma", the mma.sync kernels, tiles double-buffered with cp.async), and
     cuDNN's fused attention (where the frontend is installed; it must take the model's head sizes, 32
     and 64)."""
     if impl == "cudnn" and cudnn_attention._cudnn() is None:
@@ -333,6 +334,8 @@ def test_tensor_core_flash_attention_matches_reference(head_dim, T_, precision, 
         gb.attn_bwd(g(dy).astype(hd), q_g, y_g, lse_g, d_g)
         runs.append(h(d_g))
     assert runs[0].tobytes() == runs[1].tobytes()  # deterministic
+    if impl != "cudnn":  # the backward the dispatch promises
+        assert gb.backwards_ran == ({"wgmma"} if impl == "flash" and HOPPER else {"mma.sync"})
     if impl == "cudnn" and head_dim >= 32:
         assert len(graphs) == 2 and all(v is not None for v in graphs.values()), "cuDNN's backward did not run"
         assert not any(c.ours_instead for c in gb._cudnn.values()), "our backward ran instead of cuDNN's"

@@ -166,13 +166,29 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 template <int ROWS, int NT>
 __device__ __forceinline__ void load_tile(unsigned dst, const h16* src, long sT, int r0, int T) {
     constexpr int CH = D / 8, N = ROWS * CH;  // 16-byte chunks per row, in all
+    if constexpr (N % NT == 0 && NT % CH == 0) {
+        // each thread the same chunk c of rows r, r + NT/CH, ...: one address product a tile, and the
+        // same swizzle on every row (NT/CH rows are NT·16 bytes, a multiple of the 1024-byte pattern)
+        constexpr int STEP = NT / CH;
+        const int r = threadIdx.x / CH, c = threadIdx.x % CH;
+        const h16* p = src + (long)(r0 + r) * sT + c * 8;
+        const long step = STEP * sT;
+        const unsigned d = dst + swz(r * RB + c * 16);
+        const bool full = r0 + ROWS <= T;  // no row past T (every tile but a ragged last one)
 #pragma unroll
-    for (int i = 0; i < (N + NT - 1) / NT; i++) {
-        const int e = threadIdx.x + i * NT;
-        if (N % NT == 0 || e < N) {
-            const int r = e / CH, c = e % CH;
-            const bool ok = r0 + r < T;
-            cp_async16(dst + swz(r * RB + c * 16), ok ? src + (long)(r0 + r) * sT + c * 8 : src, ok);
+        for (int i = 0; i < N / NT; i++, p += step) {
+            const bool ok = full || r0 + r + i * STEP < T;
+            cp_async16(d + i * STEP * RB, ok ? p : src, ok);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < (N + NT - 1) / NT; i++) {
+            const int e = threadIdx.x + i * NT;
+            if (N % NT == 0 || e < N) {
+                const int r = e / CH, c = e % CH;
+                const bool ok = r0 + r < T;
+                cp_async16(dst + swz(r * RB + c * 16), ok ? src + (long)(r0 + r) * sT + c * 8 : src, ok);
+            }
         }
     }
 }
@@ -238,6 +254,8 @@ __device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.a
 // K-major (Q, K: rows along M/N, the 16 k values of an instruction inside the row): the stride
 // between 8-row groups is 8 rows; the leading offset is unused (1, as CUTLASS writes it). The k-th
 // 16-column slice starts 32 bytes further (the hardware swizzles the absolute address).
+// A slice o bytes (a multiple of 16) past a tile's start is the tile's descriptor plus o >> 4 (the start
+// address field, which no shared-memory address here carries out of): one add a product, not a descriptor.
 template <int ROWB>
 __device__ __forceinline__ u64 desc_k_rb(unsigned addr) {
     constexpr int mode = ROWB == 128 ? 1 : ROWB == 64 ? 2 : 3;
@@ -363,8 +381,9 @@ template <int N>
 __device__ __forceinline__ void issue_scores(float (&s)[N / 2], unsigned a, unsigned b) {
     reg_fence(s);
     wg_fence();
+    const u64 da = desc_k(a), db = desc_k(b);  // the k-th slice: 32 bytes on, 2 in the start-address field
 #pragma unroll
-    for (int kc = 0; kc < D / 16; kc++) wgmma_ss<N, 0>(s, desc_k(a + kc * 32), desc_k(b + kc * 32), kc > 0);
+    for (int kc = 0; kc < D / 16; kc++) wgmma_ss<N, 0>(s, da + kc * 2, db + kc * 2, kc > 0);
     wg_commit();
     reg_fence(s);
 }
@@ -376,8 +395,9 @@ __device__ __forceinline__ void issue_accumulate(float (&o)[D / 2], unsigned (&p
     reg_fence(o);
     reg_fence(p);
     wg_fence();
+    const u64 db = desc_mn(b);
 #pragma unroll
-    for (int kc = 0; kc < K / 16; kc++) wgmma_rs<D, 1>(o, p[kc], desc_mn(b + kc * 16 * RB), 1);
+    for (int kc = 0; kc < K / 16; kc++) wgmma_rs<D, 1>(o, p[kc], db + kc * (16 * RB >> 4), 1);
     wg_commit();
     reg_fence(o);
     reg_fence(p);
@@ -835,6 +855,25 @@ __device__ __forceinline__ void cp_async4(unsigned dst, const void* src, bool va
 }
 
 #if WG_KERNELS & 2
+// dS = P ∘ (dP − delta) (without the scale: applied once at the end) of the thread's rows i0, i0 + 8 against
+// the tile's keys j0 ..: P = 2^(s·sl2 − L), the exponent −∞ for a key after the row (MASK: the diagonal
+// tiles; see probs_and_ds)
+template <bool MASK>
+__device__ __forceinline__ void dq_ds(float (&s)[DQ_BN / 2], const float (&dp)[DQ_BN / 2], int j0, int i0, int t, float sl2,
+                                      float L0, float L1, float e0, float e1) {
+#pragma unroll
+    for (int n = 0; n < DQ_BN / 8; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int key = j0 + n * 8 + 2 * t + (e & 1), row = i0 + 8 * (e / 2);
+            const float p = fast_exp2(fmaf(s[4 * n + e], sl2, MASK && key > row ? -INFINITY : -(e < 2 ? L0 : L1)));
+            s[4 * n + e] = p * (dp[4 * n + e] - (e < 2 ? e0 : e1));
+        }
+    }
+}
+#endif
+
+#if WG_KERNELS & 2
 // dq_i = scale Σ_{j ≤ i} P_ij (dP_ij − delta_i) k_j,  dP = dO·Vᵀ, P = exp(scale q·k − lse). Grid
 // (ceil(T / DQ_BM), B·H), DQ_NT threads, DQ_SMEM bytes of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(DQ_NT, DQ_MINB)
@@ -894,15 +933,8 @@ flash_bwd_dq(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __
         wg_wait<0>();
         reg_fence(s);
         reg_fence(dp);
-#pragma unroll
-        for (int n = 0; n < DQ_BN / 8; n++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = j0 + n * 8 + 2 * t + (e & 1), row = i0 + 8 * (e / 2);
-                const float p = (!diag || key <= row) ? fast_exp2(fmaf(s[4 * n + e], sl2, -(e < 2 ? L0 : L1))) : 0.f;
-                s[4 * n + e] = p * (dp[4 * n + e] - (e < 2 ? e0 : e1));  // dS (without the scale: applied once at the end)
-            }
-        }
+        if (diag) dq_ds<true>(s, dp, j0, i0, t, sl2, L0, L1, e0, e1);
+        else dq_ds<false>(s, dp, j0, i0, t, sl2, L0, L1, e0, e1);
         to_frags<DQ_BN>(f, s);
         issue_accumulate<DQ_BN>(acc, f, kt);
         wg_wait<0>();
@@ -917,11 +949,15 @@ flash_bwd_dq(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __
 #if WG_KERNELS & (4 | 8)
 // Pᵀ and dSᵀ of one query tile in the transposed accumulators: s (Sᵀ = K·Qᵀ, raw) becomes Pᵀ = 2^(s·sl2 −
 // lse·log2 e), dp (dPᵀ) becomes dSᵀ = Pᵀ ∘ (dPᵀ − delta) (without the scale: applied once at the end);
-// zero where a query precedes the key or lies past T (only on `edge` tiles). L, E: the tile's lse and
-// delta in shared memory; the thread's keys j0 and j0 + 8, the tile's first query i0.
-template <int BM>
+// zero where a query precedes the key or lies past T (EDGE tiles only; the caller picks the build once
+// a tile). L, E: the tile's lse and delta in shared memory; the thread's keys j0 and j0 + 8, the tile's
+// first query i0. A masked score gets the exponent −∞ (ex2 gives exactly 0, the value a mask writes):
+// written as a choice between ex2 and 0, ptxas branched around every exponential and kept each score's
+// predicate in a register bit (the profile of the H200: integer and branch instructions a third of
+// the fused backward's).
+template <int BM, bool EDGE>
 __device__ __forceinline__ void probs_and_ds(float (&s)[BM / 2], float (&dp)[BM / 2], const float* L, const float* E,
-                                             int i0, int j0, bool edge, float sl2, int t, int T) {
+                                             int i0, int j0, float sl2, int t, int T) {
 #pragma unroll
     for (int n = 0; n < BM / 8; n++) {
         const int c = n * 8 + 2 * t;  // the query columns c, c + 1
@@ -930,11 +966,17 @@ __device__ __forceinline__ void probs_and_ds(float (&s)[BM / 2], float (&dp)[BM 
         for (int e = 0; e < 4; e++) {
             const int i = i0 + c + (e & 1), key = j0 + 8 * (e / 2);
             const float li = (e & 1) ? l.y : l.x, di = (e & 1) ? d.y : d.x;
-            const float p = (!edge || (i >= key && i < T)) ? fast_exp2(fmaf(s[4 * n + e], sl2, -li * LOG2E)) : 0.f;
+            const float p = fast_exp2(fmaf(s[4 * n + e], sl2, EDGE && !(i >= key && i < T) ? -INFINITY : -li * LOG2E));
             s[4 * n + e] = p;
             dp[4 * n + e] = p * (dp[4 * n + e] - di);
         }
     }
+}
+template <int BM>
+__device__ __forceinline__ void probs_and_ds(float (&s)[BM / 2], float (&dp)[BM / 2], const float* L, const float* E,
+                                             int i0, int j0, bool edge, float sl2, int t, int T) {
+    if (edge) probs_and_ds<BM, true>(s, dp, L, E, i0, j0, sl2, t, T);
+    else probs_and_ds<BM, false>(s, dp, L, E, i0, j0, sl2, t, T);
 }
 
 // flash_bwd_fused's semaphores: spin until *p == want (acquire: the earlier key blocks' sums are visible);
@@ -972,8 +1014,9 @@ __device__ __forceinline__ void store_ds(unsigned ds, const unsigned (&df)[4][4]
 __device__ __forceinline__ void issue_dq(float (&dq)[D / 2], unsigned ds, unsigned kr) {
     reg_fence(dq);
     wg_fence();
+    const u64 da = desc_mn_rb<128>(ds), db = desc_mn(kr);
 #pragma unroll
-    for (int kc = 0; kc < 4; kc++) wgmma_ss<D, 1, 1>(dq, desc_mn_rb<128>(ds + kc * 16 * 128), desc_mn(kr + kc * 16 * RB), kc > 0);
+    for (int kc = 0; kc < 4; kc++) wgmma_ss<D, 1, 1>(dq, da + kc * (16 * 128 >> 4), db + kc * (16 * RB >> 4), kc > 0);
     wg_commit();
     reg_fence(dq);
 }
@@ -1114,10 +1157,14 @@ __device__ __forceinline__ void bwd_kv(const h16* __restrict__ q, const h16* __r
         const int st = m % KV_STAGES, i0 = k0 + m * BM;
         load_tile<BM, KV_NT>(Qs + st * TILE, qb, sT, i0, T);
         load_tile<BM, KV_NT>(dOs + st * TILE, dyb, yT, i0, T);
-        for (int e = threadIdx.x; e < 2 * BM; e += KV_NT) {
-            const int i = i0 + e % BM;
-            const float* src = e < BM ? lseb : deltab;
-            cp_async4(LEs + (st * 2 * BM + e) * 4, i < T ? src + i : src, i < T);
+#pragma unroll
+        for (int n = 0; n < (2 * BM + KV_NT - 1) / KV_NT; n++) {  // a compile-time count (one at BM = 64)
+            const int e = threadIdx.x + n * KV_NT;
+            if ((2 * BM) % KV_NT == 0 || e < 2 * BM) {
+                const int i = i0 + e % BM;
+                const float* src = e < BM ? lseb : deltab;
+                cp_async4(LEs + (st * 2 * BM + e) * 4, i < T ? src + i : src, i < T);
+            }
         }
     };
     load_tile<KV_BN, KV_NT>(Ks, k + off, sT, k0, T);

@@ -18,7 +18,8 @@ cache folder (ANDREA_WGMMA_CUBIN_CACHE) the rest of the run reads. The variants 
 device run (NEW below) then go through a probe in a child process, one launch each at small shapes:
 a kernel that faults or hangs (the mbarrier and semaphore waits trap after ~2^22 polls instead of
 hanging) takes only the child's CUDA context down; it gets a failed row here and the rest runs.
-Not dispatched by the engine yet, so every version is marked (dev). Forward (-D defines):
+On Hopper the engine runs "ws pingpong persistent skip" (forward) and "wgmma 1wg overlap" (backward)
+(attention_wgmma.PRODUCTION_FWD, PRODUCTION_BWD); the other versions are marked (dev). Forward (-D defines):
 
 wgmma            the defaults: 2 consumer warp groups (128 query rows a CTA), 64-key tiles, 3 stages,
                  intra-warpgroup overlap (S_j = Q·K_jᵀ issued before P_{j-1}·V_{j-1}; the softmax of
@@ -36,7 +37,7 @@ ws ...           -DFWD_WS=1: warp-specialized, FA-3's way: a producer warp group
                  barriers); ws 3wg (192 rows, 3 consumers); ws 1wg minb2 (1 consumer, 2 CTAs an SM);
                  ... persistent (the launcher's FWD_PERSIST=1: as many CTAs as the SMs hold, each
                  looping over the tiles longest first, the next tile's loads under this one's epilogue)
-Backward (flash_bwd_dq, flash_bwd_dkdv and the whole flash_bwd after attention_mma's flash_delta; the
+Backward (flash_bwd_dq, flash_bwd_dkdv and the whole flash_bwd, flash_bwd_prep (delta) first; the
 fused ones flash_bwd_prep + flash_bwd_fused (+ flash_bwd_dq_convert)):
 wgmma            the defaults: dQ with 2 warp groups (128 query rows a CTA) over 64-key tiles, dK/dV with 2
                  warp groups (128 keys a CTA) over 64-query tiles, 3 stages each
@@ -81,7 +82,9 @@ REFERENCES = {"flash_fwd": nb.attn_fwd, "flash_bwd_dq": nb.attn_bwd, "flash_bwd_
 V = common.Version
 H16 = ("bf16", "fp16")
 SRC = "attention_wgmma.cu"
-DEV = False  # not dispatched by the engine yet: every version is a dev version
+# the variants attention.py dispatches on Hopper (their defines are attention_wgmma.PRODUCTION_FWD and
+# PRODUCTION_BWD: main() checks); every other version is a dev version
+PRODUCTION = {"fwd": "ws pingpong persistent skip", "bwd": "wgmma 1wg overlap"}
 WS = ("FWD_WS=1",)
 # (name, -D defines, new: not yet run on the device, so probed first)
 FWD_VARIANTS = [
@@ -120,19 +123,21 @@ BWD_VARIANTS = [
     ("fused ordered 1wg no overlap", ("KV_WG=1",), True, True, True),
 ]
 SPLIT_KERNELS = {"flash_bwd_dq": ("flash_bwd_dq",), "flash_bwd_dkdv": ("flash_bwd_dkdv",),
-                 "flash_bwd": ("flash_bwd_dq", "flash_bwd_dkdv")}  # flash_bwd: after attention_mma's flash_delta
+                 "flash_bwd": ("flash_bwd_prep", "flash_bwd_dq", "flash_bwd_dkdv")}
 
 
 def fused_kernels(deterministic: bool) -> tuple:
     return ("flash_bwd_prep", "flash_bwd_fused") + (() if deterministic else ("flash_bwd_dq_convert",))
 
 
-VERSIONS = [V("flash_fwd", name, ("flash_fwd",), SRC, H16, defines, production=DEV) for name, defines, _ in FWD_VARIANTS]
+VERSIONS = [V("flash_fwd", name, ("flash_fwd",), SRC, H16, defines, production=name == PRODUCTION["fwd"])
+            for name, defines, _ in FWD_VARIANTS]
 for _name, _defines, _det, _fused, _ in BWD_VARIANTS:
     if _fused:
-        VERSIONS.append(V("flash_bwd", _name, fused_kernels(_det), SRC, H16, _defines, production=DEV))
+        VERSIONS.append(V("flash_bwd", _name, fused_kernels(_det), SRC, H16, _defines, production=_name == PRODUCTION["bwd"]))
     else:
-        VERSIONS += [V(op, _name, kernels, SRC, H16, _defines, production=DEV) for op, kernels in SPLIT_KERNELS.items()]
+        VERSIONS += [V(op, _name, kernels, SRC, H16, _defines, production=_name == PRODUCTION["bwd"])
+                     for op, kernels in SPLIT_KERNELS.items()]
 EDGE = [common.Shape("edge B=2 T=200 D=64", 2, 200, 192, 3, 301),  # T not a multiple of any tile
         common.Shape("edge B=2 T=129 D=32", 2, 129, 96, 3, 301),  # one row past a 128-row CTA
         common.Shape("edge B=1 T=37 D=16", 1, 37, 16, 1, 301),  # the smallest head, one partial tile
@@ -344,10 +349,11 @@ def run_shape(cp, report, shape, case, reps, failed, yardsticks=True):
 
     for name, defines, _ in FWD_VARIANTS:
         if f"fwd:{name}" in failed:
-            row = report.add("flash_fwd", name, prec, shape, production=DEV, note=failed[f"fwd:{name}"][:200])
+            row = report.add("flash_fwd", name, prec, shape, production=name == PRODUCTION["fwd"], note=failed[f"fwd:{name}"][:200])
             row.ok = False
             continue
-        report.attempt("flash_fwd", name, prec, shape, lambda d=defines: timed(lambda: wg.flash_fwd(be, case.qkv, y, lse, d)), DEV)
+        report.attempt("flash_fwd", name, prec, shape, lambda d=defines: timed(lambda: wg.flash_fwd(be, case.qkv, y, lse, d)),
+                       name == PRODUCTION["fwd"])
     report.attempt("flash_fwd", "mma.sync", prec, shape, lambda: timed(lambda: attention_mma.flash_fwd(be, case.qkv, y, lse)),
                    production=True)
 
@@ -438,7 +444,7 @@ def run_backward(cp, report, shape, case, reps, y, lse, s_err, failed, yardstick
 
     for name, defines, det, fused, _ in BWD_VARIANTS:
         if f"bwd:{name}" in failed:
-            row = report.add("flash_bwd", name, prec, shape, production=DEV, note=failed[f"bwd:{name}"][:200])
+            row = report.add("flash_bwd", name, prec, shape, production=name == PRODUCTION["bwd"], note=failed[f"bwd:{name}"][:200])
             row.ok = False
             continue
         whole = lambda d=defines, det=det, fused=fused: wg.flash_bwd(be, case.dy, case.qkv, y, lse, dqkv, d, deterministic=det,  # noqa: E731
@@ -446,7 +452,7 @@ def run_backward(cp, report, shape, case, reps, y, lse, s_err, failed, yardstick
         if fused:
             report.attempt("flash_bwd", name, prec, shape,
                            lambda run=whole, det=det: case_run(run, outputs["flash_bwd"], products["flash_bwd"] * BH * T * T * D, det),
-                           DEV)
+                           name == PRODUCTION["bwd"])
             continue
         for op in SPLIT_KERNELS:
             if op == "flash_bwd":
@@ -455,7 +461,7 @@ def run_backward(cp, report, shape, case, reps, y, lse, s_err, failed, yardstick
                 whole()  # delta, and compiled
                 run = one(op, defines)
             report.attempt(op, name, prec, shape, lambda run=run, op=op: case_run(run, outputs[op], products[op] * BH * T * T * D),
-                           DEV)
+                           name == PRODUCTION["bwd"])
     report.attempt("flash_bwd", "mma.sync", prec, shape,
                    lambda: case_run(lambda: attention_mma.flash_bwd(be, case.dy, case.qkv, y, lse, dqkv), outputs["flash_bwd"],
                                     products["flash_bwd"] * BH * T * T * D), production=True)
@@ -565,6 +571,10 @@ def main(argv=None) -> int:
     cp = common.import_cupy()
     from andrea.engine.cupy import attention_wgmma as wg
 
+    named = {"fwd": dict((n, d) for n, d, _ in FWD_VARIANTS)[PRODUCTION["fwd"]],
+             "bwd": dict((v[0], v[1]) for v in BWD_VARIANTS)[PRODUCTION["bwd"]]}
+    if named != {"fwd": wg.PRODUCTION_FWD, "bwd": wg.PRODUCTION_BWD}:
+        raise SystemExit(f"{SCRIPT}: PRODUCTION names {named}, the engine runs {wg.PRODUCTION_FWD}, {wg.PRODUCTION_BWD}")
     os.environ.setdefault("ANDREA_WGMMA_CUBIN_CACHE", tempfile.mkdtemp(prefix="wgmma_cubins_"))
     cfg = common._config()
     if args.quick:

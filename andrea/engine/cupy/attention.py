@@ -3,11 +3,12 @@
 - fp32: the CUDA-core flash kernels of kernels/attention.cu (any head size), on the
   [3, B, H, T, D] q/k/v buffer; y and dy [B, T, H·D].
 - bf16/fp16: on one [B, T, 3, H, D] 16-bit buffer written by the q/k/v projection; y and dy
-  [B, T, H·D] 16-bit; dq, dk, dv written into a buffer shaped like qkv. The forward on Hopper (sm_90a,
-  head sizes 16/32/64): kernels/attention_wgmma.cu's warp-specialized one (attention_wgmma.py: TMA,
-  wgmma, ping-pong warp groups, persistent CTAs); elsewhere, and the backward everywhere, the tensor-core
-  flash kernels of kernels/attention_mma.cu (attention_mma.py: cp.async double-buffered tiles,
-  mma.sync). `be.attention == "mma"` (ANDREA_ATTENTION=mma) runs mma.sync's forward too.
+  [B, T, H·D] 16-bit; dq, dk, dv written into a buffer shaped like qkv. On Hopper (sm_90a, head sizes
+  16/32/64): kernels/attention_wgmma.cu, the warp-specialized forward (attention_wgmma.py: TMA, wgmma,
+  ping-pong warp groups, persistent CTAs) and the two-kernel wgmma backward (dQ, then dK/dV, cp.async
+  tiles); elsewhere the tensor-core flash kernels of kernels/attention_mma.cu (attention_mma.py:
+  cp.async double-buffered tiles, mma.sync). `be.attention == "mma"` (ANDREA_ATTENTION=mma) runs
+  mma.sync's kernels on Hopper too.
 Both save the log-sum-exp of each score row (lse [B, H, T], fp32) and recompute the probabilities
 in the backward pass; no T × T matrix exists. Every sum runs in a fixed order: deterministic.
 """
@@ -55,10 +56,22 @@ def attn_fwd(be, qkv, y, lse) -> None:
                                           (q, k, v, y, lse, np.int32(H), np.int32(T), np.float32(1.0 / math.sqrt(D))))
 
 
+def wgmma_bwd(be, qkv, dy, dqkv) -> bool:
+    """Whether attn_bwd runs attention_wgmma's backward on these 16-bit buffers."""
+    return getattr(be, "attention", "flash") != "mma" and attention_wgmma.bwd_takes(qkv, dy, dqkv)
+
+
 def attn_bwd(be, dy, qkv, y, lse, dqkv) -> None:
     """dq, dk, dv into dqkv (overwritten) from dy, recomputing the probabilities from lse."""
     if is_16bit(qkv):
-        attention_mma.flash_bwd(be, dy, qkv, y, lse, dqkv)
+        wgmma = wgmma_bwd(be, qkv, dy, dqkv)
+        if wgmma:
+            attention_wgmma.flash_bwd(be, dy, qkv, y, lse, dqkv, attention_wgmma.PRODUCTION_BWD)
+        else:
+            attention_mma.flash_bwd(be, dy, qkv, y, lse, dqkv)
+        ran = getattr(be, "backwards_ran", None)
+        if ran is not None:  # for the plan line
+            ran.add("wgmma" if wgmma else "mma.sync")
         return
     _, B, H, T, D = qkv.shape
     q, k, v = qkv[0], qkv[1], qkv[2]

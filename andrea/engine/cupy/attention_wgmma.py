@@ -11,8 +11,8 @@ ctypes: CuPy does not expose it), one tile a CTA or, with the launcher's own def
 many CTAs as the SMs hold, each looping over tiles.
 
 The backward, by flash_bwd's flags:
-  deterministic=True, fused=False   (the default) dQ and dK/dV in two kernels, no atomics; delta by
-                                    attention_mma.cu's flash_delta
+  deterministic=True, fused=False   (the default) dQ and dK/dV in two kernels, no atomics; delta first
+                                    (flash_bwd_prep)
   deterministic=False               one pass (flash_bwd_fused) that sums dq with fp32 atomics into a
                                     zeroed accumulator, then flash_bwd_dq_convert: NOT deterministic (the
                                     low bits of dq change from run to run)
@@ -32,8 +32,8 @@ processes that way).
 
 attention.py runs PRODUCTION_FWD (the warp-specialized, ping-pong, persistent forward: the fastest variant of
 dev/cuda/attention_wgmma.py at five of the six model shapes, 2 % behind the best at the sixth) where fwd_takes
-says it can; the backward stays attention_mma's, which reads this forward's lse as its own (the same
-(m + log2 l)·ln 2 per row).
+says it can, and PRODUCTION_BWD where bwd_takes does; elsewhere attention_mma's kernels, whose lse is the
+same quantity ((m + log2 l)·ln 2 per row), so either backward follows either forward.
 """
 
 from __future__ import annotations
@@ -64,8 +64,13 @@ LAUNCHER_ONLY = ("FWD_PERSIST",)  # read here, never passed to the compiler
 # variant at five (BENCHMARKS.md, "Hopper attention of our own, round two": 0.0563 ms at 120M B=8 against
 # mma.sync's 0.0842; at 12M B=32 0.1693 against the best variant's 0.1656)
 PRODUCTION_FWD = ("FWD_WS=1", "FWD_BN=128", "FWD_PINGPONG=1", "FWD_PERSIST=1", "FWD_SKIP_RESCALE=1")
+# the backward attention.py dispatches (the two-kernel, deterministic one, one warp group a CTA, the dK/dV
+# products of one query tile under the next one's exponentials): the fastest deterministic variant at all six
+# model shapes on an H200, 32-36 % faster than mma.sync and within 6 % of cuDNN's; see
+# BENCHMARKS.md, "Hopper attention of our own, round three"
+PRODUCTION_BWD = ("DQ_WG=1", "KV_WG=1", "KV_OVERLAP=1")
 # WG_KERNELS masks: the kernels each direction builds
-FWD_KERNELS, BWD_SPLIT_KERNELS, BWD_FUSED_KERNELS = 1, 2 | 4, 8 | 16
+FWD_KERNELS, BWD_SPLIT_KERNELS, BWD_FUSED_KERNELS = 1, 2 | 4 | 16, 8 | 16
 KERNEL_BITS = {"flash_fwd": 1, "flash_bwd_dq": 2, "flash_bwd_dkdv": 4, "flash_bwd_fused": 8, "flash_bwd_prep": 16,
                "flash_bwd_dq_convert": 16}
 
@@ -203,10 +208,12 @@ def kernel(name: str, function: str, head_dim: int, defines: tuple = (), smem: i
     return _function(name, function, head_dim, tuple(defines), cp.cuda.runtime.getDevice(), smem)
 
 
-def wg_kernel(function: str, D: int, defines: tuple, smem: int = 0):
-    """attention_wgmma.cu's `function`, built with the kernels of its direction (compile_defines)."""
+def wg_kernel(function: str, D: int, defines: tuple, smem: int = 0, mask: int | None = None):
+    """attention_wgmma.cu's `function`, built with the kernels of its direction (compile_defines; `mask`:
+    the build to take it from where two hold it: flash_bwd_prep is in both backward builds)."""
     bit = KERNEL_BITS[function]
-    mask = FWD_KERNELS if bit == 1 else BWD_SPLIT_KERNELS if bit in (2, 4) else BWD_FUSED_KERNELS
+    if mask is None:
+        mask = FWD_KERNELS if bit == 1 else BWD_SPLIT_KERNELS if bit in (2, 4) else BWD_FUSED_KERNELS
     return kernel("attention_wgmma", function, D, compile_defines(tuple(defines), mask), smem)
 
 
@@ -316,6 +323,14 @@ def fwd_takes(qkv, defines: tuple = PRODUCTION_FWD) -> bool:
     return not _capturing() or _map_key(qkv, launch("flash_fwd", D, tuple(defines))[0], cfg["FWD_BN"]) in _MAPS
 
 
+def bwd_takes(qkv, dy, dqkv) -> bool:
+    """Whether flash_bwd runs on these 16-bit buffers: a head size the kernels are written for on an sm_90a
+    device, and buffers the 16-byte copies can read row by row (contiguous, 16-byte aligned)."""
+    if qkv.ndim != 5 or not takes(qkv.shape[-1]):
+        return False
+    return all(a.flags.c_contiguous and a.data.ptr % 16 == 0 for a in (qkv, dy, dqkv))
+
+
 # ----------------------------------------------------------------------------- the passes
 
 
@@ -340,16 +355,16 @@ def flash_fwd(be, qkv, y, lse, defines: tuple = ()) -> None:
 
 def flash_bwd(be, dy, qkv, y, lse, dqkv, defines: tuple = (), deterministic: bool = True, fused: bool = False) -> None:
     """dq, dk, dv into dqkv (overwritten) from dy, recomputing the probabilities from lse. deterministic
-    and not fused: the two-kernel backward (delta by attention_mma.cu's flash_delta); not deterministic:
+    and not fused: the two-kernel backward (delta by flash_bwd_prep first); not deterministic:
     the fused pass with atomic dq sums; deterministic and fused: the fused pass with ordered dq sums."""
     B, T, H, D, (q, k, v), strides = _heads(qkv)
     dq, dk, dv = _mma_args(dqkv)[4]
     defines = tuple(defines) + tuple(be.defines)
     delta = be.scratch("flash_delta", (B, H, T), cp.float32)
     ht, scale = (np.int32(H), np.int32(T)), np.float32(1.0 / math.sqrt(D))
-    if deterministic and not fused:
-        be.kernel("attention_mma", "flash_delta", D)((blocks(B * T * H, 8),), (256,), (dy, y, delta, np.int32(B), np.int32(H),
-                                                                                      np.int32(T)))
+    if deterministic and not fused:  # delta alone (nothing zeroed: the pointers only fill the slots)
+        wg_kernel("flash_bwd_prep", D, defines, mask=BWD_SPLIT_KERNELS)(
+            (blocks(B * T * H * (D // 8), 256),), (256,), (dy, y, delta, delta, np.int64(0), delta, np.int64(0), np.int32(B), *ht))
         _run("flash_bwd_dq", D, T, B * H, defines, (q, k, v, dy, lse, delta, dq, *ht, *strides, scale))
         _run("flash_bwd_dkdv", D, T, B * H, defines, (q, k, v, dy, lse, delta, dk, dv, *ht, *strides, scale))
         return

@@ -177,6 +177,7 @@ class CupyBackend(Backend):
         self.attention = implementation_from_env() if precision != "fp32" else "flash"
         self.attention_deterministic = deterministic_from_env()
         self.forwards_ran: set = set()  # our 16-bit attention forwards that ran: "wgmma", "mma.sync" (attention.py)
+        self.backwards_ran: set = set()  # and backwards
         self.attention_workspace_cap = workspace_cap()
         self._cudnn: dict = {}  # device -> CudnnAttention
         self.backward_arena = None  # bytes dead during the layers' backward (set_backward_arena)
@@ -228,7 +229,7 @@ class CupyBackend(Backend):
         if self.attention == "cudnn":
             att = f"cuDNN attention ({'deterministic' if self.attention_deterministic else 'non-deterministic backward'})"
         else:
-            att = "our tensor-core flash attention" + _forwards(self.forwards_ran)
+            att = "our tensor-core flash attention" + _kernels_ran(self.forwards_ran, self.backwards_ran)
         refused = sorted({key for c in self._cudnn.values() for key in c.refused()})
         if refused:  # (direction, B, H, T, D)
             att += f" (our kernels for the shapes it refused: {refused})"
@@ -810,11 +811,19 @@ class CupyBackend(Backend):
         elementwise.adamw(self, w, g, m, v, decay, lr, beta1, beta2, eps, weight_decay, step, gscale, ctrl)
 
 
-def _forwards(ran: set) -> str:
-    """Which of our 16-bit attention forwards ran, for the plan line (before any pass: nothing)."""
-    if not ran:
+def _kernels_ran(forwards: set, backwards: set) -> str:
+    """Which of our 16-bit attention kernels ran, for the plan line (before any pass: nothing)."""
+    if not forwards and not backwards:
         return ""
-    if ran == {"mma.sync"}:
+    if forwards | backwards == {"mma.sync"}:
         return " (forward and backward by mma.sync)"
-    names = {"wgmma": "the forward by Hopper wgmma with TMA", "mma.sync": "by mma.sync where that did not run"}
-    return f" ({', '.join(names[r] for r in sorted(ran, reverse=True))}; the backward by mma.sync)"
+    names = {"fwd": {"wgmma": "the forward by Hopper wgmma with TMA", "mma.sync": "the forward by mma.sync"},
+             "bwd": {"wgmma": "the backward by Hopper wgmma", "mma.sync": "the backward by mma.sync"}}
+    parts = []
+    for way, ran in (("fwd", forwards), ("bwd", backwards)):
+        said = [names[way][r] for r in sorted(ran, reverse=True)]  # wgmma first
+        if len(said) == 2:
+            said[1] = "by mma.sync where that did not run"
+        if said:
+            parts.append(", ".join(said))
+    return f" ({'; '.join(parts)})"
