@@ -1,7 +1,9 @@
 """The attention backward's kernels at one model shape, for a kernel profiler: PyTorch's cuDNN and
-flash SDPA backends, our mma.sync backward (production) and attention_wgmma's backward variants, each
-run --reps times on the same random q, k, v, dy (bf16, causal, T = 1,024). Without a profiler it
-prints each one's median time (CUDA events); under Nsight Compute it gives the kernels to read:
+flash SDPA backends, our mma.sync backward and attention_wgmma's backward variants (production: "wgmma
+1wg overlap"), each run --reps times on the same random q, k, v, dy (bf16, causal, T = 1,024). Without
+a profiler it prints each one's median time (CUDA events; PyTorch's include its autograd's host work,
+so read its kernels' own times under the profiler, or dev/cuda/attention_wgmma.py's yardsticks);
+under Nsight Compute it gives the kernels to read:
 
     ncu --clock-control none -k 'regex:bprop|matmul_dq|dot_do|flash_bwd|flash_delta|attention_bwd' \
         --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \

@@ -5,7 +5,10 @@ mma.sync flash kernels on the H200 (forward 0.171 against 0.305 ms, backward 0.5
 at ANDREA-120M's B=32 shapes; records/2026-12-01/cudnn/), so where the cuDNN frontend
 and the cuDNN library (the gpu extra: INSTALL below) are installed the 16-bit modes' training
 passes use it, and our kernels (attention.py) stay the fallback and the generation path. At head
-size 32 (ANDREA-12M) it gains little (backward 0.569 against 0.578 ms).
+size 32 (ANDREA-12M) it gains little (backward 0.569 against 0.578 ms). Our Hopper kernels have closed
+most of the gap since (2026-12-03, BENCHMARKS.md "round three": our wgmma backward 1.04-1.06x cuDNN's
+time at head size 64 and faster at 32, the forward 1.22-1.29x); which to default to once both are
+measured in one run with the frontend installed is issue 44's open item.
 
 It reads and writes the very buffers of our kernels: q, k, v as strided views of the [B, T, 3, H, D]
 projection output, y and dy [B, T, H·D], dq, dk, dv into a buffer shaped like qkv, and the
@@ -87,8 +90,8 @@ def deterministic_from_env() -> bool:
 
 def implementation_from_env() -> str:
     """ANDREA_ATTENTION: "cudnn" (the default where the frontend and cuDNN are installed), "flash" (our
-    kernels: the Hopper wgmma forward where it runs) or "mma" (our mma.sync kernels only, as before the
-    wgmma forward: to compare)."""
+    kernels: the Hopper wgmma forward and backward where they run) or "mma" (our mma.sync kernels only,
+    as before the wgmma kernels: to compare)."""
     name = os.environ.get("ANDREA_ATTENTION", "cudnn" if _cudnn() is not None else "flash")
     if name not in IMPLEMENTATIONS:
         raise ValueError(f"ANDREA_ATTENTION={name!r}: choose one of {', '.join(IMPLEMENTATIONS)}")
