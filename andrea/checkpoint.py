@@ -105,6 +105,24 @@ def checkpoint_info(path: str | Path) -> dict:
 
 
 # ----------------------------------------------------------------------------- a run's checkpoints
+def newest_state(run_dir: str | Path) -> dict | None:
+    """The state file of a run directory's newest checkpoint that has a readable one (else
+    state.json; None: no checkpoint yet), read before anything is built: what the run was trained
+    on (its backend and precision), which a resume keeps. Not checked against its checkpoint:
+    RunCheckpoints.to_resume does that when the run resumes (and the trainer warns if the one it
+    resumes from was trained in another precision)."""
+    run_dir = Path(run_dir)
+    for path in sorted((run_dir / "checkpoints").glob("step_*.json"), reverse=True):
+        try:
+            return json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue  # damaged: to_resume reports it; an older one says the same
+    try:
+        return json.loads((run_dir / "state.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
 def checkpoint_sha256(step: int, arrays) -> str:
     """SHA-256 of a checkpoint file's bytes, from the arrays it is written from."""
     h = hashlib.sha256(np.array([(step, arrays[0].size)], dtype=HEADER).tobytes())

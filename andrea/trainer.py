@@ -51,12 +51,13 @@ import logging
 import math
 import signal
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from andrea.batches import BatchStream
-from andrea.checkpoint import RunCheckpoints, write_checkpoint
+from andrea.checkpoint import RunCheckpoints, newest_state, write_checkpoint
 from andrea.coherence import coherence_score
 from andrea.comm import from_environment, launch_info
 from andrea.config import (
@@ -64,6 +65,7 @@ from andrea.config import (
 )
 from andrea.curriculum import VALIDATION_MODES, make_curriculum
 from andrea.engine import Engine, load_backend, materialise, resolve_backend
+from andrea.engine.fp8_records import TrainShape
 from andrea.evaluation import build_eval_set, evaluate, prepare_batches
 from andrea.io import atomic_dir, check_replaceable, link_or_copy, write_json_atomic
 from andrea.model import ModelConfig, flops_per_token, n_params
@@ -129,15 +131,20 @@ class Trainer:
             raise ValueError(f"unknown model {model!r}; models in the config: {', '.join(config['models'])}")
         self.config, self.model_name, self.force = config, model, force
         self.s = TrainSettings.from_config(config, model)
-        self.backend, self.precision, self.backend_reason = resolve_backend(self.s.backend, self.s.precision)
-        if self.s.reduce_dtype not in load_backend(self.backend).reduce_dtypes:
-            raise ValueError(f"train.{model}.reduce_dtype: {self.s.reduce_dtype} needs the CuPy GPU backend (NCCL), but this "
-                             f"run uses {self.backend} ({self.backend_reason}); set reduce_dtype: float32")
         self.cfg = ModelConfig.from_config(config["models"][model])
         self.T = self.s.seq_len or self.cfg.context
         self.B = self.s.batch_size
-        self.oc = OptimConfig.of(self.s)
         self.run_dir = Path(run_dir)
+        # precision auto: fp8 where the fp8 record says it pays for this GPU, model and batch; a run
+        # resumed keeps the precision its checkpoints were trained in (andrea/engine/fp8_records.py)
+        trained = newest_state(self.run_dir)
+        self.backend, self.precision, self.backend_reason = resolve_backend(
+            self.s.backend, self.s.precision, shape=TrainShape(model, asdict(self.cfg), self.B, self.T),
+            trained=(trained.get("backend"), trained["precision"]) if trained and "precision" in trained else None)
+        if self.s.reduce_dtype not in load_backend(self.backend).reduce_dtypes:
+            raise ValueError(f"train.{model}.reduce_dtype: {self.s.reduce_dtype} needs the CuPy GPU backend (NCCL), but this "
+                             f"run uses {self.backend} ({self.backend_reason}); set reduce_dtype: float32")
+        self.oc = OptimConfig.of(self.s)
         self.ckpt_dir = self.run_dir / "checkpoints"
         if comm is None and launch_info()["size"] > 1:  # one of several ranks
             self.run_dir.mkdir(parents=True, exist_ok=True)  # NCCL's id may pass through a file there
@@ -374,6 +381,10 @@ class Trainer:
         st, ck = self.checkpoints.to_resume(self.model_name, self.shards_meta["tokenizer_hash"])
         if st is None:
             return False
+        if st.get("precision", self.precision) != self.precision or st.get("backend", self.backend) != self.backend:
+            log.warning("%s was trained on %s/%s up to step %d and goes on on %s/%s (%s): its trajectory changes",
+                        self.model_name, st.get("backend"), st.get("precision"), st["step"], self.backend, self.precision,
+                        self.backend_reason)
         self.engine.load_state(ck.weights, ck.m, ck.v, adam_t=st["adam_t"])
         if "loss_scale" in st:  # absent from state files written before fp16 existed
             self.engine.set_loss_scale(st["loss_scale"]["scale"])

@@ -1,23 +1,34 @@
-"""fp8's quality gate (issue 15): one model trained in bf16 and in fp8 from the same weights on the
-same batches of a real corpus, its validation loss on the held-out documents compared: fp8 must end
-within --gate (1.5 %) of bf16 (and so must the bf16 residual stream against the fp32 one). Also the
-fp8 casts' overflow and underflow counts, and the steps' speed of each run.
+"""fp8's quality gate (issues 15 and 44): one model trained in bf16 and in fp8 from the same weights on
+the same batches of a real corpus, its validation bits per byte on the held-out documents compared:
+fp8 must end within --gate (1 %) of bf16, after --steps (6,000) steps: the gate `precision: auto`
+asks of a model before it trains it in fp8 (andrea/engine/fp8_records.py). The same for any run
+against the first (e.g. the bf16 residual stream against the fp32 one). Also the validation loss
+(nats/token) beside it, the fp8 casts' overflow and underflow counts, and the steps' speed of each run.
 
-    python3 bench/fp8_gate.py --shards results/ANDREA-120M/shards.json --steps 2000 --out DIR
-    python3 bench/fp8_gate.py ... --precisions bf16:fp32 bf16 fp8   # the residual stream's gate too
+    python3 bench/fp8_gate.py --shards results/ANDREA-120M/shards.json --model ANDREA-120M --out DIR \
+        --record andrea/engine/fp8_records.json     # the gate, its verdict into the fp8 record
+    python3 bench/fp8_gate.py ... --steps 2000 --precisions bf16:fp32 bf16 fp8   # the residual stream's gate too
 
 Runs are PRECISION, PRECISION:RESIDUAL (the residual stream in fp32 or bf16, ANDREA_RESIDUAL) or
 PRECISION:RESIDUAL:GELU (the GELU output kept or recomputed, ANDREA_GELU; an empty RESIDUAL is the
 default); each run after the first is gated against the first.
 
-The data: the encode stage's shards (shards.json names the directory), rows drawn as training
-draws them (a source with probability ∝ its tokens, a training document uniformly, a window of
-T + 1 tokens from its start; the held-out documents, every `--heldout-every`-th, are never read).
-The schedule: warm-up then cosine (andrea/optim.py) over --steps. Validation: the held-out windows
-(andrea/evaluation.py, as the trainer validates), every --eval-every steps on the training engine
-(fp8 forward passes for the fp8 run), and at the end with one bf16 engine with the fp32 residual
-stream for every run. Writes DIR/fp8_gate.json (curves, final losses, the verdict, counts) and
-exits 1 when the gate fails.
+The data: the encode stage's shards (shards.json names the directory and the tokenizer), rows drawn
+as training draws them (a source with probability ∝ its tokens, a training document uniformly, a
+window of T + 1 tokens from its start; the held-out documents, every `--heldout-every`-th, are
+never read). The schedule: warm-up then cosine (andrea/optim.py) over --steps. Validation: the
+held-out windows (andrea/evaluation.py, as the trainer validates: bits/byte counts the UTF-8 bytes
+the target tokens stand for, by the shards' tokenizer), every --eval-every steps on the training
+engine (fp8 forward passes for the fp8 run), and at the end with one bf16 engine with the fp32
+residual stream for every run: those final figures are gated. Writes DIR/fp8_gate.json (curves,
+final bits/byte and losses, the verdict, counts) and exits 1 when the gate fails.
+
+--record PATH (the first run bf16, an fp8 run among the others, at least 6,000 steps) writes the fp8
+run's verdict as the model's gate entry of the fp8 record, pass or fail, replacing the one before.
+--reuse-runs: each finished run's final weights and figures are kept in DIR/runs/; a later call with
+the same settings takes them instead of training again, so the two runs of a large model can run
+in separate calls (480M at B=8: 6,000 steps are ~6 min in bf16 and ~5 in fp8 at BENCHMARKS.md's
+142,753 and 182,108 tokens/s).
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from unittest import mock
 
@@ -38,11 +50,17 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from andrea.curriculum import is_heldout  # noqa: E402
 from andrea.engine import Engine  # noqa: E402
+from andrea.engine.fp8_records import GATE_LIMIT, GATE_STEPS, update_record, with_gate  # noqa: E402
 from andrea.evaluation import build_eval_set, evaluate, prepare_batches  # noqa: E402
-from andrea.io import write_json_atomic  # noqa: E402
+from andrea.io import code_version, write_json_atomic  # noqa: E402
 from andrea.optim import OptimConfig, train_step  # noqa: E402
 from andrea.shards import Shard  # noqa: E402
+from andrea.tokenizer import HarrisTokenizer  # noqa: E402
 from gpu_bench import MODELS  # noqa: E402
+
+
+# the environment a run's numbers depend on beyond its name (--reuse-runs takes a kept run only where it matches)
+REUSE_ENV = ("ANDREA_RESIDUAL", "ANDREA_GELU", "ANDREA_GELU_EPILOGUE", "ANDREA_FP8_PRODUCTS", "ANDREA_ATTENTION")
 
 
 def draw_rows(shards: dict, steps: int, B: int, T: int, heldout_every: int, seed: int) -> np.ndarray:
@@ -61,11 +79,35 @@ def draw_rows(shards: dict, steps: int, B: int, T: int, heldout_every: int, seed
     return out
 
 
+def compare(reference: str, name: str, runs: dict, limit: float) -> dict:
+    """Run `name` against `reference` on the final (bf16-scored) validation: the gate is on bits per
+    byte, the loss (nats/token) beside it."""
+    a, b = runs[reference], runs[name]
+    gap = (b["val_bpb_bf16_eval"] - a["val_bpb_bf16_eval"]) / a["val_bpb_bf16_eval"]
+    return {"reference": reference, "run": name,
+            "reference_bpb": a["val_bpb_bf16_eval"], "bpb": b["val_bpb_bf16_eval"], "relative_difference": gap,
+            "reference_loss": a["val_loss_bf16_eval"], "loss": b["val_loss_bf16_eval"],
+            "loss_relative_difference": (b["val_loss_bf16_eval"] - a["val_loss_bf16_eval"]) / a["val_loss_bf16_eval"],
+            "limit": limit, "passed": bool(abs(gap) <= limit)}
+
+
+def gate_entry(result: dict, gate: dict, model_config: dict, corpus: dict, gpu: str, compute_capability: str,
+               command: str, date: str, commit: str) -> dict:
+    """The fp8 record's gate entry of a model (andrea/engine/fp8_records.py) from this run's bf16-fp8 verdict."""
+    return {"model_config": model_config, "steps": result["steps"], "batch_size": result["batch"], "seq_len": result["seq"],
+            "lr": result["lr"], "warmup": result["warmup"], "seed": result["seed"], "eval_windows": result["eval_windows"],
+            "bf16_bpb": gate["reference_bpb"], "fp8_bpb": gate["bpb"], "relative_difference": gate["relative_difference"],
+            "bf16_loss": gate["reference_loss"], "fp8_loss": gate["loss"],
+            "loss_relative_difference": gate["loss_relative_difference"], "limit": gate["limit"], "passed": gate["passed"],
+            "corpus": corpus, "gpu": gpu, "compute_capability": compute_capability, "date": date, "command": command,
+            "commit": commit}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shards", type=Path, required=True, help="a model's shards.json (the encode stage's output)")
     ap.add_argument("--model", default="ANDREA-120M", choices=list(MODELS))
-    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--steps", type=int, default=GATE_STEPS)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--lr", type=float, default=6e-4)
@@ -77,29 +119,59 @@ def main() -> int:
                     help="runs, each PRECISION, PRECISION:RESIDUAL (the residual stream's type, fp32 or bf16: "
                          "ANDREA_RESIDUAL; default bf16 in bf16 and fp8) or PRECISION:RESIDUAL:GELU (keep or recompute: "
                          "ANDREA_GELU); each run after the first is gated against it")
-    ap.add_argument("--gate", type=float, default=0.015)
+    ap.add_argument("--gate", type=float, default=GATE_LIMIT, help="the largest relative difference in validation bits/byte")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--record", type=Path, help="the fp8 record to write the model's gate verdict to "
+                    "(andrea/engine/fp8_records.json: what precision: auto reads)")
+    ap.add_argument("--reuse-runs", action="store_true", help="take finished runs from OUT/runs/ (same settings) "
+                    "instead of training them again")
     args = ap.parse_args()
+    if args.record:
+        if args.precisions[0] != "bf16" or "fp8" not in args.precisions[1:]:
+            ap.error("--record gates plain fp8 against plain bf16: --precisions bf16 ... fp8 ...")
+        if args.steps < GATE_STEPS:
+            ap.error(f"--record: the gate is {GATE_STEPS:,} steps or more (a shorter run would replace the model's "
+                     f"entry with one precision: auto does not accept); run without --record")
 
     import cupy as cp
+
+    from andrea.engine.engine import gpu_kind
 
     meta = json.loads(args.shards.read_text())
     shard_dir = Path(meta["shard_dir"])  # relative to the directory the workflow ran in (run this from there)
     shards = {n: Shard(shard_dir, n, verify_hash=False) for n in meta["sources"] if meta["sources"][n]["n_tokens"]}
     cfg = MODELS[args.model]
+    tok = HarrisTokenizer.load(meta["segments"])  # bits/byte: the bytes each token stands for
+    if tok.vocab_size != cfg.vocab_size:
+        raise SystemExit(f"{args.shards}: vocabulary {tok.vocab_size}, but {args.model} has {cfg.vocab_size}: "
+                         f"give {args.model}'s shards")
     T, B = args.seq, args.batch
     t0 = time.perf_counter()
     rows = draw_rows(shards, args.steps, B, T, args.heldout_every, args.seed)
-    es = build_eval_set(shards, args.heldout_every, T, args.eval_windows * T, np.ones(cfg.vocab_size, np.int64))
+    es = build_eval_set(shards, args.heldout_every, T, args.eval_windows * T, tok.token_bytes)
     print(f"{args.model}: {len(shards)} sources, {sum(s.n_tokens for s in shards.values()):,} tokens; {args.steps} steps of "
           f"{B}x{T}; {len(es)} held-out windows ({', '.join(es.sources)}); rows drawn in {time.perf_counter() - t0:.1f} s",
           flush=True)
     oc = OptimConfig(lr=args.lr, warmup_steps=args.warmup, max_steps=args.steps)
     result = {"model": args.model, "steps": args.steps, "batch": B, "seq": T, "lr": args.lr, "warmup": args.warmup,
-              "tokens": int(sum(s.n_tokens for s in shards.values())), "runs": {}}
+              "seed": args.seed, "eval_windows": len(es), "tokens": int(sum(s.n_tokens for s in shards.values())),
+              "runs": {}}
+    # what a kept run must share with this call to be taken instead of trained (--reuse-runs)
+    settings = {k: result[k] for k in ("model", "steps", "batch", "seq", "lr", "warmup", "seed", "eval_windows", "tokens")}
+    settings |= {"eval_every": args.eval_every, "heldout_every": args.heldout_every, "tokenizer_hash": meta["tokenizer_hash"],
+                 "env": {k: os.environ.get(k) for k in REUSE_ENV}}
+    kept_dir = args.out / "runs"
     finals = {}
     for run_name in args.precisions:
+        kept = kept_dir / run_name.replace(":", "_")
+        if args.reuse_runs and kept.with_suffix(".json").exists() and kept.with_suffix(".npy").exists():
+            doc = json.loads(kept.with_suffix(".json").read_text())
+            if doc["settings"] == settings:
+                result["runs"][run_name], finals[run_name] = doc["run"], np.load(kept.with_suffix(".npy"))
+                print(f"{run_name}: taken from {kept}.json (trained by an earlier call)", flush=True)
+                continue
+            print(f"{run_name}: {kept}.json was trained with other settings; training again", flush=True)
         prec, _, rest = run_name.partition(":")
         residual, _, gelu = rest.partition(":")
         env = {"ANDREA_RESIDUAL": residual or os.environ.get("ANDREA_RESIDUAL", "bf16")}
@@ -116,11 +188,12 @@ def main() -> int:
             t_train += time.perf_counter() - t
             if (s + 1) % args.eval_every == 0 or s + 1 == args.steps:
                 r = evaluate(e, es, eval_batches)
-                curve.append({"step": s + 1, "val_loss": r["loss"], "train_loss": float(np.mean(losses[-50:]))})
-                print(f"{run_name} step {s + 1}: train {curve[-1]['train_loss']:.4f} val {r['loss']:.4f} "
-                      f"({B * T * (s + 1) / t_train:,.0f} tok/s so far)", flush=True)
+                curve.append({"step": s + 1, "val_loss": r["loss"], "val_bpb": r["bpb"],
+                              "train_loss": float(np.mean(losses[-50:]))})
+                print(f"{run_name} step {s + 1}: train {curve[-1]['train_loss']:.4f} val {r['loss']:.4f} nats/token, "
+                      f"{r['bpb']:.4f} bits/byte ({B * T * (s + 1) / t_train:,.0f} tok/s so far)", flush=True)
         run = {"curve": curve, "train_losses": [round(x, 5) for x in losses], "tok_s": B * T * args.steps / t_train,
-               "val_loss_own": curve[-1]["val_loss"]}
+               "val_loss_own": curve[-1]["val_loss"], "val_bpb_own": curve[-1]["val_bpb"]}
         if prec == "fp8":
             run["fp8_counts"] = e.be.fp8_counts()
             run["fp8_scales"] = e.be.fp8.scales()
@@ -128,6 +201,10 @@ def main() -> int:
         run["gelu_kept"] = not e.be.recomputes_gelu
         finals[run_name] = cp.asnumpy(e.w)
         result["runs"][run_name] = run
+        if args.reuse_runs:
+            kept_dir.mkdir(parents=True, exist_ok=True)
+            np.save(kept.with_suffix(".npy"), finals[run_name])
+            write_json_atomic(kept.with_suffix(".json"), {"settings": settings, "run": run})
         e.be.release()
         del e
     # the end: one bf16 engine over each run's weights, with the fp32 residual stream (the more exact
@@ -136,22 +213,29 @@ def main() -> int:
         ev = Engine(cfg, batch_size=B, seq_len=T, backend="cupy", precision="bf16", seed=args.seed)
     for name, w in finals.items():
         ev.load_state(w)
-        result["runs"][name]["val_loss_bf16_eval"] = evaluate(ev, es)["loss"]
+        r = evaluate(ev, es)
+        result["runs"][name]["val_loss_bf16_eval"], result["runs"][name]["val_bpb_bf16_eval"] = r["loss"], r["bpb"]
     reference, *others = args.precisions
-    a = result["runs"][reference]["val_loss_bf16_eval"]
     result["gates"] = []
     for name in others:
-        b = result["runs"][name]["val_loss_bf16_eval"]
-        gap = (b - a) / a
-        gate = {"reference": reference, "run": name, "reference_loss": a, "loss": b, "relative_gap": gap,
-                "limit": args.gate, "passed": bool(abs(gap) <= args.gate)}
+        gate = compare(reference, name, result["runs"], args.gate)
         result["gates"].append(gate)
         c = result["runs"][name].get("fp8_counts")
         casts = (f"; fp8 casts {c['values']:,}, overflow {c['overflow']:,}, underflow {c['underflow']:,}" if c else "")
-        print(f"validation loss after {args.steps} steps: {reference} {a:.4f}, {name} {b:.4f} ({gap:+.2%}; gate "
-              f"±{args.gate:.1%}: {'PASS' if gate['passed'] else 'FAIL'}){casts}", flush=True)
+        print(f"validation after {args.steps} steps: {reference} {gate['reference_bpb']:.4f} bits/byte "
+              f"({gate['reference_loss']:.4f} nats/token), {name} {gate['bpb']:.4f} ({gate['loss']:.4f}): "
+              f"{gate['relative_difference']:+.2%} bits/byte; gate ±{args.gate:.1%}: "
+              f"{'PASS' if gate['passed'] else 'FAIL'}{casts}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out / "fp8_gate.json", result)
+    if args.record:
+        gpu, cc = gpu_kind()
+        corpus = {"shards": str(args.shards), "tokenizer_hash": meta["tokenizer_hash"], "tokens": result["tokens"],
+                  "sources": sorted(shards)}
+        entry = gate_entry(result, next(g for g in result["gates"] if g["run"] == "fp8"), asdict(cfg), corpus, gpu, cc,
+                           " ".join(["python3", *sys.argv]), time.strftime("%Y-%m-%d", time.gmtime()), code_version())
+        update_record(args.record, lambda record: with_gate(record, args.model, entry))
+        print(f"{args.record}: {args.model}'s fp8 gate entry written ({'passed' if entry['passed'] else 'failed'})", flush=True)
     return 0 if all(g["passed"] for g in result["gates"]) else 1
 
 

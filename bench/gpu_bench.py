@@ -17,6 +17,12 @@ ANDREA-120M B=32 every runner runs at the H200's 700 W cap). Prints Markdown tab
 
     python3 bench/gpu_bench.py --out results.json
     python3 bench/gpu_bench.py --models ANDREA-12M --batches 8 --precisions bf16 --rounds 5
+    python3 bench/gpu_bench.py --models ANDREA-120M --batches 8 32 --precisions bf16 fp8 \
+        --record andrea/engine/fp8_records.json   # the speeds precision: auto decides fp8 by
+
+With --record PATH, each model and batch size's bf16 and fp8 tokens/s (the plain "bf16" and "fp8"
+runners) replace that GPU kind's, model's and shape's row in the fp8 record
+(andrea/engine/fp8_records.py), with the date, the command and the commit.
 """
 
 from __future__ import annotations
@@ -223,6 +229,18 @@ def best_torch(row) -> dict | None:
     return max(runs, key=lambda x: x["tok_s"], default=None)
 
 
+def speed_rows(rows: list[dict], gpu: str, compute_capability: str, command: str, date: str, commit: str) -> list[dict]:
+    """The fp8 record's speed rows (andrea/engine/fp8_records.py) of the result rows where both
+    the plain bf16 and fp8 runners ran."""
+    from dataclasses import asdict
+
+    return [{"gpu": gpu, "compute_capability": compute_capability, "model": r["model"],
+             "model_config": asdict(MODELS[r["model"]]), "batch_size": r["B"], "seq_len": r["T"],
+             "bf16_tok_s": round(r["ours_bf16"]["tok_s"]), "fp8_tok_s": round(r["ours_fp8"]["tok_s"]),
+             "date": date, "command": command, "commit": commit}
+            for r in rows if "ours_bf16" in r and "ours_fp8" in r]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["ANDREA-12M", "ANDREA-120M"], choices=list(MODELS))
@@ -244,7 +262,11 @@ def main() -> None:
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-ours", action="store_true", help="PyTorch alone (e.g. its largest batch, without our pool beside it)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--record", type=Path, help="the fp8 record to write each shape's bf16 and fp8 tokens/s to "
+                    "(andrea/engine/fp8_records.json: what precision: auto reads); needs the bf16 and fp8 runners")
     args = ap.parse_args()
+    if args.record and (args.no_ours or not {"bf16", "fp8"} <= set(args.precisions)):
+        ap.error("--record needs our bf16 and fp8 runners: --precisions with bf16 and fp8, without --no-ours")
     import cupy as cp
 
     meter = PowerMeter.open()
@@ -327,6 +349,17 @@ def main() -> None:
                           f"{x['sm_mhz']:.0f} | {x['capped']:.0%} |")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=2))
+    if args.record:
+        from andrea.engine.engine import gpu_kind
+        from andrea.engine.fp8_records import update_record, with_speed_rows
+        from andrea.io import code_version
+
+        gpu, cc = gpu_kind()
+        new = speed_rows(rows, gpu, cc, " ".join(["python3", *sys.argv]), time.strftime("%Y-%m-%d", time.gmtime()),
+                         code_version())
+        update_record(args.record, lambda record: with_speed_rows(record, new))
+        print(f"\n{args.record}: {len(new)} fp8 speed rows of {gpu} recorded: "
+              + ", ".join(f"{r['model']} B={r['batch_size']} {r['fp8_tok_s'] / r['bf16_tok_s']:.2f}×" for r in new))
 
 
 if __name__ == "__main__":

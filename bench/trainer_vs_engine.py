@@ -94,11 +94,15 @@ def bench_config(base: dict, model: str, B: int, steps: int) -> dict:
     return cfg
 
 
-def engine_alone(cfg: ModelConfig, B: int, T: int, steps: int, warm: int) -> list[float]:
+def engine_alone(model: str, cfg: ModelConfig, B: int, T: int, steps: int, warm: int) -> list[float]:
+    from dataclasses import asdict
+
     from andrea.engine import Engine, resolve_backend
+    from andrea.engine.fp8_records import TrainShape
     from andrea.optim import OptimConfig, StepsInFlight, launch_step
 
-    backend, precision, _ = resolve_backend("auto", "auto")  # what the trainer picks too
+    # what the trainer picks too (precision auto: fp8 where the fp8 record says so for this model and batch)
+    backend, precision, _ = resolve_backend("auto", "auto", shape=TrainShape(model, asdict(cfg), B, T))
     e = Engine(cfg, batch_size=B, seq_len=T, backend=backend, precision=precision)
     rng = np.random.default_rng(0)
     batches = []
@@ -150,7 +154,7 @@ def main() -> None:
         for B in args.batches:
             T = mcfg.context
             tokens = B * T
-            eng = engine_alone(mcfg, B, T, args.steps, args.warmup)
+            eng = engine_alone(model, mcfg, B, T, args.steps, args.warmup)
             gc.collect()
             cfg = bench_config(base, model, B, args.warmup + args.steps)
             run_dir = root / f"run-{model}-{B}"

@@ -31,6 +31,8 @@ ENTRY_POINTS = ("andrea.cli", "andrea.__main__")
 KEPT_FOR_START_UP = {
     ("andrea.comm", "andrea.io"): "a one-rank run's andrea.comm loads no pyarrow (tests/test_comm.py); only rank 0 "
                                   "of a launch writes the rendezvous file",
+    ("andrea.engine.fp8_records", "andrea.io"): "the engine reads the fp8 record at start-up and loads no pyarrow; "
+                                                "only the bench tools write it",
 }
 
 

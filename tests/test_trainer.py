@@ -454,6 +454,50 @@ def test_backend_auto_picks_what_the_machine_has(monkeypatch):
     assert eng.resolve_backend("numpy", "auto") == ("numpy", "fp32", "set in the config")
 
 
+def test_precision_auto_follows_the_fp8_record_and_a_resume_keeps_its_checkpoints(shards, straight, tmp_path, monkeypatch):
+    """precision: auto on a GPU (here said to be an H200: no CuPy is needed before the engine is
+    built) trains in fp8 where the fp8 record says it pays for this model and batch, and the plan's
+    reason says why; a run directory whose checkpoints were trained in bf16 goes on in bf16 though the
+    record now says fp8 (the run key hashes the configured `auto`, so both are the same run)."""
+    import shutil
+    from dataclasses import asdict
+
+    from andrea import trainer as trainer_mod
+    from andrea.config import load_config
+    from andrea.engine import engine as engine_mod
+    from andrea.engine.fp8_records import update_record, with_gate, with_speed_rows
+    from andrea.engine.numpy_backend import NumpyBackend
+    from andrea.model import ModelConfig
+
+    monkeypatch.setattr(engine_mod, "gpu_status", lambda: (True, "CUDA GPU 0 of 1: NVIDIA H200 (compute capability 90)"))
+    monkeypatch.setattr(engine_mod, "gpu_kind", lambda: ("NVIDIA H200", "90"))
+    monkeypatch.setattr(trainer_mod, "load_backend", lambda name: NumpyBackend)  # its reduce dtypes: float32, as CuPy's
+    config = load_config(write_config(tmp_path / "config.yaml"))
+    arch = asdict(ModelConfig.from_config(MODEL))
+    row = {"gpu": "NVIDIA H200", "compute_capability": "90", "model": "micro", "model_config": arch, "batch_size": 4,
+           "seq_len": 32, "bf16_tok_s": 100_000, "fp8_tok_s": 125_000, "date": "2026-12-05", "command": "test"}
+    gate = {"model_config": arch, "steps": 6000, "relative_difference": -0.004, "date": "2026-12-05"}
+    record = tmp_path / "fp8_records.json"
+    update_record(record, lambda r: with_gate(with_speed_rows(r, [row]), "micro", gate))
+    monkeypatch.setenv("ANDREA_FP8_RECORDS", str(record))
+
+    fresh = trainer_mod.Trainer(config, "micro", shards, tmp_path / "fresh")
+    assert (fresh.backend, fresh.precision) == ("cupy", "fp8")
+    assert fresh.plan()["backend_reason"] == ("auto: CUDA GPU 0 of 1: NVIDIA H200 (compute capability 90); precision auto: "
+                                              "fp8 (1.25× bf16 at B=4×32 on NVIDIA H200, 2026-12-05; gate passed: -0.40 % "
+                                              "bits/byte after 6,000 steps, 2026-12-05)")
+    # a run's state files as a GPU run in bf16 writes them (the straight run's, trained on the CPU, relabelled)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(straight / "checkpoints", resumed / "checkpoints", ignore=shutil.ignore_patterns("*.bin"))
+    for state in [*(resumed / "checkpoints").glob("step_*.json")]:
+        state.write_text(json.dumps({**json.loads(state.read_text()), "backend": "cupy", "precision": "bf16"}))
+    t = trainer_mod.Trainer(config, "micro", shards, resumed)
+    assert (t.backend, t.precision) == ("cupy", "bf16")
+    assert t.backend_reason.endswith("precision auto: bf16 (the precision the run's checkpoints were trained in)")
+    # the CPU run's own checkpoints (NumPy, fp32): going on on the GPU, there is nothing to keep; the record decides
+    assert trainer_mod.Trainer(config, "micro", shards, straight).precision == "fp8"
+
+
 def test_gpu_resource_follows_the_backend_and_the_model():
     from andrea.config import load_config
     from andrea.versions import train_needs_gpu

@@ -22,6 +22,7 @@ from andrea import model
 from andrea.comm import SingleProcess
 from andrea.engine.activations import Activations
 from andrea.engine.backend import CTRL, CTRL_T, Backend
+from andrea.engine.fp8_records import TrainShape, auto_precision, fp8_capable, load_record
 from andrea.model import (
     ModelConfig,
     Weights,
@@ -60,6 +61,16 @@ def materialise(x) -> np.ndarray:
     return x.host() if hasattr(x, "host") else x
 
 
+def gpu_kind() -> tuple[str, str]:
+    """The current CUDA device's name as CuPy reports it ("NVIDIA H200") and its compute
+    capability in CuPy's form ("90"): the GPU kind the fp8 record is kept by."""
+    import cupy
+
+    dev = cupy.cuda.Device()
+    name = cupy.cuda.runtime.getDeviceProperties(dev.id)["name"]
+    return (name.decode() if isinstance(name, bytes) else str(name)), dev.compute_capability
+
+
 def gpu_status() -> tuple[bool, str]:
     """Whether the CuPy backend can run here, and why (or why not), in words for the plan line."""
     try:
@@ -70,18 +81,22 @@ def gpu_status() -> tuple[bool, str]:
         n = cupy.cuda.runtime.getDeviceCount()
         if n == 0:
             return False, "CuPy sees no CUDA GPU"
-        dev = cupy.cuda.Device()
-        props = cupy.cuda.runtime.getDeviceProperties(dev.id)
-        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-        return True, f"CUDA GPU {dev.id} of {n}: {name} (compute capability {dev.compute_capability})"
+        name, cc = gpu_kind()
+        return True, f"CUDA GPU {cupy.cuda.Device().id} of {n}: {name} (compute capability {cc})"
     except Exception as e:  # no driver, no device, a broken install: the CPU is the honest answer
         return False, f"CuPy cannot use a CUDA GPU here ({type(e).__name__}: {e})"
 
 
-def resolve_backend(backend: str, precision: str) -> tuple[str, str, str]:
+def resolve_backend(backend: str, precision: str, shape: TrainShape | None = None,
+                    trained: tuple[str, str] | None = None) -> tuple[str, str, str]:
     """The backend and precision a run uses, and why. `backend: auto` (the shipped default) takes
-    CuPy when a CUDA GPU is usable, NumPy otherwise; `precision: auto` takes bf16 on CuPy (the fast
-    path) and fp32 on NumPy (the only precision it has)."""
+    CuPy when a CUDA GPU is usable, NumPy otherwise. `precision: auto` takes fp32 on NumPy (the only
+    precision it has) and bf16 on CuPy (the fast path), except for a training run (`shape`, given by
+    the trainer alone): there fp8 where the fp8 record says it is faster for this GPU, model and
+    batch and passed the quality gate (andrea/engine/fp8_records.py auto_precision), and a run
+    resumed on the backend its checkpoints were trained on (`trained`: their backend and precision)
+    keeps their precision (an fp8 run on a GPU without fp8 goes on in bf16, the precision fp8 is
+    built on)."""
     if backend == "auto":
         ok, why = gpu_status()
         backend, why = ("cupy" if ok else "numpy"), f"auto: {why}"
@@ -91,10 +106,24 @@ def resolve_backend(backend: str, precision: str) -> tuple[str, str, str]:
         raise ValueError(f"unknown backend {backend!r}; available: auto, {', '.join(BACKENDS)}")
     if precision == "auto":
         precision = "bf16" if backend == "cupy" else "fp32"
+        if backend == "cupy" and shape is not None:
+            precision, reason = train_precision(shape, trained)
+            why = f"{why}; precision {reason}"
     elif backend == "numpy" and precision != "fp32":
         raise ValueError(f"precision {precision!r} needs the CuPy GPU backend, but this run uses NumPy ({why}); "
                          "set precision: auto (or fp32) to train on the CPU")
     return backend, precision, why
+
+
+def train_precision(shape: TrainShape, trained: tuple[str, str] | None) -> tuple[str, str]:
+    """`precision: auto` of a training run on the CuPy backend, and why (resolve_backend)."""
+    gpu, cc = gpu_kind()
+    if trained is not None and trained[0] == "cupy":
+        kept = trained[1]
+        if kept == "fp8" and not fp8_capable(cc):
+            return "bf16", f"auto: bf16 (the run's checkpoints trained in fp8, which {gpu} cannot run; bf16 goes on from them)"
+        return kept, f"auto: {kept} (the precision the run's checkpoints were trained in)"
+    return auto_precision(load_record(), gpu, cc, shape)
 
 
 @dataclass

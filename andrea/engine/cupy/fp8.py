@@ -49,6 +49,7 @@ from andrea.engine.cupy.cublaslt import Lt, NoAlgorithm
 from andrea.engine.cupy.kernels import ln_nv
 from andrea.engine.cupy.layernorm import layernorm_bwd_one_pass, ln_fused_rows
 from andrea.engine.cupy.weights import is_16bit
+from andrea.engine.fp8_records import FP8_MULTIPLE, fp8_capable
 
 HISTORY = 16  # as kernels/fp8.cu FP8_HISTORY and andrea/fp8.py's default
 MAX_SITES = 4096  # device arrays allocated once (a graph holds them); a 480M model uses 16 layers x 12
@@ -72,7 +73,7 @@ def products_from_env() -> frozenset:
 
 def check_shapes(rows: int, *cols: int) -> None:
     """fp8 products need every dimension a multiple of 16 (cuBLASLt's fp8 kernels: 16-byte aligned rows)."""
-    bad = [n for n in (rows, *cols) if n % 16]
+    bad = [n for n in (rows, *cols) if n % FP8_MULTIPLE]
     if bad:
         raise ValueError(f"precision fp8 needs B·T and the model's widths to be multiples of 16; got {bad} "
                          f"(B·T = {rows}, widths {list(cols)}): use bf16 for this shape")
@@ -89,7 +90,7 @@ def _not_capturing() -> None:
 def require_fp8_gpu() -> None:
     """fp8 products need an fp8 GPU: compute capability 8.9 (Ada) or 9.0 (Hopper) and up."""
     cc = cp.cuda.Device().compute_capability  # "90", "89", "100"
-    if int(cc) < 89:
+    if not fp8_capable(cc):
         raise RuntimeError(f"precision fp8 needs an fp8 GPU (compute capability 8.9 or higher: Ada, Hopper); "
                            f"this one is {cc[:-1]}.{cc[-1]}: use bf16")
 
