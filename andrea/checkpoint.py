@@ -106,21 +106,26 @@ def checkpoint_info(path: str | Path) -> dict:
 
 # ----------------------------------------------------------------------------- a run's checkpoints
 def newest_state(run_dir: str | Path) -> dict | None:
-    """The state file of a run directory's newest checkpoint that has a readable one (else
-    state.json; None: no checkpoint yet), read before anything is built: what the run was trained
-    on (its backend and precision), which a resume keeps. Not checked against its checkpoint:
-    RunCheckpoints.to_resume does that when the run resumes (and the trainer warns if the one it
-    resumes from was trained in another precision)."""
+    """The state of a run directory's newest checkpoint as RunCheckpoints.newest_intact picks it
+    (newest step_*.bin first, its state file beside it, or state.json where that names it; one
+    without a readable state is passed over), read before anything is built: what the run was
+    trained on (its backend and precision), which a resume keeps. None: no checkpoint (a leftover
+    state.json alone is not one). The checkpoint's bytes are not read here (to_resume checks them
+    when the run resumes, and the trainer warns if the one it resumes from differs)."""
     run_dir = Path(run_dir)
-    for path in sorted((run_dir / "checkpoints").glob("step_*.json"), reverse=True):
-        try:
-            return json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue  # damaged: to_resume reports it; an older one says the same
     try:
-        return json.loads((run_dir / "state.json").read_text())
+        root = json.loads((run_dir / "state.json").read_text())
     except (OSError, json.JSONDecodeError):
-        return None
+        root = None
+    for path in sorted((run_dir / "checkpoints").glob("step_*.bin"), reverse=True):
+        try:
+            return json.loads(path.with_suffix(".json").read_text())
+        except OSError:
+            if root is not None and root.get("checkpoint") == path.name:
+                return root  # written before checkpoints had their own state files
+        except json.JSONDecodeError:
+            pass  # damaged: to_resume reports it and takes an older one, as here
+    return None
 
 
 def checkpoint_sha256(step: int, arrays) -> str:

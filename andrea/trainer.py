@@ -81,6 +81,7 @@ log = logging.getLogger("andrea.trainer")
 
 SMMA_N = 100  # the original's smoothed moving average, s_t = ((n−1)·s_{t−1} + x_t)/n
 EMA_ALPHA = 0.1
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")  # the config schema's precisions (less auto), for ranks to compare
 WARMUP_PASSES = 5  # timed forward+backward passes before the plan; the first compiles and captures
 
 
@@ -151,6 +152,7 @@ class Trainer:
         # before anything is allocated on a GPU: NCCL picks this rank's GPU
         self.comm = comm if comm is not None else from_environment(self.backend, rendezvous_dir=self.run_dir)
         self.root = self.comm.is_root
+        self._check_ranks_agree_on_precision()
         # rank 0 alone writes checkpoints and loss.jsonl (the others' calls do nothing)
         self.checkpoints = RunCheckpoints(self.run_dir, n_params(self.cfg), self.s.keep_checkpoints, writer=self.root,
                                           materialise=materialise)
@@ -206,6 +208,20 @@ class Trainer:
         self.plan_doc: dict | None = None  # what plan.json holds (the actual time is added at the end)
 
     # ------------------------------------------------------------------ plan
+    def _check_ranks_agree_on_precision(self) -> None:
+        """Each rank resolved `precision: auto` on its own (its GPU, its fp8 record, its view of the run
+        directory): ranks training one model in different precisions would average unlike gradients, so
+        they must agree, or every rank stops with the same error."""
+        if self.comm.size == 1:
+            return
+        mine = PRECISIONS.index(self.precision)
+        seen = self.comm.allreduce_host(np.array([mine, -mine], np.int32), op="max")  # the highest and the lowest
+        if seen[0] != -seen[1]:
+            raise RuntimeError(f"train.{self.model_name}: the {self.comm.size} ranks resolved precision "
+                               f"{self.s.precision!r} differently ({PRECISIONS[-seen[1]]} to {PRECISIONS[seen[0]]}; "
+                               f"rank {self.comm.rank}: {self.precision}, {self.backend_reason}); set the precision in "
+                               "the config, or give every rank the same GPU kind, fp8 record and run directory")
+
     def plan(self) -> dict:
         s = self.s
         tokens_per_step = self.B * self.T * s.grad_accum * self.comm.size

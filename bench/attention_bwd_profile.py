@@ -23,14 +23,8 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from gpu_bench import MODELS  # noqa: E402
 
-WGMMA_VARIANTS = {  # name: (defines, deterministic, fused), as dev/cuda/attention_wgmma.py names them
-    "wgmma": ((), True, False),
-    "wgmma 1wg": (("DQ_WG=1", "KV_WG=1"), True, False),
-    "wgmma 1wg overlap": (("DQ_WG=1", "KV_WG=1", "KV_OVERLAP=1"), True, False),
-    "fused atomic 1wg": (("KV_WG=1", "KV_OVERLAP=1"), False, True),
-    "fused ordered 1wg": (("KV_WG=1", "KV_OVERLAP=1"), True, True),
-    "fused ordered": (("KV_OVERLAP=1",), True, True),
-}
+sys.path.insert(0, str(REPO / "dev" / "cuda"))
+from attention_wgmma import BWD_VARIANTS, PRODUCTION  # noqa: E402  dev/cuda's: (name, defines, deterministic, fused, new)
 
 
 def main(argv=None) -> int:
@@ -38,7 +32,9 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="ANDREA-120M", choices=sorted(MODELS))
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--only", nargs="*", default=None, help="runners by name (default: all)")
+    ap.add_argument("--only", nargs="*", default=None,
+                    help="runners by name: torch cudnn, torch flash, mma.sync and dev/cuda/attention_wgmma.py's backward "
+                         "variants (default: the first three and the production variant)")
     a = ap.parse_args(argv)
 
     import cupy as cp
@@ -79,9 +75,12 @@ def main(argv=None) -> int:
         "torch flash": torch_runner(SDPBackend.FLASH_ATTENTION),
         "mma.sync": lambda: attention_mma.flash_bwd(be, dy, qkv, y, lse, dqkv),
     }
-    for name, (defines, det, fused) in WGMMA_VARIANTS.items():
+    for name, defines, det, fused, _ in BWD_VARIANTS:
         runners[name] = (lambda d=defines, de=det, f=fused: wg.flash_bwd(be, dy, qkv, y, lse, dqkv, d, deterministic=de, fused=f))
-    names = a.only or list(runners)
+    names = a.only or ["torch cudnn", "torch flash", "mma.sync", PRODUCTION["bwd"]]
+    unknown = sorted(set(names) - set(runners))
+    if unknown:
+        ap.error(f"no runner {unknown}; runners: {', '.join(runners)}")
     flops = 5 * 2 * B * H * T * T * D / 2  # five T × T × D products over the causal half
     print(f"{a.model} B={B} T={T} H={H} D={D}: attention backward, median of {a.reps}")
     for name in names:

@@ -133,6 +133,11 @@ def main() -> int:
         if args.steps < GATE_STEPS:
             ap.error(f"--record: the gate is {GATE_STEPS:,} steps or more (a shorter run would replace the model's "
                      f"entry with one precision: auto does not accept); run without --record")
+        if args.gate != GATE_LIMIT:
+            ap.error(f"--record: the gate's limit is {GATE_LIMIT:g} (precision: auto's); run another --gate without --record")
+        changed = {k: os.environ[k] for k in REUSE_ENV if os.environ.get(k)}
+        if changed:
+            ap.error(f"--record gates the engine as it ships; unset {', '.join(f'{k}={v}' for k, v in changed.items())}")
 
     import cupy as cp
 
@@ -160,7 +165,7 @@ def main() -> int:
     # what a kept run must share with this call to be taken instead of trained (--reuse-runs)
     settings = {k: result[k] for k in ("model", "steps", "batch", "seq", "lr", "warmup", "seed", "eval_windows", "tokens")}
     settings |= {"eval_every": args.eval_every, "heldout_every": args.heldout_every, "tokenizer_hash": meta["tokenizer_hash"],
-                 "env": {k: os.environ.get(k) for k in REUSE_ENV}}
+                 "env": {k: os.environ.get(k) for k in REUSE_ENV}, "code": code_version()}  # a kept run of other kernels: trained again
     kept_dir = args.out / "runs"
     finals = {}
     for run_name in args.precisions:

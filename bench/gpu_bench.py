@@ -267,6 +267,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.record and (args.no_ours or not {"bf16", "fp8"} <= set(args.precisions)):
         ap.error("--record needs our bf16 and fp8 runners: --precisions with bf16 and fp8, without --no-ours")
+    settings = ("ANDREA_RESIDUAL", "ANDREA_GELU", "ANDREA_GELU_EPILOGUE", "ANDREA_FP8_PRODUCTS", "ANDREA_ATTENTION",
+                "ANDREA_ATTENTION_DETERMINISTIC", "ANDREA_ATTENTION_WORKSPACE_MIB")  # what the runners' flags set
+    changed = {k: os.environ[k] for k in settings if os.environ.get(k)} if args.record else {}
+    if changed:  # the record is of the engine as it ships (a runner's flags are set per runner, not here)
+        ap.error(f"--record measures the engine as it ships; unset {', '.join(f'{k}={v}' for k, v in changed.items())}")
     import cupy as cp
 
     meter = PowerMeter.open()

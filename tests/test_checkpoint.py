@@ -89,3 +89,26 @@ def test_ckpt_info_command(trained, tmp_path):
     p.write_bytes(p.read_bytes()[:-1])
     bad = subprocess.run([sys.executable, "-m", "andrea.cli", "ckpt", "info", str(p)], capture_output=True, text=True, cwd=REPO)
     assert bad.returncode == 1 and "truncated" in bad.stderr
+
+
+def test_newest_state_is_the_one_a_resume_would_take_without_reading_the_checkpoints(tmp_path):
+    """What the trainer reads before anything is built (the precision a resume keeps): the newest
+    checkpoint's state, passing over one whose state is damaged or missing, as RunCheckpoints does; a
+    leftover state.json without any checkpoint is no run to resume."""
+    from andrea.checkpoint import newest_state
+
+    ck = tmp_path / "checkpoints"
+    ck.mkdir()
+    assert newest_state(tmp_path) is None
+    (tmp_path / "state.json").write_text(json.dumps({"precision": "fp8", "checkpoint": "step_00000100.bin"}))
+    assert newest_state(tmp_path) is None  # no checkpoint file: a fresh run
+    (ck / "step_00000100.bin").write_bytes(b"")
+    assert newest_state(tmp_path)["precision"] == "fp8"  # (the state.json of before per-checkpoint states)
+    (ck / "step_00000200.bin").write_bytes(b"")
+    (ck / "step_00000200.json").write_text(json.dumps({"precision": "bf16"}))
+    assert newest_state(tmp_path)["precision"] == "bf16"
+    (ck / "step_00000300.bin").write_bytes(b"")
+    (ck / "step_00000300.json").write_text('{"precision": "f')  # cut off while written
+    assert newest_state(tmp_path)["precision"] == "bf16"
+    (ck / "step_00000400.json").write_text(json.dumps({"precision": "fp16"}))  # a state without its checkpoint
+    assert newest_state(tmp_path)["precision"] == "bf16"

@@ -89,6 +89,23 @@ def test_every_production_kernel_is_covered(modules):
         assert not missing, f"{cu.name}: kernels {sorted(missing)} are checked by no dev/cuda script"
 
 
+def test_the_wgmma_variants_marked_production_are_the_ones_the_engine_runs(modules):
+    """dev/cuda/attention_wgmma.py marks (and times as production) the variants whose -D defines the
+    engine dispatches on Hopper: attention_wgmma.PRODUCTION_FWD / PRODUCTION_BWD, read from the source
+    (the module imports CuPy)."""
+    import ast
+
+    src = (REPO / "andrea" / "engine" / "cupy" / "attention_wgmma.py").read_text()
+    engine = {t.id: ast.literal_eval(node.value) for node in ast.parse(src).body if isinstance(node, ast.Assign)
+              for t in node.targets if isinstance(t, ast.Name) and t.id in ("PRODUCTION_FWD", "PRODUCTION_BWD")}
+    dev = modules["attention_wgmma"]
+    fwd = dict((n, d) for n, d, _ in dev.FWD_VARIANTS)[dev.PRODUCTION["fwd"]]
+    bwd = dict((v[0], v[1]) for v in dev.BWD_VARIANTS)[dev.PRODUCTION["bwd"]]
+    assert (fwd, bwd) == (engine["PRODUCTION_FWD"], engine["PRODUCTION_BWD"])
+    marked = {(v.op, v.name) for v in dev.VERSIONS if v.production}
+    assert marked == {("flash_fwd", dev.PRODUCTION["fwd"])} | {(op, dev.PRODUCTION["bwd"]) for op in dev.SPLIT_KERNELS}
+
+
 def test_each_kernel_family_has_one_name_in_three_places(modules):
     """A family of kernels is andrea/kernels/X.cu, its launchers andrea/engine/cupy/X.py and its check
     and timing dev/cuda/X.py: a kernel added to a source is found by the one name everywhere."""

@@ -171,6 +171,7 @@ def test_the_shipped_record_holds_the_measured_speeds_and_no_gate():
 def h200(monkeypatch, record):
     monkeypatch.setattr(engine_mod, "gpu_status", lambda: (True, "CUDA GPU 0 of 1: NVIDIA H200 (compute capability 90)"))
     monkeypatch.setattr(engine_mod, "gpu_kind", lambda: H200)
+    monkeypatch.setattr(engine_mod, "load_backend", lambda name: object)  # CuPy is not installed here
     monkeypatch.setenv("ANDREA_FP8_RECORDS", str(record))
     return TrainShape("ANDREA-120M", M120, 32, 1024)
 
@@ -183,6 +184,25 @@ def test_resolve_backend_asks_the_record_for_a_training_run_only(h200):
     # generation, validation, the audit, geometry: no shape, bf16 as before
     assert engine_mod.resolve_backend("auto", "auto") == ("cupy", "bf16", "auto: CUDA GPU 0 of 1: NVIDIA H200 (compute capability 90)")
     assert engine_mod.resolve_backend("auto", "bf16", shape=h200)[1] == "bf16"  # a precision set is kept
+
+
+def test_backend_cupy_without_cupy_is_the_backends_clear_error_not_the_records(h200, monkeypatch):
+    """backend: cupy set where CuPy cannot run: the error names the missing backend (as before the record
+    existed), and a GPU CuPy cannot ask leaves auto at bf16 with the reason (the backend reports the GPU)."""
+    def no_cupy(name):
+        raise RuntimeError(f"backend {name!r} is not available here (No module named 'cupy')")
+
+    monkeypatch.setattr(engine_mod, "load_backend", no_cupy)
+    with pytest.raises(RuntimeError, match="backend 'cupy' is not available here"):
+        engine_mod.resolve_backend("cupy", "auto", shape=h200)
+    monkeypatch.setattr(engine_mod, "load_backend", lambda name: object)
+
+    def no_gpu():
+        raise RuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected")
+
+    monkeypatch.setattr(engine_mod, "gpu_kind", no_gpu)
+    be, prec, why = engine_mod.resolve_backend("cupy", "auto", shape=h200)
+    assert (be, prec) == ("cupy", "bf16") and "could not be asked its kind for the fp8 record: RuntimeError: cudaErrorNoDevice" in why
 
 
 def test_resolve_backend_on_numpy_is_fp32_whatever_the_record(h200, monkeypatch):

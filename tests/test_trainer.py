@@ -454,6 +454,26 @@ def test_backend_auto_picks_what_the_machine_has(monkeypatch):
     assert eng.resolve_backend("numpy", "auto") == ("numpy", "fp32", "set in the config")
 
 
+def test_ranks_that_resolved_precision_auto_differently_stop_with_one_error(shards, tmp_path):
+    """Each rank resolves `precision: auto` itself; where another rank chose otherwise (here a stand-in
+    for rank 0 of two whose partner reported fp8), the trainer stops before anything is built."""
+    from andrea.comm import SingleProcess
+    from andrea.config import load_config
+    from andrea.trainer import PRECISIONS, Trainer
+
+    class TwoRanks(SingleProcess):
+        size = 2
+
+        def allreduce_host(self, arr, op="sum"):  # the partner's [code, -code] is fp8's
+            other = np.array([PRECISIONS.index("fp8"), -PRECISIONS.index("fp8")], arr.dtype)
+            return np.maximum(arr, other) if op == "max" else arr + other
+
+    config = load_config(write_config(tmp_path / "config.yaml"))
+    with pytest.raises(RuntimeError, match="the 2 ranks resolved precision 'auto' differently \\(fp32 to fp8; rank 0: fp32"):
+        Trainer(config, "micro", shards, tmp_path / "run", comm=TwoRanks())
+    Trainer(config, "micro", shards, tmp_path / "run1", comm=SingleProcess())  # one rank: nothing to compare
+
+
 def test_precision_auto_follows_the_fp8_record_and_a_resume_keeps_its_checkpoints(shards, straight, tmp_path, monkeypatch):
     """precision: auto on a GPU (here said to be an H200: no CuPy is needed before the engine is
     built) trains in fp8 where the fp8 record says it pays for this model and batch, and the plan's
@@ -472,6 +492,7 @@ def test_precision_auto_follows_the_fp8_record_and_a_resume_keeps_its_checkpoint
     monkeypatch.setattr(engine_mod, "gpu_status", lambda: (True, "CUDA GPU 0 of 1: NVIDIA H200 (compute capability 90)"))
     monkeypatch.setattr(engine_mod, "gpu_kind", lambda: ("NVIDIA H200", "90"))
     monkeypatch.setattr(trainer_mod, "load_backend", lambda name: NumpyBackend)  # its reduce dtypes: float32, as CuPy's
+    monkeypatch.setattr(engine_mod, "load_backend", lambda name: NumpyBackend)  # (resolve_backend's check that CuPy is there)
     config = load_config(write_config(tmp_path / "config.yaml"))
     arch = asdict(ModelConfig.from_config(MODEL))
     row = {"gpu": "NVIDIA H200", "compute_capability": "90", "model": "micro", "model_config": arch, "batch_size": 4,
@@ -488,7 +509,7 @@ def test_precision_auto_follows_the_fp8_record_and_a_resume_keeps_its_checkpoint
                                               "bits/byte after 6,000 steps, 2026-12-05)")
     # a run's state files as a GPU run in bf16 writes them (the straight run's, trained on the CPU, relabelled)
     resumed = tmp_path / "resumed"
-    shutil.copytree(straight / "checkpoints", resumed / "checkpoints", ignore=shutil.ignore_patterns("*.bin"))
+    shutil.copytree(straight / "checkpoints", resumed / "checkpoints")
     for state in [*(resumed / "checkpoints").glob("step_*.json")]:
         state.write_text(json.dumps({**json.loads(state.read_text()), "backend": "cupy", "precision": "bf16"}))
     t = trainer_mod.Trainer(config, "micro", shards, resumed)

@@ -107,6 +107,7 @@ def resolve_backend(backend: str, precision: str, shape: TrainShape | None = Non
     if precision == "auto":
         precision = "bf16" if backend == "cupy" else "fp32"
         if backend == "cupy" and shape is not None:
+            load_backend(backend)  # its clear error where CuPy is missing, before the GPU is asked its kind
             precision, reason = train_precision(shape, trained)
             why = f"{why}; precision {reason}"
     elif backend == "numpy" and precision != "fp32":
@@ -117,7 +118,10 @@ def resolve_backend(backend: str, precision: str, shape: TrainShape | None = Non
 
 def train_precision(shape: TrainShape, trained: tuple[str, str] | None) -> tuple[str, str]:
     """`precision: auto` of a training run on the CuPy backend, and why (resolve_backend)."""
-    gpu, cc = gpu_kind()
+    try:
+        gpu, cc = gpu_kind()
+    except Exception as e:  # backend: cupy set on a machine whose GPU CuPy cannot use: the backend says so next
+        return "bf16", f"auto: bf16 (the GPU could not be asked its kind for the fp8 record: {type(e).__name__}: {e})"
     if trained is not None and trained[0] == "cupy":
         kept = trained[1]
         if kept == "fp8" and not fp8_capable(cc):

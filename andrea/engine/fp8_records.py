@@ -15,9 +15,10 @@ quality, so `precision: auto` takes it for a training run only where both were m
      least GATE_STEPS steps, and fp8's validation bits/byte ended within GATE_LIMIT of bf16's.
 
 Anything else trains in bf16, and the reason says which condition failed. Only the trainer asks
-(andrea/engine/engine.py resolve_backend with its shape); generation, validation and the audit keep
-the precision the model was trained in. A run resumed keeps the precision its checkpoints were
-trained in, whatever the record says now (the trainer reads it from the newest state file).
+(andrea/engine/engine.py resolve_backend with its shape); generation, validation and the audit
+resolve their precision as before, without the record. A run resumed keeps the precision its
+checkpoints were trained in, whatever the record says now (the trainer reads it from the newest
+checkpoint's state).
 
 The record, andrea/engine/fp8_records.json (ANDREA_FP8_RECORDS names another), is JSON:
 

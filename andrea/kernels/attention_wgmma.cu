@@ -768,8 +768,8 @@ flash_fwd(const u64* __restrict__ maps, h16* __restrict__ y, float* __restrict__
 
 
 // ---------------------------------------------------------------------------------------------
-// Backward. delta = Σ_d dO·O per row comes first (attention_mma.cu's flash_delta for the two-kernel path,
-// flash_bwd_prep below for the fused one); the probabilities are recomputed from lse.
+// Backward. delta = Σ_d dO·O per row comes first (flash_bwd_prep below, for both paths); the probabilities
+// are recomputed from lse.
 //   dQ     flash_bwd_dq: a CTA of DQ_WG warp groups owns 64·DQ_WG query rows, as the forward, and
 //          streams K and V tiles (DQ_BN keys) through the same cp.async ring: S = Q·Kᵀ and dP = dO·Vᵀ
 //          (both operands in shared memory), dS = P ∘ (dP − delta) in registers as the A operand of
@@ -951,9 +951,10 @@ flash_bwd_dq(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __
 // lse·log2 e), dp (dPᵀ) becomes dSᵀ = Pᵀ ∘ (dPᵀ − delta) (without the scale: applied once at the end);
 // zero where a query precedes the key or lies past T (EDGE tiles only; the caller picks the build once
 // a tile). L, E: the tile's lse and delta in shared memory; the thread's keys j0 and j0 + 8, the tile's
-// first query i0. A masked score gets the exponent −∞ (ex2 gives exactly 0, the value a mask writes):
-// written as a choice between ex2 and 0, ptxas branched around every exponential and kept each score's
-// predicate in a register bit (the profile of the H200: integer and branch instructions a third of
+// first query i0. A masked score gets the exponent −∞, whose ex2 is exactly the 0 a mask writes (the same
+// bits for any finite score; a masked ±inf or NaN score, which only a diverged model makes, gives NaN).
+// Written as a choice between ex2 and 0, it made ptxas branch around every exponential and keep each
+// score's predicate in a register bit (the H200's profile: integer and branch instructions a third of
 // the fused backward's).
 template <int BM, bool EDGE>
 __device__ __forceinline__ void probs_and_ds(float (&s)[BM / 2], float (&dp)[BM / 2], const float* L, const float* E,

@@ -56,15 +56,15 @@ def attn_fwd(be, qkv, y, lse) -> None:
                                           (q, k, v, y, lse, np.int32(H), np.int32(T), np.float32(1.0 / math.sqrt(D))))
 
 
-def wgmma_bwd(be, qkv, dy, dqkv) -> bool:
+def wgmma_bwd(be, qkv, y, lse, dy, dqkv) -> bool:
     """Whether attn_bwd runs attention_wgmma's backward on these 16-bit buffers."""
-    return getattr(be, "attention", "flash") != "mma" and attention_wgmma.bwd_takes(qkv, dy, dqkv)
+    return getattr(be, "attention", "flash") != "mma" and attention_wgmma.bwd_takes(qkv, y, lse, dy, dqkv)
 
 
 def attn_bwd(be, dy, qkv, y, lse, dqkv) -> None:
     """dq, dk, dv into dqkv (overwritten) from dy, recomputing the probabilities from lse."""
     if is_16bit(qkv):
-        wgmma = wgmma_bwd(be, qkv, dy, dqkv)
+        wgmma = wgmma_bwd(be, qkv, y, lse, dy, dqkv)
         if wgmma:
             attention_wgmma.flash_bwd(be, dy, qkv, y, lse, dqkv, attention_wgmma.PRODUCTION_BWD)
         else:

@@ -66,7 +66,7 @@ LAUNCHER_ONLY = ("FWD_PERSIST",)  # read here, never passed to the compiler
 PRODUCTION_FWD = ("FWD_WS=1", "FWD_BN=128", "FWD_PINGPONG=1", "FWD_PERSIST=1", "FWD_SKIP_RESCALE=1")
 # the backward attention.py dispatches (the two-kernel, deterministic one, one warp group a CTA, the dK/dV
 # products of one query tile under the next one's exponentials): the fastest deterministic variant at all six
-# model shapes on an H200, 32-36 % faster than mma.sync and within 6 % of cuDNN's; see
+# model shapes on an H200, in 26-36 % less time than mma.sync and within 6 % of cuDNN's; see
 # BENCHMARKS.md, "Hopper attention of our own, round three"
 PRODUCTION_BWD = ("DQ_WG=1", "KV_WG=1", "KV_OVERLAP=1")
 # WG_KERNELS masks: the kernels each direction builds
@@ -323,12 +323,13 @@ def fwd_takes(qkv, defines: tuple = PRODUCTION_FWD) -> bool:
     return not _capturing() or _map_key(qkv, launch("flash_fwd", D, tuple(defines))[0], cfg["FWD_BN"]) in _MAPS
 
 
-def bwd_takes(qkv, dy, dqkv) -> bool:
-    """Whether flash_bwd runs on these 16-bit buffers: a head size the kernels are written for on an sm_90a
-    device, and buffers the 16-byte copies can read row by row (contiguous, 16-byte aligned)."""
-    if qkv.ndim != 5 or not takes(qkv.shape[-1]):
+def bwd_takes(qkv, y, lse, dy, dqkv) -> bool:
+    """Whether flash_bwd runs on these buffers: a head size the kernels are written for on an sm_90a
+    device, and buffers the 16-byte loads and copies can read row by row (contiguous, 16-byte aligned;
+    lse contiguous)."""
+    if qkv.ndim != 5 or not takes(qkv.shape[-1]) or not lse.flags.c_contiguous:
         return False
-    return all(a.flags.c_contiguous and a.data.ptr % 16 == 0 for a in (qkv, dy, dqkv))
+    return all(a.flags.c_contiguous and a.data.ptr % 16 == 0 for a in (qkv, y, dy, dqkv))
 
 
 # ----------------------------------------------------------------------------- the passes

@@ -815,7 +815,7 @@ def _kernels_ran(forwards: set, backwards: set) -> str:
     """Which of our 16-bit attention kernels ran, for the plan line (before any pass: nothing)."""
     if not forwards and not backwards:
         return ""
-    if forwards | backwards == {"mma.sync"}:
+    if forwards == backwards == {"mma.sync"}:
         return " (forward and backward by mma.sync)"
     names = {"fwd": {"wgmma": "the forward by Hopper wgmma with TMA", "mma.sync": "the forward by mma.sync"},
              "bwd": {"wgmma": "the backward by Hopper wgmma", "mma.sync": "the backward by mma.sync"}}
