@@ -254,22 +254,26 @@ __device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.a
 // K-major (Q, K: rows along M/N, the 16 k values of an instruction inside the row): the stride
 // between 8-row groups is 8 rows; the leading offset is unused (1, as CUTLASS writes it). The k-th
 // 16-column slice starts 32 bytes further (the hardware swizzles the absolute address).
-// A slice o bytes (a multiple of 16) past a tile's start is the tile's descriptor plus o >> 4 (the start
-// address field, which no shared-memory address here carries out of): one add a product, not a descriptor.
+// A slice o bytes (a multiple of 16) past a tile's start has the tile's low word plus o >> 4 (the start
+// address field, which no shared-memory address here carries out of) and the same high word (a
+// constant): one add a product, and one 32-bit value kept per operand across a loop of products.
 template <int ROWB>
-__device__ __forceinline__ u64 desc_k_rb(unsigned addr) {
-    constexpr int mode = ROWB == 128 ? 1 : ROWB == 64 ? 2 : 3;
-    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(8 * ROWB >> 4) << 32) | ((u64)mode << 62);
+__device__ __forceinline__ constexpr unsigned desc_hi() {
+    return (8 * ROWB >> 4) | ((ROWB == 128 ? 1u : ROWB == 64 ? 2u : 3u) << 30);  // stride offset; swizzle mode
 }
+__device__ __forceinline__ u64 desc_make(unsigned lo, unsigned hi) { return ((u64)hi << 32) | lo; }
+template <int ROWB>
+__device__ __forceinline__ unsigned desc_k_lo(unsigned addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
+template <int ROWB>
+__device__ __forceinline__ u64 desc_k_rb(unsigned addr) { return desc_make(desc_k_lo<ROWB>(addr), desc_hi<ROWB>()); }
 // MN-major (V as B of P·V: a row is one k, the N = D values along it): the stride between 8-row groups
 // along k is 8 rows; the offset between atoms along N never applies (N = D is one atom) and is given
 // the same value, so either reading of the two fields is right. (The backward's dS tile is read so as
 // the A operand of dQ = dS·K, M = its 64 queries along a 128-byte row, with the transpose-A bit.)
 template <int ROWB>
-__device__ __forceinline__ u64 desc_mn_rb(unsigned addr) {
-    constexpr int mode = ROWB == 128 ? 1 : ROWB == 64 ? 2 : 3;
-    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(8 * ROWB >> 4) << 16) | ((u64)(8 * ROWB >> 4) << 32) | ((u64)mode << 62);
-}
+__device__ __forceinline__ unsigned desc_mn_lo(unsigned addr) { return ((addr & 0x3FFFF) >> 4) | ((8u * ROWB >> 4) << 16); }
+template <int ROWB>
+__device__ __forceinline__ u64 desc_mn_rb(unsigned addr) { return desc_make(desc_mn_lo<ROWB>(addr), desc_hi<ROWB>()); }
 __device__ __forceinline__ u64 desc_k(unsigned addr) { return desc_k_rb<RB>(addr); }
 __device__ __forceinline__ u64 desc_mn(unsigned addr) { return desc_mn_rb<RB>(addr); }
 
@@ -381,9 +385,10 @@ template <int N>
 __device__ __forceinline__ void issue_scores(float (&s)[N / 2], unsigned a, unsigned b) {
     reg_fence(s);
     wg_fence();
-    const u64 da = desc_k(a), db = desc_k(b);  // the k-th slice: 32 bytes on, 2 in the start-address field
+    const unsigned la = desc_k_lo<RB>(a), lb = desc_k_lo<RB>(b);  // the k-th slice: 32 bytes on, 2 in the field
 #pragma unroll
-    for (int kc = 0; kc < D / 16; kc++) wgmma_ss<N, 0>(s, da + kc * 2, db + kc * 2, kc > 0);
+    for (int kc = 0; kc < D / 16; kc++)
+        wgmma_ss<N, 0>(s, desc_make(la + kc * 2, desc_hi<RB>()), desc_make(lb + kc * 2, desc_hi<RB>()), kc > 0);
     wg_commit();
     reg_fence(s);
 }
@@ -395,9 +400,9 @@ __device__ __forceinline__ void issue_accumulate(float (&o)[D / 2], unsigned (&p
     reg_fence(o);
     reg_fence(p);
     wg_fence();
-    const u64 db = desc_mn(b);
+    const unsigned lb = desc_mn_lo<RB>(b);
 #pragma unroll
-    for (int kc = 0; kc < K / 16; kc++) wgmma_rs<D, 1>(o, p[kc], db + kc * (16 * RB >> 4), 1);
+    for (int kc = 0; kc < K / 16; kc++) wgmma_rs<D, 1>(o, p[kc], desc_make(lb + kc * (16 * RB >> 4), desc_hi<RB>()), 1);
     wg_commit();
     reg_fence(o);
     reg_fence(p);
@@ -949,8 +954,8 @@ flash_bwd_dq(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __
 #if WG_KERNELS & (4 | 8)
 // Pᵀ and dSᵀ of one query tile in the transposed accumulators: s (Sᵀ = K·Qᵀ, raw) becomes Pᵀ = 2^(s·sl2 −
 // lse·log2 e), dp (dPᵀ) becomes dSᵀ = Pᵀ ∘ (dPᵀ − delta) (without the scale: applied once at the end);
-// zero where a query precedes the key or lies past T (EDGE tiles only; the caller picks the build once
-// a tile). L, E: the tile's lse and delta in shared memory; the thread's keys j0 and j0 + 8, the tile's
+// zero where a query precedes the key or lies past T (EDGE builds, where `edge`; the caller picks the
+// build once a tile). L, E: the tile's lse and delta in shared memory; the thread's keys j0 and j0 + 8, the tile's
 // first query i0. A masked score gets the exponent −∞, whose ex2 is exactly the 0 a mask writes (the same
 // bits for any finite score; a masked ±inf or NaN score, which only a diverged model makes, gives NaN).
 // Written as a choice between ex2 and 0, it made ptxas branch around every exponential and keep each
@@ -958,7 +963,7 @@ flash_bwd_dq(const h16* __restrict__ q, const h16* __restrict__ k, const h16* __
 // the fused backward's).
 template <int BM, bool EDGE>
 __device__ __forceinline__ void probs_and_ds(float (&s)[BM / 2], float (&dp)[BM / 2], const float* L, const float* E,
-                                             int i0, int j0, float sl2, int t, int T) {
+                                             int i0, int j0, bool edge, float sl2, int t, int T) {
 #pragma unroll
     for (int n = 0; n < BM / 8; n++) {
         const int c = n * 8 + 2 * t;  // the query columns c, c + 1
@@ -967,7 +972,7 @@ __device__ __forceinline__ void probs_and_ds(float (&s)[BM / 2], float (&dp)[BM 
         for (int e = 0; e < 4; e++) {
             const int i = i0 + c + (e & 1), key = j0 + 8 * (e / 2);
             const float li = (e & 1) ? l.y : l.x, di = (e & 1) ? d.y : d.x;
-            const float p = fast_exp2(fmaf(s[4 * n + e], sl2, EDGE && !(i >= key && i < T) ? -INFINITY : -li * LOG2E));
+            const float p = fast_exp2(fmaf(s[4 * n + e], sl2, EDGE && edge && !(i >= key && i < T) ? -INFINITY : -li * LOG2E));
             s[4 * n + e] = p;
             dp[4 * n + e] = p * (dp[4 * n + e] - di);
         }
@@ -976,8 +981,12 @@ __device__ __forceinline__ void probs_and_ds(float (&s)[BM / 2], float (&dp)[BM 
 template <int BM>
 __device__ __forceinline__ void probs_and_ds(float (&s)[BM / 2], float (&dp)[BM / 2], const float* L, const float* E,
                                              int i0, int j0, bool edge, float sl2, int t, int T) {
-    if (edge) probs_and_ds<BM, true>(s, dp, L, E, i0, j0, sl2, t, T);
-    else probs_and_ds<BM, false>(s, dp, L, E, i0, j0, sl2, t, T);
+    if constexpr (BM > 64)  // one build, masks chosen per score: two of 128-query tiles spill at D = 32
+        probs_and_ds<BM, true>(s, dp, L, E, i0, j0, edge, sl2, t, T);
+    else if (edge)
+        probs_and_ds<BM, true>(s, dp, L, E, i0, j0, true, sl2, t, T);
+    else
+        probs_and_ds<BM, false>(s, dp, L, E, i0, j0, false, sl2, t, T);
 }
 
 // flash_bwd_fused's semaphores: spin until *p == want (acquire: the earlier key blocks' sums are visible);
@@ -1015,9 +1024,11 @@ __device__ __forceinline__ void store_ds(unsigned ds, const unsigned (&df)[4][4]
 __device__ __forceinline__ void issue_dq(float (&dq)[D / 2], unsigned ds, unsigned kr) {
     reg_fence(dq);
     wg_fence();
-    const u64 da = desc_mn_rb<128>(ds), db = desc_mn(kr);
+    const unsigned la = desc_mn_lo<128>(ds), lb = desc_mn_lo<RB>(kr);
 #pragma unroll
-    for (int kc = 0; kc < 4; kc++) wgmma_ss<D, 1, 1>(dq, da + kc * (16 * 128 >> 4), db + kc * (16 * RB >> 4), kc > 0);
+    for (int kc = 0; kc < 4; kc++)
+        wgmma_ss<D, 1, 1>(dq, desc_make(la + kc * (16 * 128 >> 4), desc_hi<128>()), desc_make(lb + kc * (16 * RB >> 4), desc_hi<RB>()),
+                          kc > 0);
     wg_commit();
     reg_fence(dq);
 }
