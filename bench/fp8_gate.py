@@ -56,11 +56,8 @@ from andrea.io import code_version, write_json_atomic  # noqa: E402
 from andrea.optim import OptimConfig, train_step  # noqa: E402
 from andrea.shards import Shard  # noqa: E402
 from andrea.tokenizer import HarrisTokenizer  # noqa: E402
-from gpu_bench import MODELS  # noqa: E402
+from gpu_bench import ENGINE_ENV, MODELS  # noqa: E402
 
-
-# the environment a run's numbers depend on beyond its name (--reuse-runs takes a kept run only where it matches)
-REUSE_ENV = ("ANDREA_RESIDUAL", "ANDREA_GELU", "ANDREA_GELU_EPILOGUE", "ANDREA_FP8_PRODUCTS", "ANDREA_ATTENTION")
 
 
 def draw_rows(shards: dict, steps: int, B: int, T: int, heldout_every: int, seed: int) -> np.ndarray:
@@ -135,7 +132,7 @@ def main() -> int:
                      f"entry with one precision: auto does not accept); run without --record")
         if args.gate != GATE_LIMIT:
             ap.error(f"--record: the gate's limit is {GATE_LIMIT:g} (precision: auto's); run another --gate without --record")
-        changed = {k: os.environ[k] for k in REUSE_ENV if os.environ.get(k)}
+        changed = {k: os.environ[k] for k in ENGINE_ENV if os.environ.get(k)}
         if changed:
             ap.error(f"--record gates the engine as it ships; unset {', '.join(f'{k}={v}' for k, v in changed.items())}")
 
@@ -165,7 +162,7 @@ def main() -> int:
     # what a kept run must share with this call to be taken instead of trained (--reuse-runs)
     settings = {k: result[k] for k in ("model", "steps", "batch", "seq", "lr", "warmup", "seed", "eval_windows", "tokens")}
     settings |= {"eval_every": args.eval_every, "heldout_every": args.heldout_every, "tokenizer_hash": meta["tokenizer_hash"],
-                 "env": {k: os.environ.get(k) for k in REUSE_ENV}, "code": code_version()}  # a kept run of other kernels: trained again
+                 "env": {k: os.environ.get(k) for k in ENGINE_ENV}, "code": code_version()}  # a kept run of other kernels: trained again
     kept_dir = args.out / "runs"
     finals = {}
     for run_name in args.precisions:

@@ -229,6 +229,12 @@ def best_torch(row) -> dict | None:
     return max(runs, key=lambda x: x["tok_s"], default=None)
 
 
+# the engine's settings by environment variable (the runners' flags set them per runner): a measurement
+# recorded for the engine as it ships is taken with none set (--record here, fp8_gate.py's too)
+ENGINE_ENV = ("ANDREA_RESIDUAL", "ANDREA_GELU", "ANDREA_GELU_EPILOGUE", "ANDREA_FP8_PRODUCTS", "ANDREA_ATTENTION",
+              "ANDREA_ATTENTION_DETERMINISTIC", "ANDREA_ATTENTION_WORKSPACE_MIB")
+
+
 def speed_rows(rows: list[dict], gpu: str, compute_capability: str, command: str, date: str, commit: str) -> list[dict]:
     """The fp8 record's speed rows (andrea/engine/fp8_records.py) of the result rows where both
     the plain bf16 and fp8 runners ran."""
@@ -267,9 +273,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.record and (args.no_ours or not {"bf16", "fp8"} <= set(args.precisions)):
         ap.error("--record needs our bf16 and fp8 runners: --precisions with bf16 and fp8, without --no-ours")
-    settings = ("ANDREA_RESIDUAL", "ANDREA_GELU", "ANDREA_GELU_EPILOGUE", "ANDREA_FP8_PRODUCTS", "ANDREA_ATTENTION",
-                "ANDREA_ATTENTION_DETERMINISTIC", "ANDREA_ATTENTION_WORKSPACE_MIB")  # what the runners' flags set
-    changed = {k: os.environ[k] for k in settings if os.environ.get(k)} if args.record else {}
+    changed = {k: os.environ[k] for k in ENGINE_ENV if os.environ.get(k)} if args.record else {}
     if changed:  # the record is of the engine as it ships (a runner's flags are set per runner, not here)
         ap.error(f"--record measures the engine as it ships; unset {', '.join(f'{k}={v}' for k, v in changed.items())}")
     import cupy as cp
