@@ -19,16 +19,18 @@ window of T + 1 tokens from its start; the held-out documents, every `--heldout-
 never read). The schedule: warm-up then cosine (andrea/optim.py) over --steps. Validation: the
 held-out windows (andrea/evaluation.py, as the trainer validates: bits/byte counts the UTF-8 bytes
 the target tokens stand for, by the shards' tokenizer), every --eval-every steps on the training
-engine (fp8 forward passes for the fp8 run), and at the end with one bf16 engine with the fp32
-residual stream for every run: those final figures are gated. Writes DIR/fp8_gate.json (curves,
+engine (fp8 forward passes for the fp8 run), and at each run's end by one bf16 engine with the fp32
+residual stream, the same scorer for every run: those final figures are gated. Writes DIR/fp8_gate.json (curves,
 final bits/byte and losses, the verdict, counts) and exits 1 when the gate fails.
 
 --record PATH (the first run bf16, an fp8 run among the others, at least 6,000 steps) writes the fp8
 run's verdict as the model's gate entry of the fp8 record, pass or fail, replacing the one before.
---reuse-runs: each finished run's final weights and figures are kept in DIR/runs/; a later call with
-the same settings takes them instead of training again, so the two runs of a large model can run
-in separate calls (480M at B=8: 6,000 steps are ~6 min in bf16 and ~5 in fp8 at BENCHMARKS.md's
-142,753 and 182,108 tokens/s).
+--reuse-runs: each finished run's figures (its curve and its final scores, not its weights: a few
+hundred KB) are kept in DIR/runs/RUN.json; a later call with the same settings and code takes them
+instead of training again, so the two runs of a large model can run in separate calls, on machines
+that share nothing but what a call carries back (480M at B=8: 6,000 steps are ~5.5 min in bf16 and
+~4.3 in fp8 at 148,090 and 193,691 tokens/s, 2026-12-03). --backend numpy runs the same on the CPU
+(precisions fp32 and fp8, the NumPy reference; for testing the script on small shapes).
 """
 
 from __future__ import annotations
@@ -121,8 +123,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--record", type=Path, help="the fp8 record to write the model's gate verdict to "
                     "(andrea/engine/fp8_records.json: what precision: auto reads)")
-    ap.add_argument("--reuse-runs", action="store_true", help="take finished runs from OUT/runs/ (same settings) "
-                    "instead of training them again")
+    ap.add_argument("--reuse-runs", action="store_true", help="keep each finished run's figures in OUT/runs/, and take "
+                    "those of the same settings and code instead of training them again")
+    ap.add_argument("--backend", choices=["cupy", "numpy"], default="cupy",
+                    help="numpy: the CPU reference (precisions fp32 and fp8), for small test runs")
     args = ap.parse_args()
     if args.record:
         if args.precisions[0] != "bf16" or "fp8" not in args.precisions[1:]:
@@ -135,8 +139,6 @@ def main() -> int:
         changed = {k: os.environ[k] for k in ENGINE_ENV if os.environ.get(k)}
         if changed:
             ap.error(f"--record gates the engine as it ships; unset {', '.join(f'{k}={v}' for k, v in changed.items())}")
-
-    import cupy as cp
 
     from andrea.engine.engine import gpu_kind
 
@@ -162,24 +164,26 @@ def main() -> int:
     # what a kept run must share with this call to be taken instead of trained (--reuse-runs)
     settings = {k: result[k] for k in ("model", "steps", "batch", "seq", "lr", "warmup", "seed", "eval_windows", "tokens")}
     settings |= {"eval_every": args.eval_every, "heldout_every": args.heldout_every, "tokenizer_hash": meta["tokenizer_hash"],
-                 "env": {k: os.environ.get(k) for k in ENGINE_ENV}, "code": code_version()}  # a kept run of other kernels: trained again
+                 "env": {k: os.environ.get(k) for k in ENGINE_ENV}, "code": code_version(),  # other kernels: trained again
+                 "backend": args.backend}
     kept_dir = args.out / "runs"
-    finals = {}
+    scorer = None  # the final scores' engine: bf16 with the fp32 residual stream (the more exact scorer; the
+    # audit scores with the stream the model trained on), made once, after the first run has trained
     for run_name in args.precisions:
-        kept = kept_dir / run_name.replace(":", "_")
-        if args.reuse_runs and kept.with_suffix(".json").exists() and kept.with_suffix(".npy").exists():
-            doc = json.loads(kept.with_suffix(".json").read_text())
-            if doc["settings"] == settings:
-                result["runs"][run_name], finals[run_name] = doc["run"], np.load(kept.with_suffix(".npy"))
-                print(f"{run_name}: taken from {kept}.json (trained by an earlier call)", flush=True)
+        kept = kept_dir / f"{run_name.replace(':', '_')}.json"
+        if args.reuse_runs and kept.exists():
+            doc = json.loads(kept.read_text())
+            if doc.get("settings") == settings and "val_bpb_bf16_eval" in doc.get("run", {}):
+                result["runs"][run_name] = doc["run"]
+                print(f"{run_name}: taken from {kept} (trained by an earlier call)", flush=True)
                 continue
-            print(f"{run_name}: {kept}.json was trained with other settings; training again", flush=True)
+            print(f"{run_name}: {kept} was trained with other settings or code; training again", flush=True)
         prec, _, rest = run_name.partition(":")
         residual, _, gelu = rest.partition(":")
         env = {"ANDREA_RESIDUAL": residual or os.environ.get("ANDREA_RESIDUAL", "bf16")}
         env |= {"ANDREA_GELU": gelu} if gelu else {}
         with mock.patch.dict(os.environ, env):
-            e = Engine(cfg, batch_size=B, seq_len=T, backend="cupy", precision=prec, seed=args.seed)  # reads it
+            e = Engine(cfg, batch_size=B, seq_len=T, backend=args.backend, precision=prec, seed=args.seed)  # reads it
         eval_batches = prepare_batches(e, es)
         curve, losses = [], []
         t_train = 0.0
@@ -198,25 +202,24 @@ def main() -> int:
                "val_loss_own": curve[-1]["val_loss"], "val_bpb_own": curve[-1]["val_bpb"]}
         if prec == "fp8":
             run["fp8_counts"] = e.be.fp8_counts()
-            run["fp8_scales"] = e.be.fp8.scales()
-        run["residual"] = e.be.residual
+            scales = getattr(getattr(e.be, "fp8", None), "scales", None)  # the CuPy backend's per-site scales
+            if scales is not None:
+                run["fp8_scales"] = scales()
+        run["residual"] = getattr(e.be, "residual", "fp32")  # the NumPy backend's stream is fp32
         run["gelu_kept"] = not e.be.recomputes_gelu
-        finals[run_name] = cp.asnumpy(e.w)
+        if scorer is None:
+            with mock.patch.dict(os.environ, {"ANDREA_RESIDUAL": "fp32"}):
+                scorer = Engine(cfg, batch_size=B, seq_len=T, backend=args.backend,
+                                precision="bf16" if args.backend == "cupy" else "fp32", seed=args.seed)
+        scorer.load_state(e.w)
+        r = evaluate(scorer, es)
+        run["val_loss_bf16_eval"], run["val_bpb_bf16_eval"] = r["loss"], r["bpb"]
         result["runs"][run_name] = run
         if args.reuse_runs:
             kept_dir.mkdir(parents=True, exist_ok=True)
-            np.save(kept.with_suffix(".npy"), finals[run_name])
-            write_json_atomic(kept.with_suffix(".json"), {"settings": settings, "run": run})
+            write_json_atomic(kept, {"settings": settings, "run": run})
         e.be.release()
         del e
-    # the end: one bf16 engine over each run's weights, with the fp32 residual stream (the more exact
-    # scorer; the audit scores with the stream the model trained on)
-    with mock.patch.dict(os.environ, {"ANDREA_RESIDUAL": "fp32"}):
-        ev = Engine(cfg, batch_size=B, seq_len=T, backend="cupy", precision="bf16", seed=args.seed)
-    for name, w in finals.items():
-        ev.load_state(w)
-        r = evaluate(ev, es)
-        result["runs"][name]["val_loss_bf16_eval"], result["runs"][name]["val_bpb_bf16_eval"] = r["loss"], r["bpb"]
     reference, *others = args.precisions
     result["gates"] = []
     for name in others:
