@@ -9,11 +9,16 @@ the algorithm that is fastest alone need not be the one that takes least energy,
 training.
 
     python3 bench/gemm_energy.py [--m 32768 8192] [--d 768] [--seconds 0.4] [--out gemm_energy.json]
+    python3 bench/gemm_energy.py --m 8192 --d 1536 --algos 32 --written --torch   # ANDREA-480M B=8
 
 Prints per product: each algorithm's two short timings, its time and millijoules per call under
 sustained load; which one each short timing picks (the tuner's choice, "tuned", and the old
 tuner's), the fastest under load, and the lowest-energy one (millijoules a call are coarse: NVML's
-counter over --seconds).
+counter over --seconds). --algos N asks cuBLASLt's heuristic for N candidates (the tuner asks 8);
+--written adds the weight gradients written (beta 0, a step's first micro-batch) beside accumulated;
+--torch adds PyTorch's own call of each product (torch.matmul, bf16 output as its autocast step
+makes it; weight gradients then converted to fp32 by a kernel of their own, not timed here),
+sustained the same way: what the training step's profile compares us with.
 """
 
 from __future__ import annotations
@@ -73,13 +78,47 @@ def sustained(call, meter: PowerMeter, ms_alone: float, seconds: float, per_grap
     return r.seconds * 1e3 / (n * per_graph), r.joules * 1e3 / (n * per_graph), r.sm_mhz
 
 
-def bench(m: int, d: int, seconds: float, meter: PowerMeter) -> list:
+def torch_sustained(a, b, ta: bool, tb: bool, meter: PowerMeter, seconds: float, per_graph: int = 50) -> tuple:
+    """(ms, mJ, mean SM MHz) per call of PyTorch's bf16 product op(a)·op(b) (a, b: float32 CuPy arrays,
+    rounded to bf16 as ours are), replayed from a CUDA graph of `per_graph` calls for about `seconds`
+    (as sustained() does ours)."""
+    import torch
+
+    x, y = torch.from_dlpack(a).to(torch.bfloat16), torch.from_dlpack(b).to(torch.bfloat16)
+    op = lambda: torch.matmul(x.t() if ta else x, y.t() if tb else y)  # noqa: E731
+    for _ in range(3):
+        op()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(per_graph):
+            op()
+    t0 = time.perf_counter()
+    graph.replay()
+    torch.cuda.synchronize()
+    n = max(2, int(seconds / max(time.perf_counter() - t0, 1e-6)))
+    for _ in range(max(1, n // 4)):
+        graph.replay()
+    torch.cuda.synchronize()
+    with meter.measure() as r:
+        for _ in range(n):
+            graph.replay()
+        torch.cuda.synchronize()
+    return r.seconds * 1e3 / (n * per_graph), r.joules * 1e3 / (n * per_graph), r.sm_mhz
+
+
+def bench(m: int, d: int, seconds: float, meter: PowerMeter, candidates: int = 8, written: bool = False,
+          with_torch: bool = False) -> list:
     rng = np.random.default_rng(0)
-    lt = Lt(tune=False)
+    lt = Lt(tune=False, candidates=candidates)
     out = []
-    for name, sa, sb, sc, cdt, ta, tb, acc in products(m, d, 4 * d):
-        a = cp.asarray(rng.standard_normal(sa, np.float32)).astype(BF16)
-        b = cp.asarray(rng.standard_normal(sb, np.float32) * 0.03).astype(BF16)
+    todo = products(m, d, 4 * d)
+    if written:  # the weight gradients also written, not accumulated (beta 0)
+        todo += [(f"{name} (written)", sa, sb, sc, cdt, ta, tb, False) for name, sa, sb, sc, cdt, ta, tb, acc in todo if acc]
+    for name, sa, sb, sc, cdt, ta, tb, acc in todo:
+        a32 = cp.asarray(rng.standard_normal(sa, np.float32))
+        b32 = cp.asarray(rng.standard_normal(sb, np.float32) * 0.03)
+        a, b = a32.astype(BF16), b32.astype(BF16)
         c = cp.zeros(sc, cdt)
         call = lambda: lt.gemm(a, b, c, ta=ta, tb=tb, accumulate=acc)  # noqa: E731
         call()
@@ -115,6 +154,9 @@ def bench(m: int, d: int, seconds: float, meter: PowerMeter) -> list:
         out.append({"product": name, "m": m, "flops": flops, "algos": rows, "tuned": tuned["algo"], "old_tuner": old["algo"],
                     "least_energy": frugal["algo"],
                     "fastest_sustained": fastest["algo"]})
+        if with_torch:
+            ms, mj, mhz = torch_sustained(a32, b32, ta, tb, meter, seconds)
+            out[-1]["torch"] = {"sustained_ms": ms, "mj": mj, "sm_mhz": mhz}
         print(f"\n## {name}  (m={m}, d={d}; {flops / 1e9:.0f} GFLOP)")
         print("| algo | 5 eager calls ms | graph-timed ms | sustained ms | mJ/call | SM MHz | |")
         print("|---|---|---|---|---|---|---|")
@@ -126,6 +168,10 @@ def bench(m: int, d: int, seconds: float, meter: PowerMeter) -> list:
         print(f"under load: tuned choice {tuned['sustained_ms']:.3f} ms, old tuner's {old['sustained_ms']:.3f}, best "
               f"{fastest['sustained_ms']:.3f} ({tuned['sustained_ms'] / fastest['sustained_ms'] - 1:+.1%} and "
               f"{old['sustained_ms'] / fastest['sustained_ms'] - 1:+.1%})")
+        if with_torch:
+            t = out[-1]["torch"]
+            print(f"PyTorch (torch.matmul, bf16 out) under load: {t['sustained_ms']:.3f} ms, {t['mj']:.1f} mJ, "
+                  f"{t['sm_mhz']:.0f} MHz; best of ours / PyTorch {fastest['sustained_ms'] / t['sustained_ms']:.3f}")
         sys.stdout.flush()
     lt.close()
     return out
@@ -136,20 +182,24 @@ def main() -> None:
     ap.add_argument("--m", nargs="+", type=int, default=[32768, 8192], help="rows: B·T")
     ap.add_argument("--d", type=int, default=768, help="d_model (the MLP is 4d)")
     ap.add_argument("--seconds", type=float, default=0.4, help="sustained run per algorithm")
+    ap.add_argument("--algos", type=int, default=8, help="candidates asked of cuBLASLt's heuristic (the tuner asks 8)")
+    ap.add_argument("--written", action="store_true", help="also the weight gradients written (beta 0), not accumulated")
+    ap.add_argument("--torch", action="store_true", help="also PyTorch's call of each product (torch.matmul)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     meter = PowerMeter.open()
     if meter is None:
         sys.exit("gemm_energy: NVML (libnvidia-ml.so.1) or its energy counter is not available on this machine")
     t0 = time.perf_counter()
-    results = [r for m in args.m for r in bench(m, args.d, args.seconds, meter)]
+    results = [r for m in args.m for r in bench(m, args.d, args.seconds, meter, args.algos, args.written, args.torch)]
     print(f"\n{time.perf_counter() - t0:.0f} s")
     for m in args.m:
-        ours = [r for r in results if r["m"] == m]
+        ours = [r for r in results if r["m"] == m and not r["product"].endswith("(written)")]
         pick = lambda r, k: next(a for a in r["algos"] if a["algo"] == r[k])  # noqa: E731
         tuned, old, best = (sum(pick(r, k)["sustained_ms"] for r in ours) for k in ("tuned", "old_tuner", "fastest_sustained"))
         print(f"m={m}: one of each product under load: tuned choices {tuned:.3f} ms ({tuned / best - 1:+.1%}), the old "
-              f"tuner's {old:.3f} ms ({old / best - 1:+.1%}), fastest sustained {best:.3f} ms")
+              f"tuner's {old:.3f} ms ({old / best - 1:+.1%}), fastest sustained {best:.3f} ms"
+              + (f"; PyTorch's calls {sum(r['torch']['sustained_ms'] for r in ours):.3f} ms" if args.torch else ""))
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
 

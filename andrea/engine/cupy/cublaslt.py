@@ -261,8 +261,9 @@ class Lt:
     """A cuBLASLt handle, its workspace, and a plan (descriptors and the heuristic's algorithms) per
     shape, layout and alignment."""
 
-    def __init__(self, tune: bool | None = None, workspace=None):
+    def __init__(self, tune: bool | None = None, workspace=None, candidates: int = _ALGOS):
         self.lib = lib = _library()
+        self.candidates = candidates  # heuristic results asked for per plan (bench/gemm_energy.py --algos asks more)
         self.handle = ctypes.c_void_p()
         _check(lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
         # fixed: a captured graph may use it; `workspace` (WORKSPACE_BYTES): one shared with a cuBLAS
@@ -304,9 +305,9 @@ class Lt:
         for attr, value in zip(_PREF_MIN_ALIGNMENT, align):  # the operands' own alignment (default: 256 bytes)
             v = ctypes.c_uint32(value)
             _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(v), 4), "set alignment")
-        results = (ctypes.c_ubyte * (_HEURISTIC_BYTES * _ALGOS))()
+        results = (ctypes.c_ubyte * (_HEURISTIC_BYTES * self.candidates))()
         count = ctypes.c_int32(0)
-        status = lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, *lays[:3], lays[-1], pref, _ALGOS,
+        status = lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, *lays[:3], lays[-1], pref, self.candidates,
                                                     ctypes.byref(results), ctypes.byref(count))
         if status == _STATUS_NOT_SUPPORTED or (status == 0 and count.value < 1):
             raise NoAlgorithm(f"cuBLASLt has no algorithm for {what} (layouts (type, rows, cols, ld) of its A, B, C"
