@@ -98,6 +98,20 @@ def embedded_megachat(tmp_path_factory):
     return cfg, tmp / "filter" / "megachat.parquet"
 
 
+def model_shards(embedded_megachat, tmp: Path, model: str, n_segments: int) -> Path:
+    """A model's shards of the embedded corpus, as the workflow's tokenizer, encode and shards stages
+    make them (a tokenizer of `n_segments`), under tmp; returns its shards.json."""
+    from andrea.shards import encode_shards, write_model_shards
+    from andrea.tokenizer import train_tokenizer
+    from andrea.versions import enabled_sources
+
+    cfg, megachat = embedded_megachat
+    train_tokenizer(megachat, tmp / "tok", n_segments, cfg, "v")
+    encode_shards(megachat, tmp / "tok" / "harris_segments.json", tmp / "enc", enabled_sources(cfg), cfg["megachat"], "v")
+    write_model_shards(model, tmp / "enc" / "manifest.json", tmp / "shards.json")
+    return tmp / "shards.json"
+
+
 def wait_for_checkpoint(runs: Path, proc, timeout: float = 240) -> None:
     """Poll until a training run under `runs` has written a checkpoint, failing if `proc` ends."""
     import time

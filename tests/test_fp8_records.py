@@ -27,7 +27,7 @@ from andrea.engine.fp8_records import (
     with_speed_rows,
 )
 from andrea.model import ModelConfig
-from conftest import REPO
+from conftest import REPO, model_shards
 
 H200 = ("NVIDIA H200", "90")
 M120 = asdict(ModelConfig(vocab_size=8449, d_model=768, n_head=12, n_layer=12, context=1024))
@@ -271,16 +271,7 @@ def test_the_bench_tools_rows_and_gate_entries_are_what_the_rule_reads(tmp_path)
 @pytest.fixture(scope="module")
 def shards_12m(embedded_megachat, tmp_path_factory):
     """ANDREA-12M's shards of the embedded corpus (its tokenizer: 4,096 segments)."""
-    from andrea.shards import encode_shards, write_model_shards
-    from andrea.tokenizer import train_tokenizer
-    from andrea.versions import enabled_sources
-
-    cfg, megachat = embedded_megachat
-    tmp = tmp_path_factory.mktemp("shards12m")
-    train_tokenizer(megachat, tmp / "tok", 4096, cfg, "v")
-    encode_shards(megachat, tmp / "tok" / "harris_segments.json", tmp / "enc", enabled_sources(cfg), cfg["megachat"], "v")
-    write_model_shards("ANDREA-12M", tmp / "enc" / "manifest.json", tmp / "shards.json")
-    return tmp / "shards.json"
+    return model_shards(embedded_megachat, tmp_path_factory.mktemp("shards12m"), "ANDREA-12M", 4096)
 
 
 def test_fp8_gate_runs_in_two_calls_that_share_only_the_kept_figures(shards_12m, tmp_path):

@@ -14,10 +14,7 @@ import pytest
 import yaml
 
 from andrea.runlog import read_records
-from andrea.shards import encode_shards, write_model_shards
-from andrea.tokenizer import train_tokenizer
-from andrea.versions import enabled_sources
-from conftest import REPO
+from conftest import REPO, model_shards
 
 MODEL = {"d_model": 32, "n_head": 2, "n_layer": 2, "context": 64, "n_segments": 256}
 TRAIN = {"batch_size": 4, "seq_len": 32, "max_steps": 240, "lr": 3e-3, "warmup_steps": 20, "checkpoint_every": 40,
@@ -29,12 +26,7 @@ TRAIN = {"batch_size": 4, "seq_len": 32, "max_steps": 240, "lr": 3e-3, "warmup_s
 
 @pytest.fixture(scope="module")
 def shards(embedded_megachat, tmp_path_factory):
-    cfg, megachat = embedded_megachat
-    tmp = tmp_path_factory.mktemp("shards")
-    train_tokenizer(megachat, tmp / "tok", 256, cfg, "v")
-    encode_shards(megachat, tmp / "tok" / "harris_segments.json", tmp / "enc", enabled_sources(cfg), cfg["megachat"], "v")
-    write_model_shards("micro", tmp / "enc" / "manifest.json", tmp / "shards.json")
-    return tmp / "shards.json"
+    return model_shards(embedded_megachat, tmp_path_factory.mktemp("shards"), "micro", 256)
 
 
 def write_config(path, **train_overrides):
@@ -410,10 +402,7 @@ def test_coherence_gate_waits_for_a_sample_that_reads_as_language(shards, tmp_pa
 def test_large_model_on_the_cpu_is_refused_with_advice(embedded_megachat, tmp_path):
     from andrea.trainer import Trainer, TrainingRefused
 
-    cfg, megachat = embedded_megachat
-    train_tokenizer(megachat, tmp_path / "tok", 8192, cfg, "v")
-    encode_shards(megachat, tmp_path / "tok" / "harris_segments.json", tmp_path / "enc", enabled_sources(cfg), cfg["megachat"], "v")
-    write_model_shards("ANDREA-120M", tmp_path / "enc" / "manifest.json", tmp_path / "shards.json")
+    model_shards(embedded_megachat, tmp_path, "ANDREA-120M", 8192)
     full = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     from andrea.config import validate_config
 
