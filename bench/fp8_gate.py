@@ -25,19 +25,23 @@ final bits/byte and losses, the verdict, counts) and exits 1 when the gate fails
 
 --record PATH (the first run bf16, an fp8 run among the others, at least 6,000 steps) writes the fp8
 run's verdict as the model's gate entry of the fp8 record, pass or fail, replacing the one before.
---reuse-runs: each finished run's figures (its curve and its final scores, not its weights: a few
-hundred KB) are kept in DIR/runs/RUN.json; a later call with the same settings and code takes them
-instead of training again, so the two runs of a large model can run in separate calls, on machines
-that share nothing but what a call carries back (480M at B=8: 6,000 steps are ~5.5 min in bf16 and
-~4.3 in fp8 at 148,090 and 193,691 tokens/s, 2026-12-03). --backend numpy runs the same on the CPU
+--reuse-runs: each finished run's figures (its curve and its final scores, not its weights: tens of
+KB) are kept in DIR/runs/RUN.json; a later call with the same settings takes them instead of
+training again (the same GPU kind, cuDNN frontend present or not, engine settings, commit and
+uncommitted changes), so the two runs of a large model can run in separate calls, on machines that
+share nothing but what a call carries back (480M at B=8, an estimate from gpu_bench's 148,090 and
+193,691 tokens/s of 2026-12-03: 6,000 steps are ~5.5 min in bf16 and ~4.2 in fp8, plus the evaluations). --backend numpy runs the same on the CPU
 (precisions fp32 and fp8, the NumPy reference; for testing the script on small shapes).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import importlib.util
 import json
 import os
+import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -90,6 +94,16 @@ def compare(reference: str, name: str, runs: dict, limit: float) -> dict:
             "limit": limit, "passed": bool(abs(gap) <= limit)}
 
 
+def uncommitted_changes() -> str | None:
+    """A hash of the tree's uncommitted changes to tracked files (None: none, or no git): code_version()
+    names the commit only, and a device call runs the working tree as it is."""
+    try:
+        diff = subprocess.run(["git", "-C", str(REPO), "diff", "HEAD"], capture_output=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return hashlib.sha256(diff).hexdigest()[:16] if diff else None
+
+
 def gate_entry(result: dict, gate: dict, model_config: dict, corpus: dict, gpu: str, compute_capability: str,
                command: str, date: str, commit: str) -> dict:
     """The fp8 record's gate entry of a model (andrea/engine/fp8_records.py) from this run's bf16-fp8 verdict."""
@@ -128,6 +142,8 @@ def main() -> int:
     ap.add_argument("--backend", choices=["cupy", "numpy"], default="cupy",
                     help="numpy: the CPU reference (precisions fp32 and fp8), for small test runs")
     args = ap.parse_args()
+    if args.record and args.backend != "cupy":
+        ap.error("--record gates the GPU engine: run it with --backend cupy")
     if args.record:
         if args.precisions[0] != "bf16" or "fp8" not in args.precisions[1:]:
             ap.error("--record gates plain fp8 against plain bf16: --precisions bf16 ... fp8 ...")
@@ -164,8 +180,10 @@ def main() -> int:
     # what a kept run must share with this call to be taken instead of trained (--reuse-runs)
     settings = {k: result[k] for k in ("model", "steps", "batch", "seq", "lr", "warmup", "seed", "eval_windows", "tokens")}
     settings |= {"eval_every": args.eval_every, "heldout_every": args.heldout_every, "tokenizer_hash": meta["tokenizer_hash"],
-                 "env": {k: os.environ.get(k) for k in ENGINE_ENV}, "code": code_version(),  # other kernels: trained again
-                 "backend": args.backend}
+                 "env": {k: os.environ.get(k) for k in ENGINE_ENV + ("ANDREA_GEMM_TUNE",)}, "code": code_version(),
+                 "uncommitted": uncommitted_changes(), "backend": args.backend}
+    if args.backend == "cupy":  # another GPU kind, or cuDNN's attention in place of ours: trained again
+        settings |= {"gpu": list(gpu_kind()), "cudnn_frontend": importlib.util.find_spec("cudnn") is not None}
     kept_dir = args.out / "runs"
     scorer = None  # the final scores' engine: bf16 with the fp32 residual stream (the more exact scorer; the
     # audit scores with the stream the model trained on), made once, after the first run has trained
@@ -177,7 +195,7 @@ def main() -> int:
                 result["runs"][run_name] = doc["run"]
                 print(f"{run_name}: taken from {kept} (trained by an earlier call)", flush=True)
                 continue
-            print(f"{run_name}: {kept} was trained with other settings or code; training again", flush=True)
+            print(f"{run_name}: {kept} was trained with other settings, code or machine; training again", flush=True)
         prec, _, rest = run_name.partition(":")
         residual, _, gelu = rest.partition(":")
         env = {"ANDREA_RESIDUAL": residual or os.environ.get("ANDREA_RESIDUAL", "bf16")}
