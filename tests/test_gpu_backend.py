@@ -523,6 +523,36 @@ def test_16bit_pairs_match_numpy(precision):
     assert not h(gb.weights.view(W["wte"], padded=True)[V:]).astype(np.float32).any()  # the padding stays zero
 
 
+def test_gemm_tuning_under_sustained_load_keeps_its_own_choices(tmp_path, monkeypatch):
+    """ANDREA_GEMM_TUNE=sustained times each plan's algorithms after a warm-up, for longer, and keeps
+    its choices in a section of its own (the default's are not reused, nor its own by the default);
+    the product is the one asked for; an unknown mode is an error that names the variable."""
+    path = tmp_path / "tuning.json"
+    monkeypatch.setenv("ANDREA_GEMM_TUNING", str(path))
+    monkeypatch.setattr(cublaslt, "_TUNING", {})
+    monkeypatch.setattr(cublaslt, "TUNE_SUSTAINED_MS", 20.0)  # the test's time, not the measurement's
+    monkeypatch.setattr(cublaslt, "TUNE_SUSTAINED_WARM_MS", 10.0)
+    m, k, n = 2048, 1024, 2048
+    a, b = round16(r(m, k, scale=0.1)), round16(r(k, n, scale=0.1))
+    want = a.astype(np.float64) @ b
+    seen = []  # the tuning file's sections, in the order the modes made them
+    for mode in ("sustained", "1"):
+        monkeypatch.setenv("ANDREA_GEMM_TUNE", mode)
+        lt = cublaslt.Lt()
+        assert lt.tune_mode == {"sustained": "sustained", "1": "graph"}[mode]
+        c = cp.zeros((m, n), dtype=cp.float32)
+        lt.gemm(g(a).astype(BF16), g(b).astype(BF16), c)
+        assert rel(h(c), want) < 1e-5
+        (plan,) = lt.plans.values()
+        assert plan.chosen is not None
+        (new,) = [name for name in json.loads(path.read_text()) if name not in seen]
+        seen.append(new)
+    assert [name.rsplit(" ", 1)[-1] for name in seen] == ["sustained-timed", "graph-timed"]
+    monkeypatch.setenv("ANDREA_GEMM_TUNE", "fast")
+    with pytest.raises(ValueError, match="ANDREA_GEMM_TUNE='fast'"):
+        cublaslt.Lt()
+
+
 def test_gemm_tuning_times_once_keeps_the_output_and_remembers(tmp_path, monkeypatch):
     """A 16-bit product large enough to tune: its algorithms are timed into a scratch output (c and
     what it accumulates come out as one call would leave them), the choice is written to the tuning

@@ -13,7 +13,7 @@ from andrea.engine.backend import Backend
 from andrea.engine.cupy import attention, attention_mma, classifier, decode, elementwise, embedding, layernorm, sampling
 from andrea.engine.cupy.cudnn_attention import CudnnAttention, deterministic_from_env, implementation_from_env, workspace_cap
 from andrea.engine.cupy.cudnn_attention import takes as cudnn_takes
-from andrea.engine.cupy.cublaslt import EPILOGUE_DGELU, EPILOGUE_GELU_AUX, Lt, tune_from_env
+from andrea.engine.cupy.cublaslt import EPILOGUE_DGELU, EPILOGUE_GELU_AUX, Lt, tune_mode_from_env
 from andrea.engine.cupy.fp8 import ALL_PRODUCTS, Fp8, check_shapes
 from andrea.engine.cupy.gemm import Cublas
 from andrea.engine.cupy.graphs import CapturedPass
@@ -244,7 +244,8 @@ class CupyBackend(Backend):
                                           "in the product's epilogue" if fused else "in a cast pass")
         elif self.fp8 is not None:  # ANDREA_FP8_PRODUCTS without mlp: the MLP runs in 16 bits
             gelu = f", the MLP in 16 bits{gelu}"
-        return f"{att}, cuBLASLt{' with timed algorithms' if tune_from_env() else ''}, {stream} residual stream{gelu}"
+        tuning = {"graph": " with timed algorithms", "sustained": " with algorithms timed under sustained load", "off": ""}
+        return f"{att}, cuBLASLt{tuning[tune_mode_from_env()]}, {stream} residual stream{gelu}"
 
     def _cudnn_attention(self, *buffers):
         """This device's CudnnAttention where it runs these 16-bit buffers, else None (our kernels)."""

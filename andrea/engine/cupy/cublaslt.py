@@ -60,6 +60,13 @@ TUNE_REPS = 5  # calls per algorithm of the tuner before 2026-12-01 (bench/gemm_
 TUNE_GRAPH_CALLS = 10
 TUNE_MS = 10.0
 TUNING_METHOD = "graph-timed"  # in the tuning file's section name: choices timed otherwise are not reused
+# ANDREA_GEMM_TUNE=sustained (an option to measure, not the default): each plan's algorithms replayed
+# for about TUNE_SUSTAINED_MS after TUNE_SUSTAINED_WARM_MS of replay of them all, nearer the power-capped
+# clock a long training step runs at than TUNE_MS is (the 10 ms timing ran the MLP's weight gradients
+# on tiles PyTorch's heuristic does not take, 16 % slower a call at ANDREA-480M B=8 in training)
+TUNE_SUSTAINED_MS = 200.0
+TUNE_SUSTAINED_WARM_MS = 100.0
+TUNE_MODES = {"1": "graph", "graph": "graph", "sustained": "sustained", "0": "off", "off": "off"}
 # products smaller than this (m·n·k) keep the heuristic's first algorithm: the training passes' products
 # are larger (ANDREA-12M at B=8: 8192 x 384 x 1536), while generation makes a plan per prompt length
 TUNE_MIN_WORK = 1 << 32
@@ -72,9 +79,26 @@ class NoAlgorithm(RuntimeError):
 _STATUS_NOT_SUPPORTED = 15  # cublasStatus_t CUBLAS_STATUS_NOT_SUPPORTED
 
 
+def tune_mode_from_env() -> str:
+    """How a plan's algorithm is chosen (ANDREA_GEMM_TUNE): "graph" (1, the default: the heuristic's
+    candidates timed by graph replays of about TUNE_MS), "sustained" (replays of about TUNE_SUSTAINED_MS
+    after a warm-up) or "off" (0: the heuristic's first, as cublasGemmEx takes)."""
+    raw = os.environ.get("ANDREA_GEMM_TUNE", "1")
+    if raw not in TUNE_MODES:
+        raise ValueError(f"ANDREA_GEMM_TUNE={raw!r}: give 1 (or graph), sustained, or 0 (or off)")
+    return TUNE_MODES[raw]
+
+
 def tune_from_env() -> bool:
-    """ANDREA_GEMM_TUNE=0: take the heuristic's first algorithm (as cublasGemmEx does) instead of timing them."""
-    return os.environ.get("ANDREA_GEMM_TUNE", "1") != "0"
+    """Whether products are tuned (ANDREA_GEMM_TUNE is not 0)."""
+    return tune_mode_from_env() != "off"
+
+
+def tuning_method(mode: str, candidates: int) -> str:
+    """The tuning file's section suffix of a tuning mode and candidate count: choices made another way
+    (or among other candidates: an index means another algorithm) are not reused."""
+    method = {"graph": TUNING_METHOD, "sustained": "sustained-timed"}[mode]
+    return method if candidates == _ALGOS else f"{method} {candidates} candidates"
 
 
 def tuning_path() -> Path:
@@ -197,12 +221,13 @@ def _library() -> ctypes.CDLL:
     return lib
 
 
-def graph_times(call, n: int, calls: int = TUNE_GRAPH_CALLS, ms: float = TUNE_MS) -> list[float]:
+def graph_times(call, n: int, calls: int = TUNE_GRAPH_CALLS, ms: float = TUNE_MS, warm_ms: float = 0.0) -> list[float]:
     """ms per call of algorithms 0..n-1 as a CUDA graph replays them: call(i) enqueues one call of
     algorithm i on the current stream and returns its status (nonzero: it does not run here; its time
     is inf). Each runs once eagerly (the warm-up), is captured `calls` times into a graph of its own,
     and is replayed for about `ms` in all, in two passes (forward, then backward through the
-    algorithms, so that none is timed only at the GPU's coolest or hottest). An algorithm whose
+    algorithms, so that none is timed only at the GPU's coolest or hottest), after about `warm_ms` of
+    replays of them all in turn (untimed: the clock settling under load). An algorithm whose
     capture fails is skipped (inf) like one whose call fails. The work runs on a stream of its own
     between two device synchronizations, so it neither waits on nor races the caller's (and must
     not run while another thread captures)."""
@@ -234,6 +259,11 @@ def graph_times(call, n: int, calls: int = TUNE_GRAPH_CALLS, ms: float = TUNE_MS
             end.record(stream)
             end.synchronize()
             one[i] = max(cp.cuda.get_elapsed_time(start, end), 1e-3)
+        if warm_ms > 0 and graphs:
+            for i in graphs:
+                for _ in range(max(1, round(warm_ms / len(graphs) / one[i]))):
+                    graphs[i].launch(stream)
+            stream.synchronize()
         total = dict.fromkeys(graphs, 0.0)
         replays = dict.fromkeys(graphs, 0)
         order = list(graphs)
@@ -274,7 +304,8 @@ class Lt:
         self.plans: dict = {}
         # time the heuristic's algorithms on a plan's first eager call and keep the fastest: cuBLAS's
         # first choice ran the model's products up to 10 % slower than the best (bench/mlp_gemm_bench.py)
-        self.tune = tune_from_env() if tune is None else tune
+        self.tune_mode = tune_mode_from_env() if tune is None else ("graph" if tune else "off")
+        self.tune = self.tune_mode != "off"
 
     def _set(self, desc, attr: int, value) -> None:
         _check(self.lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(value), ctypes.sizeof(value)),
@@ -355,12 +386,14 @@ class Lt:
         def time_them():
             out = c if beta is _ZERO else cp.zeros((c.shape[0], leading_dim(c)), dtype=c.dtype)
             d_ptr = None if d is None else d.data.ptr
+            timing = {"ms": TUNE_SUSTAINED_MS, "warm_ms": TUNE_SUSTAINED_WARM_MS} if self.tune_mode == "sustained" else {}
             times = graph_times(lambda i: self._call(plan, plan.algos[i], a_lt, b_lt, out.data.ptr, beta, alpha, d_ptr),
-                                len(plan.algos))
+                                len(plan.algos), **timing)
             best = min(range(len(times)), key=times.__getitem__)
             return None if times[best] == float("inf") else best
 
-        return tuned_choice(f"{_section(self.lib)} {TUNING_METHOD}", plan.name, len(plan.algos), time_them)
+        section = f"{_section(self.lib)} {tuning_method(self.tune_mode, self.candidates)}"
+        return tuned_choice(section, plan.name, len(plan.algos), time_them)
 
     def matmul(self, a, a_inv, ta: str, bt, b_inv, tb: str, c, accumulate: bool = False, fast: bool = False,
                aux=None, d_scale: int = 0, amax_d: int = 0) -> None:
