@@ -180,7 +180,7 @@ def main() -> int:
     # what a kept run must share with this call to be taken instead of trained (--reuse-runs)
     settings = {k: result[k] for k in ("model", "steps", "batch", "seq", "lr", "warmup", "seed", "eval_windows", "tokens")}
     settings |= {"eval_every": args.eval_every, "heldout_every": args.heldout_every, "tokenizer_hash": meta["tokenizer_hash"],
-                 "env": {k: os.environ.get(k) for k in ENGINE_ENV + ("ANDREA_GEMM_TUNE",)}, "code": code_version(),
+                 "env": {k: os.environ.get(k) for k in ENGINE_ENV}, "code": code_version(),
                  "uncommitted": uncommitted_changes(), "backend": args.backend}
     if args.backend == "cupy":  # another GPU kind, or cuDNN's attention in place of ours: trained again
         settings |= {"gpu": list(gpu_kind()), "cudnn_frontend": importlib.util.find_spec("cudnn") is not None}

@@ -232,7 +232,7 @@ def best_torch(row) -> dict | None:
 # the engine's settings by environment variable (the runners' flags set them per runner): a measurement
 # recorded for the engine as it ships is taken with none set (--record here, fp8_gate.py's too)
 ENGINE_ENV = ("ANDREA_RESIDUAL", "ANDREA_GELU", "ANDREA_GELU_EPILOGUE", "ANDREA_FP8_PRODUCTS", "ANDREA_ATTENTION",
-              "ANDREA_ATTENTION_DETERMINISTIC", "ANDREA_ATTENTION_WORKSPACE_MIB")
+              "ANDREA_ATTENTION_DETERMINISTIC", "ANDREA_ATTENTION_WORKSPACE_MIB", "ANDREA_GEMM_TUNE")
 
 
 def speed_rows(rows: list[dict], gpu: str, compute_capability: str, command: str, date: str, commit: str) -> list[dict]:
