@@ -475,7 +475,20 @@ struct H16Copy {
     __device__ __forceinline__ void finish(int, int, int, int) {}
 };
 
-template <int NV, typename DOut, typename Emit, typename X = float>
+// How a lane keeps its row between the reduction and the update: as floats (x̂, dout and the old dx,
+// float4s), or with Compact as loaded (16-bit values in a uint2: half the registers; x̂ recomputed
+// from x, the same operations, so the same bits). At C = 1536 (ANDREA-480M, NV = 12) the float4s
+// take 224 registers a thread, one 256-thread block an SM; compact, a dev variant
+// (layernorm_bwd_fused_h16_r16_c12) to time against it at that width.
+template <bool Compact, typename T> struct KeptRow { using type = float4; };
+template <typename T> struct KeptRow<true, T> { using type = decltype(raw4(static_cast<const T*>(nullptr))); };
+template <bool Compact, typename T>
+__device__ __forceinline__ typename KeptRow<Compact, T>::type keep4(const T* p) {
+    if constexpr (Compact) return raw4(p);
+    else return load4(p);
+}
+
+template <int NV, typename DOut, typename Emit, typename X = float, bool Compact = false>
 __device__ void layernorm_bwd_fused(const DOut* __restrict__ dout, const X* __restrict__ x,
                                     const float* __restrict__ mean, const float* __restrict__ rstd,
                                     const float* __restrict__ g, X* __restrict__ dx, Emit& emit,
@@ -496,27 +509,31 @@ __device__ void layernorm_bwd_fused(const DOut* __restrict__ dout, const X* __re
     for (int row = r0 + warp; row < r1; row += nw) {
         const long off = (long)row * C;
         const float m = mean[row], r = rstd[row];
-        float4 xh[NV], dv[NV], o[NV];
+        // compact: x, dout and the old dx as loaded; else x̂, dout and the old dx as floats
+        typename KeptRow<Compact, X>::type xk[NV];
+        typename KeptRow<Compact, DOut>::type dk[NV];
+        typename KeptRow<Compact, X>::type o[NV];
         float s1 = 0.f, s2 = 0.f;
 #pragma unroll
         for (int k = 0; k < NV; k++) {
             const int c = (lane + 32 * k) * 4;
             if (c < C) {
-                float4 xv = load4(x + off + c);
+                xk[k] = keep4<Compact>(x + off + c);
                 float4 gg = *reinterpret_cast<const float4*>(g + c);
-                dv[k] = load4(dout + off + c);
-                o[k] = load4(dx + off + c);
-                xh[k] = make_float4((xv.x - m) * r, (xv.y - m) * r, (xv.z - m) * r, (xv.w - m) * r);
-                s1 += dv[k].x * gg.x + dv[k].y * gg.y + dv[k].z * gg.z + dv[k].w * gg.w;
-                s2 += dv[k].x * gg.x * xh[k].x + dv[k].y * gg.y * xh[k].y + dv[k].z * gg.z * xh[k].z +
-                      dv[k].w * gg.w * xh[k].w;
+                dk[k] = keep4<Compact>(dout + off + c);
+                o[k] = keep4<Compact>(static_cast<const X*>(dx) + off + c);
+                const float4 xv = f4(xk[k]), dv = f4(dk[k]);
+                const float4 xh = make_float4((xv.x - m) * r, (xv.y - m) * r, (xv.z - m) * r, (xv.w - m) * r);
+                if constexpr (!Compact) xk[k] = xh;
+                s1 += dv.x * gg.x + dv.y * gg.y + dv.z * gg.z + dv.w * gg.w;
+                s2 += dv.x * gg.x * xh.x + dv.y * gg.y * xh.y + dv.z * gg.z * xh.z + dv.w * gg.w * xh.w;
                 float4 a = *reinterpret_cast<float4*>(ag + c);
-                a.x += dv[k].x * xh[k].x;
-                a.y += dv[k].y * xh[k].y;
-                a.z += dv[k].z * xh[k].z;
-                a.w += dv[k].w * xh[k].w;
+                a.x += dv.x * xh.x;
+                a.y += dv.y * xh.y;
+                a.z += dv.z * xh.z;
+                a.w += dv.w * xh.w;
                 store4(ag + c, a);
-                store4(ab + c, add4(*reinterpret_cast<float4*>(ab + c), dv[k]));
+                store4(ab + c, add4(*reinterpret_cast<float4*>(ab + c), dv));
             }
         }
         s1 = warp_sum(s1) / C;
@@ -526,11 +543,19 @@ __device__ void layernorm_bwd_fused(const DOut* __restrict__ dout, const X* __re
             const int c = (lane + 32 * k) * 4;
             if (c < C) {
                 float4 gg = *reinterpret_cast<const float4*>(g + c);
-                float4 ov = o[k];
-                ov.x += (dv[k].x * gg.x - s1 - xh[k].x * s2) * r;
-                ov.y += (dv[k].y * gg.y - s1 - xh[k].y * s2) * r;
-                ov.z += (dv[k].z * gg.z - s1 - xh[k].z * s2) * r;
-                ov.w += (dv[k].w * gg.w - s1 - xh[k].w * s2) * r;
+                float4 ov = f4(o[k]);
+                const float4 dv = f4(dk[k]);
+                float4 xh;
+                if constexpr (Compact) {
+                    const float4 xv = f4(xk[k]);
+                    xh = make_float4((xv.x - m) * r, (xv.y - m) * r, (xv.z - m) * r, (xv.w - m) * r);
+                } else {
+                    xh = xk[k];
+                }
+                ov.x += (dv.x * gg.x - s1 - xh.x * s2) * r;
+                ov.y += (dv.y * gg.y - s1 - xh.y * s2) * r;
+                ov.z += (dv.z * gg.z - s1 - xh.z * s2) * r;
+                ov.w += (dv.w * gg.w - s1 - xh.w * s2) * r;
                 ov = as_stored<X>(ov);  // a 16-bit dx: the branch's gradient is the stored value
                 store4(dx + off + c, ov);
                 emit.row(row - r0, off, c, ov);
@@ -591,6 +616,19 @@ LN_BWD_FUSED_R16(layernorm_bwd_fused_h16_r16_4, 4)
 LN_BWD_FUSED_R16(layernorm_bwd_fused_h16_r16_6, 6)
 LN_BWD_FUSED_R16(layernorm_bwd_fused_h16_r16_8, 8)
 LN_BWD_FUSED_R16(layernorm_bwd_fused_h16_r16_12, 12)
+
+// dev (dev/cuda/layernorm.py, at C = 1536 with --models ANDREA-480M:8): the same with the row kept
+// compact (KeptRow above), at ANDREA-120M's and 480M's widths
+#define LN_BWD_FUSED_R16_COMPACT(name, NV, MIN_BLOCKS)                                                           \
+    extern "C" __global__ void __launch_bounds__(LN_WARPS * 32, MIN_BLOCKS) name(                                \
+        const h16* dout, const h16* x, const float* mean, const float* rstd, const float* g, h16* dx,            \
+        float* partial, int N, int C, int rows) {                                                                \
+        H16Copy emit{nullptr};                                                                                   \
+        layernorm_bwd_fused<NV, h16, H16Copy, h16, true>(dout, x, mean, rstd, g, dx, emit, partial, N, C, rows); \
+    }
+LN_BWD_FUSED_R16_COMPACT(layernorm_bwd_fused_h16_r16_c6, 6, 1)
+LN_BWD_FUSED_R16_COMPACT(layernorm_bwd_fused_h16_r16_c12, 12, 1)
+LN_BWD_FUSED_R16_COMPACT(layernorm_bwd_fused_h16_r16_c12b2, 12, 2)
 
 // For comparison (bench/ln_bwd_variants.py): the previous production kernel, the warps' sums in
 // registers and the old dx loaded after the row's reduction.

@@ -121,6 +121,16 @@ def model_shape(name: str, batch: int | None = None, cfg: dict | None = None) ->
                  256 + m["n_segments"] + 1, m["n_layer"])
 
 
+def model_at_batch(text: str) -> tuple:
+    """--models' NAME[:B]: (a model of config/config.yaml, a batch size or None)."""
+    name, _, batch = text.partition(":")
+    if name not in _config()["models"]:
+        raise argparse.ArgumentTypeError(f"{name!r} is not a model of config/config.yaml")
+    if batch and not (batch.isdigit() and int(batch) > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: the batch after ':' must be a positive whole number")
+    return name, int(batch) if batch else None
+
+
 def model_shapes(quick: bool) -> list:
     """The timing shapes: ANDREA-12M and ANDREA-120M at their training batch size (config/config.yaml
     `models:` and `train:`), or ANDREA-tiny at B=2 with --quick."""
@@ -392,7 +402,7 @@ def run_script(doc: str, script: str, edge: list, runs: list, argv=None, extra_a
         status = before(cp, args)
         if status is not None:
             return status
-    shapes = model_shapes(args.quick)
+    shapes = [model_shape(name, batch) for name, batch in args.models] if args.models else model_shapes(args.quick)
     banner(cp, script, shapes)
     report = Report(script)
     rng = np.random.default_rng(args.seed)
@@ -409,6 +419,8 @@ def parse_args(doc: str, argv=None, extra=None) -> argparse.Namespace:
     ap.add_argument("--reps", type=int, default=20, help="timed runs per version (the median is reported; default 20)")
     ap.add_argument("--seed", type=int, default=0, help="random inputs' seed")
     ap.add_argument("--json", help="also write the rows to this JSON file (run_all.py reads it)")
+    ap.add_argument("--models", nargs="+", type=model_at_batch, metavar="NAME[:B]",
+                    help="time these models' shapes instead (e.g. ANDREA-480M:8; B: its training batch when omitted)")
     if extra is not None:
         extra(ap)
     return ap.parse_args(argv)

@@ -20,7 +20,10 @@ add_layernorm_fwd  "vec, 16-bit branch": the residual add reading the branch in 
 "16-bit stream"    the bf16 mode's residual stream in 16 bits: x (and res) read and written in bf16, the
                    sum rounded before it is normalised (the first LayerNorm, the residual add, the
                    block per row); the backward reading x and updating dx in bf16, dx being the
-                   branch's gradient too (layernorm_bwd_fused_h16_r16_<NV>)
+                   branch's gradient too (layernorm_bwd_fused_h16_r16_<NV>); at NV = 12 (C = 1536,
+                   ANDREA-480M: --models ANDREA-480M:8) and 6 (C = 768) also dev versions keeping the row
+                   compact (its 16-bit values as loaded: at NV = 12 126 registers a thread instead of 224,
+                   two blocks an SM instead of one)
 Outputs in fp32, or bf16/fp16 (the *_h16 kernels; the fp16 build has -DANDREA_FP16).
 """
 
@@ -84,7 +87,15 @@ VERSIONS = [
       "layernorm.cu", ("bf16",)),
     V("add_layernorm_fwd", "4 rows a warp, 16-bit stream", tuple(f"add_layernorm_r16_{nv}" for nv in (1, 2, 3, 4, 6, 8, 12)),
       "layernorm.cu", ("bf16",), ("LN_R16_ROWS=4",), production=False),
+    # dev: the 16-bit stream's backward at NV = 12 keeping the row as loaded (layernorm.cu KeptRow); with
+    # __launch_bounds__ asking for one and for two blocks an SM
+    V("layernorm_bwd", "fused, 16-bit dout and stream, row kept compact",
+      ("layernorm_bwd_fused_h16_r16_c6", "layernorm_bwd_fused_h16_r16_c12", "ln_partials_final"), "layernorm.cu", ("bf16",),
+      production=False),
+    V("layernorm_bwd", "fused, 16-bit dout and stream, row kept compact, 2 blocks an SM",
+      ("layernorm_bwd_fused_h16_r16_c12b2", "ln_partials_final"), "layernorm.cu", ("bf16",), production=False),
 ]
+COMPACT_R16 = VERSIONS[23:25]
 FUSED_NV = (1, 2, 3, 4, 6, 8, 12)  # layernorm.cu's layernorm_bwd_fused_<NV> (float4s per lane)
 LN_MAXV = 12  # layernorm.cu: float4s per lane in the vec kernels, so C <= 4 * 32 * 12
 LN_ROWS = 64  # rows per partial sum of dγ, dβ (as andrea.engine.cupy.layernorm.LN_ROWS)
@@ -351,13 +362,16 @@ def run_shape(cp, report, shape, rng, reps):
 
     # the backward over the 16-bit stream: dout, x and the old dx in 16 bits; dx is updated in fp32 and
     # rounded once to 16 bits, and it is the branch's gradient (no copy)
-    for v in (VERSIONS[19],):
-        _layernorm_bwd_r16(cp, report, shape, v, reps, (x, dout, dx0, dg0, db0, g, b), k, rows, chunks, partial, n_sum, nv, d,
-                           d_x16)
+    compact = {6: COMPACT_R16[:1], 12: COMPACT_R16}.get(nv, [])  # the compact kernels built: c6, c12, c12b2
+    for v in [VERSIONS[19], *compact]:
+        name = f"layernorm_bwd_fused_h16_r16_{nv}" if v is VERSIONS[19] else next(n for n in v.kernels if n.endswith(f"c{nv}") or n.endswith(f"c{nv}b2"))
+        _layernorm_bwd_r16(cp, report, shape, v, reps, (x, dout, dx0, dg0, db0, g, b), k, rows, chunks, partial, n_sum, d,
+                           d_x16, name)
 
 
-def _layernorm_bwd_r16(cp, report, shape, v, reps, inputs, k, rows, chunks, partial, n_sum, nv, d, d_x16):
-    """One version of the 16-bit stream's backward (layernorm_bwd_fused_h16_r16_<NV>) against NumPy."""
+def _layernorm_bwd_r16(cp, report, shape, v, reps, inputs, k, rows, chunks, partial, n_sum, d, d_x16, name):
+    """One version of the 16-bit stream's backward (kernel `name`: layernorm_bwd_fused_h16_r16_<NV> or
+    a compact one) against NumPy."""
     x, dout, dx0, dg0, db0, g, b = inputs
     N, C, prec, u32 = shape.N, shape.C, "bf16", common.u("fp32")
     f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
@@ -375,7 +389,6 @@ def _layernorm_bwd_r16(cp, report, shape, v, reps, inputs, k, rows, chunks, part
     dx16_bound = (k + 6) * u32 * (f64(r16)[:, None] * (np.abs(dxh16) + np.abs(dxh16).mean(1, keepdims=True)
                                                         + np.abs(xhat16) * (np.abs(dxh16 * xhat16).mean(1, keepdims=True)
                                                                             + np.abs(s2_16))) + np.abs(dx016))
-    name = f"layernorm_bwd_fused_h16_r16_{nv}"
     kf = common.build(cp, v, prec)
     smem = 8 * 2 * C * 4
     if kf[name].max_dynamic_shared_size_bytes < smem:
