@@ -356,6 +356,14 @@ ADD_LN_R16(add_layernorm_r16_4, 4)
 ADD_LN_R16(add_layernorm_r16_6, 6)
 ADD_LN_R16(add_layernorm_r16_8, 8)
 ADD_LN_R16(add_layernorm_r16_12, 12)
+// dev: at NV = 12 (C = 1536, ANDREA-480M) the kernel above takes 133 registers a thread, one 256-thread
+// block an SM; asked for two (at most 128 registers)
+extern "C" __global__ void __launch_bounds__(256, 2) add_layernorm_r16_12b2(const h16* x, const h16* f, h16* res,
+                                                                            const float* g, const float* b, h16* out,
+                                                                            float* mean, float* rstd, int N, int C,
+                                                                            float eps) {
+    add_layernorm_r16_rows<12>(x, f, res, g, b, out, mean, rstd, N, C, eps);
+}
 
 // add_h16_layernorm_fwd_vec_h16 for a few rows (generation's one-token step, where the kernel's
 // latency is its time): a block per row, a float4 of the row per thread (C / 4 threads, rounded up

@@ -96,6 +96,11 @@ VERSIONS = [
       ("layernorm_bwd_fused_h16_r16_c12b2", "ln_partials_final"), "layernorm.cu", ("bf16",), production=False),
 ]
 COMPACT_R16 = VERSIONS[23:25]
+# dev: the stream's forward at NV = 12 with __launch_bounds__ asking for two blocks an SM (125 registers
+# a thread instead of 133: one block an SM)
+VERSIONS += [V(op, "2 rows a warp, 16-bit stream, 2 blocks an SM", ("add_layernorm_r16_12b2",), "layernorm.cu", ("bf16",),
+               production=False) for op in ("layernorm_fwd", "add_layernorm_fwd")]
+FWD_R16_B2 = VERSIONS[25:27]
 FUSED_NV = (1, 2, 3, 4, 6, 8, 12)  # layernorm.cu's layernorm_bwd_fused_<NV> (float4s per lane)
 LN_MAXV = 12  # layernorm.cu: float4s per lane in the vec kernels, so C <= 4 * 32 * 12
 LN_ROWS = 64  # rows per partial sum of dγ, dβ (as andrea.engine.cupy.layernorm.LN_ROWS)
@@ -327,7 +332,7 @@ def run_shape(cp, report, shape, rng, reps):
     d_x16, d_f16 = cp.asarray(common.to_h16(x, prec)), cp.asarray(common.to_h16(f, prec))
     res_out, out = cp.zeros((N, C), cp.uint16), cp.zeros((N, C), cp.uint16)
     nv = next(nv for nv in FUSED_NV if 128 * nv >= C)
-    for v in VERSIONS[16:19] + VERSIONS[20:23]:
+    for v in VERSIONS[16:19] + VERSIONS[20:23] + (FWD_R16_B2 if nv == 12 else []):
         add = v.op == "add_layernorm_fwd"
         stream = res16 if add else x16  # what the kernel normalises
         o_ref, m_ref, r_ref = np.empty((N, C)), np.empty(N), np.empty(N)
@@ -336,7 +341,7 @@ def run_shape(cp, report, shape, rng, reps):
         mean_abs = np.abs(stream).mean(1)
         bound = (k + 10) * u32 * (np.abs(xhat * g) + np.abs(b) + (mean_abs * r_ref)[:, None] * np.abs(g))
         rows_a_warp = 4 if v.name.startswith("4 rows") else 2 if v.name.startswith("2 rows") else 0
-        kern = common.build(cp, v, prec)[f"add_layernorm_r16_{nv}" if rows_a_warp else v.kernels[0]]
+        kern = common.build(cp, v, prec)[f"add_layernorm_r16_{nv}" if rows_a_warp and v not in FWD_R16_B2 else v.kernels[0]]
         block = "block" in v.name
         launch = (((N,), (-(-C // 128) * 32,)) if block else
                   ((common.blocks(N, 8 * rows_a_warp),), (256,)) if rows_a_warp else (grid, (256,)))
