@@ -136,7 +136,7 @@ def test_speed_figures_are_wall_time_and_the_work_between_steps_is_timed(shards,
     work between them (each on a "periodic" record, by kind) add up to the loop's time measured
     around them; the log's figures follow."""
     cfg = write_config(tmp_path / "config.yaml", max_steps=24, sample_every=4, eval_every=6, checkpoint_every=8,
-                       sample_tokens=16, keep_checkpoints=10, coherence_arm_score=100)
+                       sample_tokens=16, keep_checkpoints=10, coherence_halt_below=0)
     run = tmp_path / "run"
     t0 = time.perf_counter()
     p = train(cfg, shards, run)
