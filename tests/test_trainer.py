@@ -394,9 +394,15 @@ def test_coherence_gate_waits_for_a_sample_that_reads_as_language(shards, tmp_pa
                        coherence_arm_score=100, max_steps=60)
     run = tmp_path / "run"
     p = train(cfg, shards, run)
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert len((run / "samples.jsonl").read_text().splitlines()) == 6  # every sample below 101, no halt
-    assert json.loads((run / "state.json").read_text())["gate_armed"] is False
+    scores = [json.loads(line)["coherence"] for line in (run / "samples.jsonl").read_text().splitlines()]
+    # every sample is low (below 101); none counts until one has scored 100. A micro model's sample
+    # rarely does, but may (the embedded corpus holds this repository's commits, so its words change)
+    armed = next((i for i, x in enumerate(scores) if x >= 100), None)
+    if armed is None or armed == 5:  # (armed by the last sample: one low sample counted, no halt)
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert len(scores) == 6 and json.loads((run / "state.json").read_text())["gate_armed"] is (armed == 5)
+    else:  # the arming sample and the next are the 2 low samples in a row that halt the run
+        assert p.returncode == 3 and len(scores) == armed + 2, (p.returncode, scores, p.stderr[-2000:])
 
 
 def test_large_model_on_the_cpu_is_refused_with_advice(embedded_megachat, tmp_path):
