@@ -356,8 +356,8 @@ ADD_LN_R16(add_layernorm_r16_4, 4)
 ADD_LN_R16(add_layernorm_r16_6, 6)
 ADD_LN_R16(add_layernorm_r16_8, 8)
 ADD_LN_R16(add_layernorm_r16_12, 12)
-// dev: at NV = 12 (C = 1536, ANDREA-480M) the kernel above takes 133 registers a thread, one 256-thread
-// block an SM; asked for two (at most 128 registers)
+// dev: at NV = 12 (C = 1536, ANDREA-480M) the kernel above takes 133 registers a thread (NVRTC 13.0),
+// one 256-thread block an SM; asked for two (at most 128 registers: 125)
 extern "C" __global__ void __launch_bounds__(256, 2) add_layernorm_r16_12b2(const h16* x, const h16* f, h16* res,
                                                                             const float* g, const float* b, h16* out,
                                                                             float* mean, float* rstd, int N, int C,
@@ -486,8 +486,8 @@ struct H16Copy {
 // How a lane keeps its row between the reduction and the update: as floats (x̂, dout and the old dx,
 // float4s), or with Compact as loaded (16-bit values in a uint2: half the registers; x̂ recomputed
 // from x, the same operations, so the same bits). At C = 1536 (ANDREA-480M, NV = 12) the float4s
-// take 224 registers a thread, one 256-thread block an SM; compact, a dev variant
-// (layernorm_bwd_fused_h16_r16_c12) to time against it at that width.
+// take 231 registers a thread (NVRTC 13.0, sm_90), one 256-thread block an SM; compact 128 (119
+// asked for two blocks an SM): dev variants (layernorm_bwd_fused_h16_r16_c12, _c12b2) to time at that width.
 template <bool Compact, typename T> struct KeptRow { using type = float4; };
 template <typename T> struct KeptRow<true, T> { using type = decltype(raw4(static_cast<const T*>(nullptr))); };
 template <bool Compact, typename T>

@@ -22,8 +22,8 @@ add_layernorm_fwd  "vec, 16-bit branch": the residual add reading the branch in 
                    block per row); the backward reading x and updating dx in bf16, dx being the
                    branch's gradient too (layernorm_bwd_fused_h16_r16_<NV>); at NV = 12 (C = 1536,
                    ANDREA-480M: --models ANDREA-480M:8) and 6 (C = 768) also dev versions keeping the row
-                   compact (its 16-bit values as loaded: at NV = 12 126 registers a thread instead of 224,
-                   two blocks an SM instead of one)
+                   compact (its 16-bit values as loaded: at NV = 12 128 registers a thread instead of 231
+                   in NVRTC's build, two blocks an SM instead of one), checked bit for bit against it
 Outputs in fp32, or bf16/fp16 (the *_h16 kernels; the fp16 build has -DANDREA_FP16).
 """
 
@@ -97,7 +97,7 @@ VERSIONS = [
 ]
 COMPACT_R16 = VERSIONS[23:25]
 # dev: the stream's forward at NV = 12 with __launch_bounds__ asking for two blocks an SM (125 registers
-# a thread instead of 133: one block an SM)
+# a thread instead of 133 in NVRTC's build: one block an SM)
 VERSIONS += [V(op, "2 rows a warp, 16-bit stream, 2 blocks an SM", ("add_layernorm_r16_12b2",), "layernorm.cu", ("bf16",),
                production=False) for op in ("layernorm_fwd", "add_layernorm_fwd")]
 FWD_R16_B2 = VERSIONS[25:27]
@@ -363,20 +363,22 @@ def run_shape(cp, report, shape, rng, reps):
             ms = common.bench(cp, lambda: kern(*launch, argv), reps)
             return err, ms, common.gbps(N * C * (2 * (3 if add else 1) + 2) + 8 * N + 8 * C, ms)
 
-        report.attempt(v.op, v.name, prec, shape, case_stream)
+        report.attempt(v.op, v.name, prec, shape, case_stream, v.production)
 
     # the backward over the 16-bit stream: dout, x and the old dx in 16 bits; dx is updated in fp32 and
     # rounded once to 16 bits, and it is the branch's gradient (no copy)
     compact = {6: COMPACT_R16[:1], 12: COMPACT_R16}.get(nv, [])  # the compact kernels built: c6, c12, c12b2
+    production_bits = {}  # the production kernel's dx, dγ, dβ: the compact ones must give the same bits
     for v in [VERSIONS[19], *compact]:
         name = f"layernorm_bwd_fused_h16_r16_{nv}" if v is VERSIONS[19] else next(n for n in v.kernels if n.endswith(f"c{nv}") or n.endswith(f"c{nv}b2"))
         _layernorm_bwd_r16(cp, report, shape, v, reps, (x, dout, dx0, dg0, db0, g, b), k, rows, chunks, partial, n_sum, d,
-                           d_x16, name)
+                           d_x16, name, production_bits)
 
 
-def _layernorm_bwd_r16(cp, report, shape, v, reps, inputs, k, rows, chunks, partial, n_sum, d, d_x16, name):
+def _layernorm_bwd_r16(cp, report, shape, v, reps, inputs, k, rows, chunks, partial, n_sum, d, d_x16, name, bits):
     """One version of the 16-bit stream's backward (kernel `name`: layernorm_bwd_fused_h16_r16_<NV> or
-    a compact one) against NumPy."""
+    a compact one) against NumPy; `bits`: the first version's dx, dγ, dβ are kept there, and a later
+    version's must equal them bit for bit (the compact kernels compute the same operations)."""
     x, dout, dx0, dg0, db0, g, b = inputs
     N, C, prec, u32 = shape.N, shape.C, "bf16", common.u("fp32")
     f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
@@ -409,8 +411,14 @@ def _layernorm_bwd_r16(cp, report, shape, v, reps, inputs, k, rows, chunks, part
 
     def case_fused16():
         fused16()
+        got = {"dx": dx.get(), "dg": dg.get(), "db": db.get()}
         err = common.compare(common.loaded(dx, prec), ref_dx, rtol=common.u(prec), atol=dx16_bound + common.tiny(prec),
                              what="dx")
+        if bits:  # a compact version: the production kernel's bits
+            for what, a in got.items():
+                err = err.worst(common.exact(a, bits[what], what=f"{what} bits"))
+        else:
+            bits.update(got)
         err = err.worst(common.compare(dg.get(), ref_dg, rtol=0, what="dg",
                                        atol=(n_sum + 3) * u32 * (np.abs(dout16 * xhat16).sum(0) + np.abs(dg0))))
         err = err.worst(common.compare(db.get(), ref_db, rtol=0, what="db",

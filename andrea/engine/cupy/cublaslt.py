@@ -292,6 +292,9 @@ class Lt:
     shape, layout and alignment."""
 
     def __init__(self, tune: bool | None = None, workspace=None, candidates: int = _ALGOS):
+        # (first: a bad ANDREA_GEMM_TUNE is an error before a handle or workspace is made)
+        self.tune_mode = tune_mode_from_env() if tune is None else ("graph" if tune else "off")
+        self.tune = self.tune_mode != "off"
         self.lib = lib = _library()
         self.candidates = candidates  # heuristic results asked for per plan (bench/gemm_energy.py --algos asks more)
         self.handle = ctypes.c_void_p()
@@ -304,8 +307,6 @@ class Lt:
         self.plans: dict = {}
         # time the heuristic's algorithms on a plan's first eager call and keep the fastest: cuBLAS's
         # first choice ran the model's products up to 10 % slower than the best (bench/mlp_gemm_bench.py)
-        self.tune_mode = tune_mode_from_env() if tune is None else ("graph" if tune else "off")
-        self.tune = self.tune_mode != "off"
 
     def _set(self, desc, attr: int, value) -> None:
         _check(self.lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(value), ctypes.sizeof(value)),
