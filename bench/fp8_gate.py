@@ -20,8 +20,9 @@ never read). The schedule: warm-up then cosine (andrea/optim.py) over --steps. V
 held-out windows (andrea/evaluation.py, as the trainer validates: bits/byte counts the UTF-8 bytes
 the target tokens stand for, by the shards' tokenizer), every --eval-every steps on the training
 engine (fp8 forward passes for the fp8 run), and at each run's end by one bf16 engine with the fp32
-residual stream, the same scorer for every run: those final figures are gated. Writes DIR/fp8_gate.json (curves,
-final bits/byte and losses, the verdict, counts) and exits 1 when the gate fails.
+residual stream, the same scorer for every run: those final figures are gated. Writes
+DIR/fp8_gate.json (curves, final bits/byte and losses, the verdict, counts) and exits 1 when the
+gate fails.
 
 --record PATH (the first run bf16, an fp8 run among the others, at least 6,000 steps) writes the fp8
 run's verdict as the model's gate entry of the fp8 record, pass or fail, replacing the one before.
@@ -30,8 +31,9 @@ KB) are kept in DIR/runs/RUN.json; a later call with the same settings takes the
 training again (the same GPU kind, cuDNN frontend present or not, engine settings, commit and
 uncommitted changes), so the two runs of a large model can run in separate calls, on machines that
 share nothing but what a call carries back (480M at B=8, an estimate from gpu_bench's 148,090 and
-193,691 tokens/s of 2026-12-03: 6,000 steps are ~5.5 min in bf16 and ~4.2 in fp8, plus the evaluations). --backend numpy runs the same on the CPU
-(precisions fp32 and fp8, the NumPy reference; for testing the script on small shapes).
+193,691 tokens/s of 2026-12-03: 6,000 steps are ~5.5 min in bf16 and ~4.2 in fp8, plus the
+evaluations). --backend numpy runs the same on the CPU (precisions fp32 and fp8, the NumPy
+reference; for testing the script on small shapes).
 """
 
 from __future__ import annotations
