@@ -68,13 +68,19 @@ def sustained(call, meter: PowerMeter, ms_alone: float, seconds: float, per_grap
             call()
         graph = stream.end_capture()
         n = max(2, int(seconds * 1e3 / max(ms_alone * per_graph, 1e-3)))
-        for _ in range(max(1, n // 4)):
-            graph.launch(stream)
-        stream.synchronize()
-        with meter.measure() as r:
-            for _ in range(n):
-                graph.launch(stream)
-            stream.synchronize()
+        return under_load(lambda: graph.launch(stream), stream.synchronize, meter, n, per_graph)
+
+
+def under_load(replay, sync, meter: PowerMeter, n: int, per_graph: int) -> tuple:
+    """(ms, mJ, mean SM MHz) per call: a quarter of n untimed replays of a graph of `per_graph` calls
+    (the clock settling at the cap), then n replays measured (time and NVML's energy)."""
+    for _ in range(max(1, n // 4)):
+        replay()
+    sync()
+    with meter.measure() as r:
+        for _ in range(n):
+            replay()
+        sync()
     return r.seconds * 1e3 / (n * per_graph), r.joules * 1e3 / (n * per_graph), r.sm_mhz
 
 
@@ -110,14 +116,7 @@ def torch_sustained(a, b, ta: bool, tb: bool, meter: PowerMeter, seconds: float,
     graph.replay()
     torch.cuda.synchronize()
     n = max(2, int(seconds / max(time.perf_counter() - t0, 1e-6)))
-    for _ in range(max(1, n // 4)):
-        graph.replay()
-    torch.cuda.synchronize()
-    with meter.measure() as r:
-        for _ in range(n):
-            graph.replay()
-        torch.cuda.synchronize()
-    return r.seconds * 1e3 / (n * per_graph), r.joules * 1e3 / (n * per_graph), r.sm_mhz
+    return under_load(graph.replay, torch.cuda.synchronize, meter, n, per_graph)
 
 
 def bench(m: int, d: int, seconds: float, meter: PowerMeter, candidates: int = 8, written: bool = False,

@@ -632,3 +632,13 @@ def test_two_trainers_cannot_share_a_run_directory(shards, tmp_path):
     first.kill()
     first.communicate()
     assert second.returncode != 0 and "another trainer is running in this run directory" in second.stderr
+
+
+def test_the_ranks_precision_codes_are_the_schemas_precisions():
+    """trainer.PRECISIONS (the codes ranks compare their precision by) names the config schema's
+    precisions less auto, in its order: a precision added to the schema needs a code here too."""
+    from andrea.config_schema import load_schema
+    from andrea.trainer import PRECISIONS
+
+    enum = load_schema()["$defs"]["train_settings"]["properties"]["precision"]["enum"]
+    assert PRECISIONS == tuple(p for p in enum if p != "auto")

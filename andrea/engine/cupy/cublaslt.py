@@ -89,11 +89,6 @@ def tune_mode_from_env() -> str:
     return TUNE_MODES[raw]
 
 
-def tune_from_env() -> bool:
-    """Whether products are tuned (ANDREA_GEMM_TUNE is not 0)."""
-    return tune_mode_from_env() != "off"
-
-
 def tuning_method(mode: str, candidates: int) -> str:
     """The tuning file's section suffix of a tuning mode and candidate count: choices made another way
     (or among other candidates: an index means another algorithm) are not reused."""
